@@ -1,0 +1,32 @@
+# The two commands of README.md: `make demo` and `make test`. Each creates .venv when missing.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch==2.13.0 first: the local CPU build. The range in pyproject.toml then installs nothing more.
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) examples/demo.py
+
+test: $(STAMP)
+	$(PY) -m ruff check rxstream tests bench examples
+	$(PY) -m ruff format --check rxstream tests bench examples
+	$(PY) -m mypy
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/hop.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache

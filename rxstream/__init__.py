@@ -1,0 +1,40 @@
+"""rxstream: a reactive dataflow engine for real-time streaming pipelines, built on RxPY."""
+
+from rxstream._exceptions import (
+    PipelineError,
+    PipelineStateError,
+    RxStreamError,
+    SelfTestError,
+    StageBuildError,
+    StageReuseError,
+)
+from rxstream.context import Context
+from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata
+from rxstream.pipeline import Pipeline
+from rxstream.runtime import InboxSpec, StageStatistics
+from rxstream.stage import Stage
+
+__all__ = [
+    "Context",
+    "InboxSpec",
+    "Pipeline",
+    "PipelineError",
+    "PipelineItem",
+    "PipelineMetadata",
+    "PipelineStateError",
+    "RxStreamError",
+    "SelfTestError",
+    "Stage",
+    "StageBuildError",
+    "StageReuseError",
+    "StageStatistics",
+    "merge_metadata",
+]
+
+__version__ = "0.1.0"
+
+for _name in __all__:
+    _obj = globals()[_name]
+    if getattr(_obj, "__module__", "").startswith("rxstream"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,76 @@
+"""The exceptions rxstream raises, under one root.
+
+::
+
+    RxStreamError
+    ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
+    ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
+    │   └── StageReuseError      one stage object placed at two positions in a graph
+    ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start)
+    └── SelfTestError            the block of ``ctx.self_test()`` raised
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "PipelineError",
+    "PipelineStateError",
+    "RxStreamError",
+    "SelfTestError",
+    "StageBuildError",
+    "StageReuseError",
+]
+
+
+class RxStreamError(Exception):
+    """The root of every error rxstream raises on purpose."""
+
+
+class PipelineError(RxStreamError):
+    """A stage failed while the pipeline ran; names the stage, the item and the cause.
+
+    ``stage`` is the stage's name, ``pts`` and ``input_seq`` identify the item it was
+    working on (``None`` when the failure was not about an item, e.g. a source that
+    raised on start), and ``__cause__`` holds the original exception.
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        cause: BaseException,
+        *,
+        pts: int | None = None,
+        input_seq: int | None = None,
+    ) -> None:
+        self.stage = stage
+        self.pts = pts
+        self.input_seq = input_seq
+        self.cause = cause
+        where = "" if pts is None else f" on item pts={pts} input_seq={input_seq}"
+        super().__init__(f"stage {stage!r} failed{where}: {type(cause).__name__}: {cause}")
+        self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild_pipeline_error, (self.stage, self.cause, self.pts, self.input_seq))
+
+
+def _rebuild_pipeline_error(
+    stage: str, cause: BaseException, pts: int | None, input_seq: int | None
+) -> PipelineError:
+    return PipelineError(stage, cause, pts=pts, input_seq=input_seq)
+
+
+class StageBuildError(RxStreamError, ValueError):
+    """A pipeline was composed against a rule; the message names the stage and the rule."""
+
+
+class StageReuseError(StageBuildError):
+    """One stage object sits at two positions of a graph (fan-out shares the upstream instead)."""
+
+
+class PipelineStateError(RxStreamError, RuntimeError):
+    """A lifecycle method was called in a state that does not allow it."""
+
+
+class SelfTestError(RxStreamError, AssertionError):
+    """The app's ``ctx.self_test()`` block raised; ``__cause__`` holds why."""

@@ -1,0 +1,381 @@
+"""``Context``: the stage builders, the session transport, and ``self_test``.
+
+Scripts, tests and notebooks make one with ``rxstream.Context()``; the CLI hands one to the
+app's ``main(ctx)``/``build(ctx)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from fractions import Fraction
+from typing import Any, get_args
+
+import structlog
+from reactivex import Observable
+
+from rxstream._exceptions import SelfTestError, StageBuildError
+from rxstream.operators import (
+    check_source,
+    combine_operator,
+    merge_operator,
+    pace_operator,
+    pipe_operator,
+    rx_operator,
+    sink_operator,
+    tap_operator,
+    unbatch_operator,
+    window_operator,
+    zip_operator,
+)
+from rxstream.pipeline import Pipeline
+from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
+from rxstream.stage import Node, Stage
+from rxstream.transport import MemoryTransport, Transport
+from rxstream.typing import InboxPolicy, OnError, PaceOverflow, StageFn
+
+__all__ = ["Context"]
+
+_log = structlog.get_logger("rxstream")
+_CODECS = (None, "raw")
+_OVERFLOWS = get_args(PaceOverflow)
+
+
+class Context:
+    """Builds stages and holds what a session shares: the transport and the harness flag.
+
+    ``transport`` receives what ``ctx.stream`` sinks egress (default: a
+    :class:`~rxstream.transport.MemoryTransport` keeping the last 256 items per stream);
+    ``harness=True`` marks a run under the CPU harness (``rxstream test``).
+    """
+
+    def __init__(self, *, transport: Transport | None = None, harness: bool = False) -> None:
+        self.transport: Transport = transport if transport is not None else MemoryTransport(256)
+        self.harness = harness
+        self.self_test_passed: bool | None = None
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session transport has a client attached; ``run()`` lives while it does."""
+        return self.transport.connected
+
+    # --- builders -------------------------------------------------------------------------
+
+    def _stage(
+        self,
+        kind: str,
+        name: str | None,
+        default_name: str,
+        build: Any,
+        **declaration: Any,
+    ) -> Stage:
+        return Stage(
+            kind=kind,
+            name=name or default_name,
+            explicit_name=name is not None,
+            build=build,
+            context=self,
+            **declaration,
+        )
+
+    def source(
+        self,
+        it_or_fn: object,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        device: str | None = None,
+        on_error: OnError = "raise",
+    ) -> Stage:
+        """A source: a generator, iterable, async generator, or a callable (see the docs)."""
+        default = _fn_name(it_or_fn, "source")
+        check_source(it_or_fn, name or default)
+        return self._stage(
+            "source",
+            name,
+            default,
+            build=_no_operator,
+            inputs=(0, 0),
+            rank=rank,
+            device=device,
+            on_error=on_error,
+            source=it_or_fn,
+        )
+
+    def pipe(
+        self,
+        fn: StageFn,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        device: str | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+        on_error: OnError = "raise",
+        items: bool = False,
+    ) -> Stage:
+        """A 1:1 stage, ``fn(payload) -> payload`` (``items=True``: the item itself).
+
+        Under fan-in (``[a, b] | ctx.pipe(f)``) it combines the latest of each input and
+        calls ``f(*payloads)``. An ``async def`` runs on the pipeline's event loop.
+        """
+        _check_callable(fn, "pipe")
+        return self._stage(
+            "pipe",
+            name,
+            _fn_name(fn, "pipe"),
+            build=pipe_operator(fn, items=items),
+            inputs=(1, None),
+            rank=rank,
+            device=device,
+            inbox=InboxSpec(capacity, policy),
+            on_error=on_error,
+        )
+
+    def tap(
+        self,
+        fn: StageFn,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+        on_error: OnError = "raise",
+    ) -> Stage:
+        """A side effect ``fn(payload)``; the item passes on unchanged."""
+        _check_callable(fn, "tap")
+        return self._stage(
+            "tap",
+            name,
+            _fn_name(fn, "tap"),
+            build=tap_operator(fn),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
+            on_error=on_error,
+        )
+
+    def pace(
+        self,
+        fps: float,
+        *,
+        time_base: Fraction | None = None,
+        overflow: PaceOverflow = "throttle",
+        capacity: int = DEFAULT_CAPACITY,
+        name: str | None = None,
+        rank: int | None = None,
+    ) -> Stage:
+        """Fixed-rate output at ``fps``; ``pts`` counts in ``time_base`` (default ``1/fps``).
+
+        On underflow the last frame repeats marked ``idle=True``; on overflow ``throttle``
+        holds the upstream (backpressure) and ``latest`` drops the oldest frame.
+        """
+        label = name or "pace"
+        if isinstance(fps, bool) or not isinstance(fps, int | float | Fraction):
+            raise StageBuildError(f"fps must be a number > 0, got {fps!r} for stage {label!r}")
+        if not math.isfinite(fps) or fps <= 0:
+            raise StageBuildError(f"fps must be > 0, got {fps} for stage {label!r}")
+        if overflow not in _OVERFLOWS:
+            raise StageBuildError(
+                f"overflow must be one of {', '.join(_OVERFLOWS)}, got {overflow!r} "
+                f"for stage {label!r}"
+            )
+        period = Fraction(fps).limit_denominator(1001) ** -1
+        base = period if time_base is None else Fraction(time_base)
+        if base <= 0:
+            raise StageBuildError(f"time_base must be > 0, got {time_base} for stage {label!r}")
+        ratio = period / base
+        if ratio.denominator != 1:
+            raise StageBuildError(
+                f"time_base must divide the frame period 1/{fps} s into whole ticks, "
+                f"got {time_base} for stage {label!r}"
+            )
+        return self._stage(
+            "pace",
+            name,
+            "pace",
+            build=pace_operator(float(period), int(ratio), capacity, overflow),
+            rank=rank,
+            inbox=InboxSpec(capacity, "latest" if overflow == "latest" else "block"),
+            options={"fps": fps, "time_base": base, "overflow": overflow},
+        )
+
+    def unbatch(
+        self,
+        *,
+        pts_step: int | None = None,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """1:N over a batch's leading dimension (or a list); ``pts`` advances by ``pts_step``."""
+        return self._stage(
+            "unbatch",
+            name,
+            "unbatch",
+            build=unbatch_operator(pts_step),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
+        )
+
+    def window(
+        self,
+        count: int | None = None,
+        ms: float | None = None,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """N:1 windows of at most ``count`` items, closed at most ``ms`` after they open."""
+        label = name or "window"
+        if count is None and ms is None:
+            raise StageBuildError(f"window needs count=, ms= or both, got neither for {label!r}")
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count < 1
+        ):
+            raise StageBuildError(
+                f"window count must be an int >= 1, got {count!r} for stage {label!r}"
+            )
+        if ms is not None and not (isinstance(ms, int | float) and ms > 0):
+            raise StageBuildError(f"window ms must be > 0, got {ms!r} for stage {label!r}")
+        return self._stage(
+            "window",
+            name,
+            "window",
+            build=window_operator(count, ms),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
+        )
+
+    def stream(
+        self,
+        name: str,
+        codec: str | None = None,
+        on_timing: Callable[[Any], None] | None = None,
+        transport: Transport | None = None,
+        *,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """The egress sink ``name``: sends every item to the session transport."""
+        if codec not in _CODECS:
+            raise StageBuildError(
+                f"codec must be one of raw or None with the in-memory transport, "
+                f"got {codec!r} for stream {name!r}"
+            )
+        if on_timing is not None:
+            raise StageBuildError(
+                f"on_timing needs the timing fold, which this version does not have yet, "
+                f"got {on_timing!r} for stream {name!r}"
+            )
+        chosen = transport
+        return self._stage(
+            "stream",
+            name,
+            name,
+            build=sink_operator(name, lambda: chosen if chosen is not None else self.transport),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
+            options={"codec": codec},
+        )
+
+    def merge(self, *, name: str | None = None, capacity: int = DEFAULT_CAPACITY) -> Stage:
+        """Fan-in: every item of every input, in arrival order."""
+        return self._fan_in("merge", name, merge_operator(), capacity)
+
+    def zip(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> Stage:
+        """Fan-in: the inputs paired index by index; ``fn(*payloads)`` or the tuple."""
+        return self._fan_in("zip", name, zip_operator(fn), capacity)
+
+    def combine(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        name: str | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+    ) -> Stage:
+        """Fan-in: the latest of every input on each arrival; ``fn(*payloads)`` or the tuple."""
+        return self._fan_in("combine", name, combine_operator(fn), capacity)
+
+    def _fan_in(self, kind: str, name: str | None, build: Any, capacity: int) -> Stage:
+        return self._stage(
+            kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
+        )
+
+    def rx(
+        self,
+        op: Callable[[Observable[Any]], Observable[Any]],
+        *,
+        items: bool = False,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """Lift a reactivex operator (over payloads; ``items=True``: over items) into a stage."""
+        _check_callable(op, "rx")
+        return self._stage(
+            "rx",
+            name,
+            _fn_name(op, "rx"),
+            build=rx_operator(op, items=items),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
+        )
+
+    def graph(self, *pipelines: Pipeline) -> Pipeline:
+        """One pipeline of several ends (each usually a sink), run and driven together."""
+        tails: list[Node] = []
+        for pipeline in pipelines:
+            if not isinstance(pipeline, Pipeline):
+                raise StageBuildError(f"graph takes pipelines, got {type(pipeline).__name__}")
+            tails.extend(pipeline._tails)
+        if not tails:
+            raise StageBuildError("graph needs at least one pipeline, got none")
+        return Pipeline(tuple(tails), self)
+
+    # --- self test --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def self_test(self) -> Iterator[None]:
+        """Run the block as the app's own check; reaching its end is a pass.
+
+        A block that raises fails with :class:`SelfTestError` (its cause attached) and
+        ``ctx.self_test_passed`` is set either way.
+        """
+        started = time.monotonic()
+        try:
+            yield
+        except Exception as exc:
+            self.self_test_passed = False
+            _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
+            raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
+        self.self_test_passed = True
+        _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
+
+
+def _fn_name(fn: object, default: str) -> str:
+    name = getattr(fn, "__name__", None)
+    if not isinstance(name, str) or not name.isidentifier():
+        return default
+    return name
+
+
+def _check_callable(fn: object, kind: str) -> None:
+    if not callable(fn):
+        raise StageBuildError(f"ctx.{kind} needs a callable, got {type(fn).__name__}")
+
+
+def _no_operator(_shell: object) -> Any:
+    raise AssertionError("a source has no operator: the runtime pulls it")

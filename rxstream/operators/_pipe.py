@@ -1,0 +1,110 @@
+"""``ctx.pipe`` and ``ctx.tap``: 1:1 stages (Rx ``map`` and ``do_action``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from reactivex import Observable, abc
+
+from rxstream.item import PipelineItem, _with_stamps, now
+from rxstream.operators._fanin import combine_groups, merged
+from rxstream.runtime._shell import StageShell
+from rxstream.typing import ItemStream, Operator, StageFn
+
+__all__ = ["pipe_operator", "tap_operator"]
+
+
+def _caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
+    """``fn`` itself, or for an ``async def`` a call that runs it on the pipeline's loop."""
+    if inspect.iscoroutinefunction(fn):
+        return lambda *args: shell.call_async(fn(*args))
+    return fn
+
+
+def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell], Operator]:
+    """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine."""
+
+    def build(shell: StageShell) -> Operator:
+        call = _caller(fn, shell)
+        counters = shell.counters
+        forward = shell.forward
+        failed = shell.failed
+
+        def operator(ports: Sequence[ItemStream]) -> ItemStream:
+            if len(ports) > 1:
+                return _fan_in_pipe(call, shell, ports)
+            source = ports[0]
+
+            def subscribe(
+                observer: abc.ObserverBase[PipelineItem],
+                scheduler: abc.SchedulerBase | None = None,
+            ) -> abc.DisposableBase:
+                on_next_down = observer.on_next
+
+                def on_next(item: PipelineItem) -> None:
+                    started = now()
+                    counters.items_in += 1
+                    try:
+                        out = call(item if items else item.payload)
+                    except Exception as exc:
+                        failed(observer, item, exc)
+                        return
+                    if isinstance(out, PipelineItem):
+                        item, out = out, out.payload
+                    on_next_down(forward(item, out, started))
+
+                return source.subscribe(
+                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
+                )
+
+            return Observable(subscribe)
+
+        return operator
+
+    return build
+
+
+def _fan_in_pipe(
+    call: Callable[..., Any], shell: StageShell, ports: Sequence[ItemStream]
+) -> ItemStream:
+    """``[a, b] | ctx.pipe(f)``: combine the latest of each input, then ``f(*payloads)``."""
+    return merged(combine_groups(ports), shell, lambda payloads: call(*payloads))
+
+
+def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
+    """``fn(payload)`` as a side effect; the item passes on unchanged (plus stamps)."""
+
+    def build(shell: StageShell) -> Operator:
+        call = _caller(fn, shell)
+        counters = shell.counters
+        in_hop, out_hop = shell.in_hop, shell.out_hop
+
+        def operator(ports: Sequence[ItemStream]) -> ItemStream:
+            source = ports[0]
+
+            def subscribe(
+                observer: abc.ObserverBase[PipelineItem],
+                scheduler: abc.SchedulerBase | None = None,
+            ) -> abc.DisposableBase:
+                def on_next(item: PipelineItem) -> None:
+                    started = now()
+                    counters.items_in += 1
+                    try:
+                        call(item.payload)
+                    except Exception as exc:
+                        shell.failed(observer, item, exc)
+                        return
+                    md = _with_stamps(item.metadata, ((in_hop, started), (out_hop, now())))
+                    observer.on_next(shell.emit(item.payload, md))
+
+                return source.subscribe(
+                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
+                )
+
+            return Observable(subscribe)
+
+        return operator
+
+    return build

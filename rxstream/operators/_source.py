@@ -1,0 +1,138 @@
+"""``ctx.source``: what a source yields, pulled one item at a time.
+
+A source spec is one of: an iterable (a fresh ``iter()`` per run), an iterator or generator
+(one-shot), an async iterator or async generator, or a callable. A callable is called once at
+open: if it returns an iterator (a generator function) or an async iterator, that is the
+stream; otherwise it is a frame function — its result is the first payload and it is called
+again for every further item. An ``async def`` frame function is awaited on the pipeline's
+loop. The runtime decides who pulls (the source's thread, or the drive's virtual clock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from rxstream._exceptions import PipelineError
+from rxstream.item import PipelineItem, PipelineMetadata, _with_stamps, now
+from rxstream.runtime._shell import StageShell
+
+__all__ = ["SKIPPED", "SourcePuller", "check_source"]
+
+_END = object()
+SKIPPED: Any = object()
+"""What :meth:`SourcePuller.pull` returns for a pull that failed under ``on_error="skip"``."""
+
+
+def check_source(spec: object, name: str) -> None:
+    """Raise a ``TypeError`` naming the stage when ``spec`` cannot be a source."""
+    if not (
+        callable(spec)
+        or hasattr(spec, "__iter__")
+        or hasattr(spec, "__next__")
+        or hasattr(spec, "__anext__")
+        or hasattr(spec, "__aiter__")
+    ):
+        raise TypeError(
+            "a source must be an iterable, an iterator, an async iterator or a callable, "
+            f"got {type(spec).__name__} for stage {name!r}"
+        )
+
+
+class SourcePuller:
+    """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``."""
+
+    def __init__(self, spec: object, shell: StageShell) -> None:
+        self._spec = spec
+        self._shell = shell
+        self._next: Callable[[], Any] = _exhausted
+        self._first: Any = _END
+        self._count = 0
+        self._closer: Callable[[], Any] | None = None
+
+    def open(self) -> None:
+        """Prepare the stream; a failure here is a :class:`PipelineError` naming the source."""
+        try:
+            self._next = self._open(self._spec)
+        except Exception as exc:
+            raise PipelineError(self._shell.name, exc) from exc
+
+    def _open(self, spec: Any) -> Callable[[], Any]:
+        shell = self._shell
+        if inspect.iscoroutinefunction(spec):
+            return lambda: shell.call_async(spec())
+        if callable(spec) and not hasattr(spec, "__next__") and not hasattr(spec, "__anext__"):
+            result = spec()
+            if hasattr(result, "__next__") or hasattr(result, "__anext__"):
+                return self._stream(result)
+            self._first = result
+            return spec  # type: ignore[no-any-return]
+        if hasattr(spec, "__next__") or hasattr(spec, "__anext__"):
+            return self._stream(spec)
+        if hasattr(spec, "__aiter__"):
+            return self._stream(spec.__aiter__())
+        return self._stream(iter(spec))
+
+    def _stream(self, stream: Any) -> Callable[[], Any]:
+        if hasattr(stream, "__anext__"):
+            shell = self._shell
+            self._closer = getattr(stream, "aclose", None)
+            if self._closer is not None:
+                aclose = self._closer
+                self._closer = lambda: shell.call_async(aclose())
+
+            def anext() -> Any:
+                try:
+                    return shell.call_async(stream.__anext__())
+                except StopAsyncIteration:
+                    return _END
+
+            return anext
+        self._closer = getattr(stream, "close", None)
+        iterator: Iterator[Any] = stream
+        return lambda: next(iterator, _END)
+
+    def pull(self) -> PipelineItem | None:
+        """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`.
+
+        With ``on_error="skip"`` a failed pull is counted and logged and :data:`SKIPPED`
+        returned (a generator that raised is finished, so the next pull ends it); otherwise
+        the failure is a :class:`PipelineError` naming the source and the item's ``pts``.
+        """
+        shell = self._shell
+        started = now()
+        try:
+            if self._first is not _END:
+                value, self._first = self._first, _END
+            else:
+                value = self._next()
+        except Exception as exc:
+            if shell.on_error == "skip":
+                shell.skipped(exc, pts=self._count, input_seq=0)
+                return SKIPPED  # type: ignore[no-any-return]
+            raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
+        if value is _END:
+            return None
+        shell.counters.items_in += 1
+        stamps = shell.stamps(started)
+        if isinstance(value, PipelineItem):
+            metadata = _with_stamps(value.metadata, stamps)
+            value = value.payload
+        else:
+            metadata = PipelineMetadata(pts=self._count, timeline=stamps)
+        self._count += 1
+        return shell.emit(value, metadata)
+
+    def close(self) -> None:
+        """Close the underlying generator, if it has a ``close``; errors are ignored."""
+        closer, self._closer = self._closer, None
+        if closer is not None:
+            # closing a finished generator must not mask how the run ended
+            with contextlib.suppress(Exception):
+                closer()
+
+
+def _exhausted() -> Any:
+    return _END

@@ -1,0 +1,73 @@
+"""``ctx.unbatch()``: 1:N (Rx ``flat_map``) over a batch's leading dimension.
+
+A tensor or array yields its slices along dim 0; a list or tuple yields its elements. Each
+child carries a copy of the parent's metadata; with ``pts_step`` child ``i`` gets
+``pts = parent.pts + i * pts_step``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from reactivex import Observable, abc
+
+from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
+from rxstream.runtime._shell import StageShell
+from rxstream.typing import ItemStream, Operator
+
+__all__ = ["split_batch", "unbatch_operator"]
+
+
+def split_batch(payload: Any) -> Sequence[Any]:
+    """The children of one batch; ``TypeError`` for what has no leading dimension."""
+    if isinstance(payload, list | tuple):
+        return payload
+    shape = getattr(payload, "shape", None)
+    if shape is not None:
+        if len(shape) == 0:
+            raise TypeError("unbatch needs a leading batch dimension, got a 0-d array")
+        return [payload[i] for i in range(shape[0])]
+    raise TypeError(
+        f"unbatch needs a tensor, an array, a list or a tuple, got {type(payload).__name__}"
+    )
+
+
+def unbatch_operator(pts_step: int | None) -> Callable[[StageShell], Operator]:
+    """One item per child of each batch; ``pts`` advances by ``pts_step`` when given."""
+
+    def build(shell: StageShell) -> Operator:
+        counters = shell.counters
+
+        def operator(ports: Sequence[ItemStream]) -> ItemStream:
+            source = ports[0]
+
+            def subscribe(
+                observer: abc.ObserverBase[PipelineItem],
+                scheduler: abc.SchedulerBase | None = None,
+            ) -> abc.DisposableBase:
+                def on_next(item: PipelineItem) -> None:
+                    started = now()
+                    counters.items_in += 1
+                    try:
+                        children = split_batch(item.payload)
+                    except Exception as exc:
+                        shell.failed(observer, item, exc)
+                        return
+                    base = item.metadata
+                    for index, child in enumerate(children):
+                        md = base
+                        if pts_step is not None:
+                            md = evolve_metadata(base, pts=base.pts + index * pts_step)
+                        md = _with_stamps(md, shell.stamps(started))
+                        observer.on_next(shell.emit(child, md))
+
+                return source.subscribe(
+                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
+                )
+
+            return Observable(subscribe)
+
+        return operator
+
+    return build

@@ -1,0 +1,81 @@
+"""``ctx.window(count=…, ms=…)``: N:1 windows (Rx ``buffer_with_time_or_count``).
+
+A window opens with its first item and is emitted when it holds ``count`` items or ``ms``
+milliseconds after it opened, whichever comes first; empty windows are never emitted. The
+payload is the list of payloads; the metadata is the N:1 merge, so the newest tick's input
+correlation travels on. The time runs on the stage's scheduler (virtual under ``drive``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from reactivex import Observable, abc
+from reactivex.disposable import CompositeDisposable, SerialDisposable
+
+from rxstream.item import PipelineItem, merge_metadata, now
+from rxstream.runtime._shell import StageShell
+from rxstream.typing import ItemStream, Operator
+
+__all__ = ["window_operator"]
+
+
+def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell], Operator]:
+    """Windows of at most ``count`` items, each closed at most ``ms`` after it opened."""
+    span = None if ms is None else ms / 1000.0
+
+    def build(shell: StageShell) -> Operator:
+        def operator(ports: Sequence[ItemStream]) -> ItemStream:
+            source = ports[0]
+
+            def subscribe(
+                observer: abc.ObserverBase[PipelineItem],
+                scheduler: abc.SchedulerBase | None = None,
+            ) -> abc.DisposableBase:
+                window: list[PipelineItem] = []
+                arrived = [0.0]
+                timer = SerialDisposable()
+                opened = [0]  # which window a timer belongs to
+
+                def flush() -> None:
+                    if not window:
+                        return
+                    items = list(window)
+                    window.clear()
+                    opened[0] += 1
+                    timer.disposable = None
+                    metadata = merge_metadata(
+                        [item.metadata for item in items], shell.stamps(arrived[0])
+                    )
+                    observer.on_next(shell.emit([item.payload for item in items], metadata))
+
+                def on_timeout(_s: abc.SchedulerBase, which: Any = None) -> None:
+                    if which == opened[0]:
+                        flush()
+
+                def on_next(item: PipelineItem) -> None:
+                    arrived[0] = now()
+                    shell.counters.items_in += 1
+                    window.append(item)
+                    if span is not None and len(window) == 1:
+                        timer.disposable = shell.scheduler.schedule_relative(
+                            span, on_timeout, opened[0]
+                        )
+                    if count is not None and len(window) >= count:
+                        flush()
+
+                def on_completed() -> None:
+                    flush()
+                    observer.on_completed()
+
+                upstream = source.subscribe(
+                    on_next, observer.on_error, on_completed, scheduler=scheduler
+                )
+                return CompositeDisposable(upstream, timer)
+
+            return Observable(subscribe)
+
+        return operator
+
+    return build

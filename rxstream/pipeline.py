@@ -1,0 +1,283 @@
+"""``Pipeline``: an immutable stage graph plus its lifecycle (start, stop, run, drive…)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from rxstream._exceptions import PipelineStateError, StageBuildError
+from rxstream.item import PipelineItem
+from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._plan import Plan, compile_plan
+from rxstream.runtime._run import Run
+from rxstream.runtime._stats import StageStatistics
+from rxstream.stage import Node, Stage
+
+if TYPE_CHECKING:
+    from rxstream.context import Context
+
+__all__ = ["Pipeline"]
+
+_log = structlog.get_logger("rxstream")
+
+STOP_TIMEOUT = 0.45
+"""Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
+
+
+class Pipeline:
+    """A composed graph of stages and the runs made from it.
+
+    Made by ``|``; composing further returns a new pipeline and leaves this one as it was.
+    A pipeline runs threaded (:meth:`start`, :meth:`run`) or driven (:meth:`drive`), one run
+    at a time.
+    """
+
+    def __init__(self, tails: tuple[Node, ...], context: Context) -> None:
+        self._tails = tails
+        self._context = context
+        self._plan: Plan | None = None
+        self._run: Run | None = None
+        self._config: Mapping[str, Any] = MappingProxyType({})
+
+    # --- composition ------------------------------------------------------------------------
+
+    @classmethod
+    def of(cls, stage: Stage) -> Pipeline:
+        """A pipeline of one stage."""
+        return cls((Node(stage),), stage.context)
+
+    @classmethod
+    def fan_in(cls, heads: Sequence[Stage | Pipeline], stage: Stage | Pipeline) -> Pipeline:
+        """``[a, b] | stage``: every head feeds ``stage`` (one port each, in list order)."""
+        if not isinstance(heads, list | tuple) or not heads:
+            raise StageBuildError(f"fan-in needs a non-empty list of stages, got {heads!r}")
+        tails = []
+        for head in heads:
+            if not isinstance(head, Stage | Pipeline):
+                raise StageBuildError(
+                    f"fan-in takes stages and pipelines, got {type(head).__name__}"
+                )
+            tails.append((cls.of(head) if isinstance(head, Stage) else head)._tail("fan-in"))
+        target = cls.of(stage) if isinstance(stage, Stage) else stage
+        return target._attach(tuple(tails), heads_context=tails[0].stage.context)
+
+    def __or__(self, other: Stage | Pipeline) -> Pipeline:
+        if isinstance(other, Stage):
+            other = Pipeline.of(other)
+        if not isinstance(other, Pipeline):
+            return NotImplemented
+        return other._attach((self._tail("|"),), heads_context=self._context)
+
+    def __ror__(self, left: Sequence[Stage | Pipeline]) -> Pipeline:
+        return Pipeline.fan_in(left, self)
+
+    def _tail(self, op: str) -> Node:
+        if len(self._tails) != 1:
+            raise StageBuildError(
+                f"{op} needs a pipeline with one end, got one with {len(self._tails)} "
+                f"({', '.join(repr(t.stage.name) for t in self._tails)})"
+            )
+        tail = self._tails[0]
+        if tail.stage.is_sink:
+            raise StageBuildError(
+                f"sink {tail.stage.name!r} (ctx.stream) must end the pipeline; "
+                "nothing can follow it"
+            )
+        return tail
+
+    def _attach(self, feeds: tuple[Node, ...], heads_context: Context) -> Pipeline:
+        """This pipeline with ``feeds`` plugged into its open head (the node with no input)."""
+        if heads_context is not self._context:
+            raise StageBuildError("stages of one pipeline must come from one Context")
+        memo: dict[Node, Node] = {}
+        opened = []
+
+        def rebase(node: Node) -> Node:
+            if node in memo:
+                return memo[node]
+            stage = node.stage
+            if not node.inputs and not stage.is_source:
+                count = len(feeds)
+                if not stage.min_inputs <= count <= (stage.max_inputs or count):
+                    wanted = (
+                        f"{stage.min_inputs}"
+                        if stage.min_inputs == stage.max_inputs
+                        else f"{stage.min_inputs} or more"
+                    )
+                    raise StageBuildError(
+                        f"stage {stage.name!r} ({stage.kind}) takes {wanted} input(s), got {count}"
+                    )
+                opened.append(node)
+                fresh = Node(stage, feeds)
+            else:
+                fresh = Node(stage, tuple(rebase(up) for up in node.inputs))
+            memo[node] = fresh
+            return fresh
+
+        tails = tuple(rebase(tail) for tail in self._tails)
+        if not opened:
+            first = self._tails[0].stage
+            raise StageBuildError(
+                f"stage {first.name!r} ({first.kind}) cannot take an input: "
+                "nothing can feed a pipeline that starts with a source"
+            )
+        return Pipeline(tails, self._context)
+
+    # --- the graph --------------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The checked, named graph (compiled once, on first use)."""
+        if self._plan is None:
+            self._plan = compile_plan(self._tails)
+        return self._plan
+
+    @property
+    def stages(self) -> Mapping[str, Stage]:
+        """The stages by their unique names, upstream first."""
+        plan = self.plan
+        return MappingProxyType({plan.names[node]: node.stage for node in plan.nodes})
+
+    @property
+    def context(self) -> Context:
+        """The context whose builders made this pipeline's stages."""
+        return self._context
+
+    def __repr__(self) -> str:
+        try:
+            names = " | ".join(self.stages)
+        except StageBuildError:
+            names = "…"
+        return f"<Pipeline {names}>"
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        """The desired state: ``start(**config)`` then every ``update(**changes)``."""
+        return self._config
+
+    @property
+    def running(self) -> bool:
+        """Whether a threaded run is started and not yet stopped."""
+        return self._run is not None and self._run.mode == "threads" and not self._stopped
+
+    _stopped = True
+
+    def start(self, **config: Any) -> Pipeline:
+        """Start the stage threads and return at once; ``config`` is the initial desired state."""
+        self._start(config, loop=None)
+        return self
+
+    def _start(self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None) -> Run:
+        if self.running:
+            raise PipelineStateError("start() on a running pipeline: stop() it first")
+        plan = self.plan
+        self._config = MappingProxyType(dict(config))
+        run = Run(plan, mode="threads", bridge=AsyncBridge(loop))
+        self._run = run
+        self._stopped = False
+        run.start()
+        return run
+
+    def update(self, **changes: Any) -> None:
+        """Write ``changes`` into the desired state (a new immutable mapping)."""
+        self._config = MappingProxyType({**self._config, **changes})
+
+    def stop(self) -> None:
+        """Stop sources, wake every blocked inbox, join the threads; idempotent, ~0.5 s at most.
+
+        Items still waiting in inboxes are counted as dropped with reason ``stopped``.
+        """
+        run = self._run
+        if run is None or self._stopped:
+            return
+        self._stopped = True
+        stuck = run.stop(STOP_TIMEOUT)
+        if stuck:
+            _log.warning("pipeline_stop_left_threads", threads=stuck)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until the run completes (then stop it); raise its :class:`PipelineError`.
+
+        Returns whether it completed within ``timeout`` seconds.
+        """
+        run = self._require_run("wait()")
+        if not run.done.wait(timeout):
+            return False
+        self.stop()
+        run.raise_error()
+        return True
+
+    async def run(self, *, poll_interval: float = 0.1, **config: Any) -> None:
+        """Start, stay alive while the session transport is attached, stop on disconnect.
+
+        Also returns when the pipeline completes, and stops it when the awaiting task is
+        cancelled. ``poll_interval`` only bounds how fast a disconnect is seen. A stage that
+        failed raises its :class:`PipelineError` here.
+        """
+        if poll_interval <= 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+        loop = asyncio.get_running_loop()
+        run = self._start(config, loop=loop)
+        finished = asyncio.Event()
+        run.on_done(lambda: _call_soon(loop, finished.set))
+        try:
+            while not finished.is_set() and self._context.connected:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(finished.wait(), poll_interval)
+        finally:
+            self.stop()
+        run.raise_error()
+
+    def drive(
+        self, frames: int = 1, *, items: bool = False, interval: float = 0.0
+    ) -> list[Any] | dict[str, list[Any]]:
+        """Pull ``frames`` items from each source, run until drained, return what egressed.
+
+        Synchronous and threadless: the same operators on an immediate hop and a virtual
+        clock, so ``pace`` and time windows never sleep and a drive is repeatable. Source
+        pulls are ``interval`` virtual seconds apart. Returns the payloads the pipeline's end
+        received in order (``items=True``: the :class:`PipelineItem` s); with several ends, a
+        dict by stage name.
+        """
+        if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
+            raise ValueError(f"frames must be an int >= 0, got {frames!r}")
+        if interval < 0:
+            raise ValueError(f"interval must be >= 0 virtual seconds, got {interval}")
+        if self.running:
+            raise PipelineStateError("drive() on a running pipeline: stop() it first")
+        run = Run(self.plan, mode="drive", bridge=AsyncBridge(), collect=True)
+        self._run = run
+        run.drive(frames, interval)
+        outputs = {
+            self.plan.name_of(tail): _unwrap(run.outputs[tail], items) for tail in self.plan.tails
+        }
+        if len(outputs) == 1:
+            return next(iter(outputs.values()))
+        return outputs
+
+    def statistics(self) -> Mapping[str, StageStatistics]:
+        """Each stage's statistics for the current (or last) run, by name; empty before one."""
+        if self._run is None:
+            return MappingProxyType({})
+        return MappingProxyType(dict(self._run.statistics()))
+
+    def _require_run(self, call: str) -> Run:
+        if self._run is None:
+            raise PipelineStateError(f"{call} before start(): nothing is running")
+        return self._run
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+        loop.call_soon_threadsafe(callback)
+
+
+def _unwrap(items: list[PipelineItem], keep: bool) -> list[Any]:
+    return list(items) if keep else [item.payload for item in items]

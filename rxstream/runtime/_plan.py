@@ -1,0 +1,105 @@
+"""Compile a graph of nodes into a plan: checked, named, in topological order."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rxstream._exceptions import StageBuildError, StageReuseError
+from rxstream.stage import Node
+
+__all__ = ["Plan", "compile_plan"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A runnable graph: nodes upstream-first, their unique names, and their consumer counts."""
+
+    nodes: tuple[Node, ...]
+    names: dict[Node, str]
+    consumers: dict[Node, int]
+    tails: tuple[Node, ...]
+
+    @property
+    def sources(self) -> tuple[Node, ...]:
+        """The nodes that produce items, in plan order."""
+        return tuple(node for node in self.nodes if node.stage.is_source)
+
+    def name_of(self, node: Node) -> str:
+        """The node's unique name in this plan."""
+        return self.names[node]
+
+
+def compile_plan(tails: Sequence[Node]) -> Plan:
+    """Order, check and name the graph that ends in ``tails``.
+
+    Raises :class:`StageReuseError` for a stage object at two places, and
+    :class:`StageBuildError` for a stage with no input that is not a source or a sink that
+    something follows.
+    """
+    order: list[Node] = []
+    seen: set[Node] = set()
+    consumers: dict[Node, int] = {}
+    by_stage: dict[int, Node] = {}
+
+    def visit(node: Node) -> None:
+        if node in seen:
+            return
+        other = by_stage.get(id(node.stage))
+        if other is not None:
+            stage = node.stage
+            raise StageReuseError(
+                f"stage {stage.name!r} ({stage.kind}) is used at two places in the pipeline; "
+                f"a stage object is one node: build another with ctx.{stage.kind}(...) "
+                "(one upstream feeding two downstreams is a fan-out and needs no copy)"
+            )
+        by_stage[id(node.stage)] = node
+        for upstream in node.inputs:
+            visit(upstream)
+            consumers[upstream] = consumers.get(upstream, 0) + 1
+        seen.add(node)
+        order.append(node)
+
+    for tail in tails:
+        visit(tail)
+    names = _names(order)
+    for node in order:
+        stage = node.stage
+        if not node.inputs and not stage.is_source:
+            raise StageBuildError(
+                f"stage {names[node]!r} ({stage.kind}) has no input: "
+                "a runnable pipeline starts with ctx.source(...)"
+            )
+        if stage.is_sink and consumers.get(node):
+            follower = next(n for n in order if node in n.inputs)
+            raise StageBuildError(
+                f"sink {names[node]!r} (ctx.stream) must end the pipeline, "
+                f"but {names[follower]!r} follows it"
+            )
+    return Plan(nodes=tuple(order), names=names, consumers=consumers, tails=tuple(tails))
+
+
+def _names(order: Sequence[Node]) -> dict[Node, str]:
+    """Explicit names as given (each once); derived names made unique as ``name-2``…"""
+    names: dict[Node, str] = {}
+    taken: set[str] = set()
+    for node in order:
+        if node.stage.explicit_name:
+            name = node.stage.name
+            if name in taken:
+                raise StageBuildError(
+                    f"stage names must be unique in a pipeline, got {name!r} twice"
+                )
+            names[node] = name
+            taken.add(name)
+    for node in order:
+        if node.stage.explicit_name:
+            continue
+        base = name = node.stage.name
+        suffix = 2
+        while name in taken:
+            name = f"{base}-{suffix}"
+            suffix += 1
+        names[node] = name
+        taken.add(name)
+    return names

@@ -1,0 +1,300 @@
+"""One run of a plan: wire each stage's operator behind its scheduler, then run it.
+
+Two modes over the same operators. ``threads``: every stage gets a
+:class:`~rxstream.runtime._thread.StageThread` (its thread and bounded inbox) and every source
+a thread that pulls and pushes. ``drive``: no threads; one
+:class:`~rxstream.runtime._thread.VirtualClock` is every stage's scheduler, sources are pulled
+by actions on it, and the hop between stages is a direct call.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import structlog
+from reactivex import Observable, abc, operators
+from reactivex.disposable import CompositeDisposable
+
+from rxstream._exceptions import PipelineError
+from rxstream.item import PipelineItem
+from rxstream.operators._source import SKIPPED, SourcePuller
+from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._plan import Plan
+from rxstream.runtime._shell import StageShell
+from rxstream.runtime._stats import StageStatistics
+from rxstream.runtime._thread import StageThread, VirtualClock, _ClockScheduler
+from rxstream.stage import Node
+from rxstream.typing import ItemStream
+
+__all__ = ["Run"]
+
+_log = structlog.get_logger("rxstream")
+
+
+class Run:
+    """The live state of one run: shells, threads, sources, completion and the first error."""
+
+    def __init__(
+        self, plan: Plan, *, mode: str, bridge: AsyncBridge, collect: bool = False
+    ) -> None:
+        self.plan = plan
+        self.mode = mode
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self._bridge = bridge
+        self._collect = collect
+        self._lock = threading.Lock()
+        self._halted = False
+        self._completed = 0
+        self._done_callbacks: list[Callable[[], None]] = []
+        self.outputs: dict[Node, list[PipelineItem]] = {tail: [] for tail in plan.tails}
+        self.clock = VirtualClock() if mode == "drive" else None
+        self.shells: dict[Node, StageShell] = {}
+        self.threads: dict[Node, StageThread] = {}
+        self._pullers: dict[Node, SourcePuller] = {}
+        self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
+        self._source_threads: list[threading.Thread] = []
+        self._subscriptions = CompositeDisposable()
+        for node in plan.nodes:
+            self._make_shell(node)
+        self._wire()
+
+    # --- building -------------------------------------------------------------------------
+
+    def _make_shell(self, node: Node) -> None:
+        stage = node.stage
+        name = self.plan.name_of(node)
+        scheduler: _ClockScheduler = self.clock if self.clock is not None else _Placeholder()
+        shell = StageShell(
+            name, stage.kind, scheduler, stage.on_error, self.fail, self._bridge.call
+        )
+        if self.clock is None and not stage.is_source:
+            thread = StageThread(name, stage.inbox, shell.counters, shell.crashed)
+            shell.scheduler = thread
+            self.threads[node] = thread
+        self.shells[node] = shell
+
+    def _wire(self) -> None:
+        streams: dict[Node, ItemStream] = {}
+        for node in self.plan.nodes:
+            shell = self.shells[node]
+            if node.stage.is_source:
+                self._pullers[node] = SourcePuller(node.stage.source, shell)
+                stream = self._source_stream(node)
+            else:
+                ports = [self._port(streams[upstream], node) for upstream in node.inputs]
+                stream = node.stage.build(shell)(ports)
+            if self.plan.consumers.get(node, 0) > 1:
+                stream = stream.pipe(operators.share())
+            streams[node] = stream
+        for tail in self.plan.tails:
+            self._subscriptions.add(streams[tail].subscribe(self._collector(tail)))
+
+    def _source_stream(self, node: Node) -> ItemStream:
+        def subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            self._observers[node] = observer
+            return CompositeDisposable()
+
+        return Observable(subscribe)
+
+    def _port(self, upstream: ItemStream, node: Node) -> ItemStream:
+        """The hop into ``node``: through its inbox onto its thread, or direct under drive."""
+        thread = self.threads.get(node)
+        if thread is None:
+            return upstream
+
+        def subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            put, put_control = thread.put, thread.put_control
+            deliver = observer.on_next
+            return upstream.subscribe(
+                lambda item: put(deliver, item),
+                lambda error: put_control(observer.on_error, error),
+                lambda: put_control(_complete, observer),
+                scheduler=scheduler,
+            )
+
+        return Observable(subscribe)
+
+    def _collector(self, tail: Node) -> abc.ObserverBase[PipelineItem]:
+        from reactivex import Observer
+
+        kept = self.outputs[tail] if self._collect else None
+
+        def on_completed() -> None:
+            with self._lock:
+                self._completed += 1
+                finished = self._completed == len(self.plan.tails)
+            if finished:
+                self._finish()
+
+        return Observer(
+            kept.append if kept is not None else _ignore,
+            self.fail,
+            on_completed,
+        )
+
+    # --- outcome ----------------------------------------------------------------------------
+
+    def fail(self, error: BaseException) -> None:
+        """Record the first error, end the run and halt everything (from any thread)."""
+        with self._lock:
+            first = self.error is None
+            if first:
+                self.error = error
+        if first:
+            if not isinstance(error, PipelineError):
+                _log.error("pipeline_failed", error=repr(error))
+            self.halt()
+            self._finish()
+
+    def _finish(self) -> None:
+        self.done.set()
+        with self._lock:
+            callbacks, self._done_callbacks = self._done_callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once the run has completed or failed."""
+        with self._lock:
+            if not self.done.is_set():
+                self._done_callbacks.append(callback)
+                return
+        callback()
+
+    def raise_error(self) -> None:
+        """Raise the run's error, if it had one."""
+        if self.error is not None:
+            raise self.error
+
+    # --- threads mode -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every stage thread, then every source thread."""
+        for thread in self.threads.values():
+            thread.start()
+        for node, puller in self._pullers.items():
+            source = threading.Thread(
+                target=self._pump,
+                args=(puller, self._observers[node]),
+                name=f"rxstream:{self.plan.name_of(node)}",
+                daemon=True,
+            )
+            self._source_threads.append(source)
+            source.start()
+
+    def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
+        try:
+            puller.open()
+            while not self._halted:
+                item = puller.pull()
+                if item is None:
+                    observer.on_completed()
+                    return
+                if item is not SKIPPED:
+                    observer.on_next(item)
+        except BaseException as exc:
+            self.fail(exc)
+        finally:
+            puller.close()
+
+    def halt(self) -> None:
+        """Stop sources and wake every blocked thread; returns at once (any thread)."""
+        self._halted = True
+        for thread in self.threads.values():
+            thread.close()
+        self._bridge.close()
+
+    def stop(self, timeout: float) -> list[str]:
+        """Halt and join every thread within ``timeout`` seconds; the names still running."""
+        self.halt()
+        deadline = time.monotonic() + timeout
+        stuck = []
+        for source in self._source_threads:
+            source.join(max(0.0, deadline - time.monotonic()))
+            if source.is_alive():
+                stuck.append(source.name)
+        for thread in self.threads.values():
+            if not thread.join(max(0.0, deadline - time.monotonic())):
+                stuck.append(thread.name)
+        self._subscriptions.dispose()
+        return stuck
+
+    # --- drive mode -------------------------------------------------------------------------
+
+    def drive(self, frames: int, interval: float) -> None:
+        """Pull ``frames`` items from every source on virtual time and run until drained."""
+        clock = self.clock
+        assert clock is not None
+        try:
+            for node, puller in self._pullers.items():
+                puller.open()
+                self._schedule_pull(clock, puller, self._observers[node], frames, interval, 0)
+            clock.run(until=lambda: self.error is not None)
+        finally:
+            for puller in self._pullers.values():
+                puller.close()
+            self._bridge.close()
+        self.raise_error()
+
+    def _schedule_pull(
+        self,
+        clock: VirtualClock,
+        puller: SourcePuller,
+        observer: abc.ObserverBase[PipelineItem],
+        frames: int,
+        interval: float,
+        index: int,
+    ) -> None:
+        def pull(_scheduler: abc.SchedulerBase, _state: Any = None) -> None:
+            if index >= frames:
+                observer.on_completed()
+                return
+            try:
+                item = puller.pull()
+            except BaseException as exc:
+                self.fail(exc)
+                return
+            if item is None:
+                observer.on_completed()
+                return
+            self._schedule_pull(clock, puller, observer, frames, interval, index + 1)
+            if item is not SKIPPED:
+                observer.on_next(item)
+
+        clock.schedule_absolute(index * interval if index < frames else clock.clock(), pull)
+
+    # --- statistics -------------------------------------------------------------------------
+
+    def statistics(self) -> Mapping[str, StageStatistics]:
+        """Each stage's statistics now, by name, in plan order."""
+        stats = {}
+        for node in self.plan.nodes:
+            shell = self.shells[node]
+            thread = self.threads.get(node)
+            depth = 0 if thread is None else thread.depth
+            capacity = 0 if node.stage.is_source else node.stage.inbox.capacity
+            stats[shell.name] = shell.counters.snapshot(depth, capacity)
+        return stats
+
+
+class _Placeholder(_ClockScheduler):
+    """A source's scheduler in threads mode: sources pull on their own thread, never schedule."""
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+
+def _complete(observer: abc.ObserverBase[Any]) -> None:
+    observer.on_completed()
+
+
+def _ignore(_item: object) -> None:
+    pass

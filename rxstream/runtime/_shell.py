@@ -1,0 +1,111 @@
+"""The stage shell: the cross-cutting work every stage's operator delegates to.
+
+One shell per stage per run. It knows the stage's name and hop labels, its scheduler (a
+:class:`~rxstream.runtime._thread.StageThread` or the drive's virtual clock), its counters, and
+how a failure is handled; operators call it so that ``Stage`` stays a small declaration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+from reactivex import abc
+
+from rxstream._exceptions import PipelineError
+from rxstream.item import PipelineItem, PipelineMetadata, _item, _with_stamps, now
+from rxstream.runtime._stats import StageCounters
+from rxstream.runtime._thread import _ClockScheduler
+from rxstream.typing import OnError
+
+__all__ = ["StageShell"]
+
+_log = structlog.get_logger("rxstream")
+
+
+class StageShell:
+    """Stamps, counts and error routing for one stage in one run."""
+
+    __slots__ = (
+        "_call_async",
+        "_fail",
+        "counters",
+        "in_hop",
+        "name",
+        "on_error",
+        "out_hop",
+        "scheduler",
+    )
+
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        scheduler: _ClockScheduler,
+        on_error: OnError,
+        fail: Callable[[BaseException], None],
+        call_async: Callable[[Coroutine[Any, Any, Any]], Any],
+    ) -> None:
+        self.name = name
+        self.in_hop = f"{name}.in"
+        self.out_hop = f"{name}.out"
+        self.scheduler = scheduler
+        self.counters = StageCounters(name, kind)
+        self.on_error = on_error
+        self._fail = fail
+        self._call_async = call_async
+
+    def forward(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
+        """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""
+        self.counters.items_out += 1
+        stamps = ((self.in_hop, started), (self.out_hop, now()))
+        return _item(payload, _with_stamps(item.metadata, stamps))
+
+    def emit(self, payload: Any, metadata: PipelineMetadata) -> PipelineItem:
+        """An output whose metadata the operator built itself (1:N, N:1); counts it."""
+        self.counters.items_out += 1
+        return _item(payload, metadata)
+
+    def stamps(self, started: float) -> tuple[tuple[str, float], tuple[str, float]]:
+        """This stage's ``.in`` stamp at ``started`` and its ``.out`` stamp now."""
+        return ((self.in_hop, started), (self.out_hop, now()))
+
+    def failed(
+        self,
+        observer: abc.ObserverBase[PipelineItem],
+        item: PipelineItem | None,
+        exc: BaseException,
+    ) -> None:
+        """Route an exception from the stage's function (the ``on_error`` policy).
+
+        ``skip`` drops the item, logs and counts it (reason ``error``); ``raise`` ends the run
+        with a :class:`PipelineError` naming this stage and the item.
+        """
+        pts = None if item is None else item.metadata.pts
+        input_seq = None if item is None else item.metadata.input_seq
+        if self.on_error == "skip":
+            self.skipped(exc, pts=pts, input_seq=input_seq)
+            return
+        error = PipelineError(self.name, exc, pts=pts, input_seq=input_seq)
+        self._fail(error)
+        observer.on_error(error)
+
+    def skipped(self, exc: BaseException, *, pts: int | None, input_seq: int | None) -> None:
+        """Count and log one item dropped because the stage's function raised."""
+        self.counters.drop("error")
+        _log.warning(
+            "stage_item_skipped",
+            stage=self.name,
+            pts=pts,
+            input_seq=input_seq,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+
+    def crashed(self, exc: BaseException) -> None:
+        """The engine failed while running this stage: end the run naming the stage."""
+        self._fail(exc if isinstance(exc, PipelineError) else PipelineError(self.name, exc))
+
+    def call_async(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coroutine`` on the pipeline's event loop and wait for its result."""
+        return self._call_async(coroutine)

@@ -1,0 +1,325 @@
+"""A stage's scheduler: one thread that runs its inbox and its timers.
+
+reactivex's ``observe_on`` queues without bound (a list popped from the front), so the hop
+between stages is this: a deque with two conditions over one lock, a capacity, and an overflow
+policy chosen once at construction (``put`` is bound to the policy's method). The same thread
+runs the stage's timed actions (pace ticks, window timeouts), so a stage's operator never needs
+a lock of its own. It is a reactivex scheduler too: payload-level Rx operators lifted with
+``ctx.rx`` that take a scheduler time on it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+
+from reactivex import abc, typing
+from reactivex.disposable import Disposable
+from reactivex.scheduler.periodicscheduler import PeriodicScheduler
+
+from rxstream.runtime._inbox import InboxSpec
+from rxstream.runtime._stats import StageCounters
+
+__all__ = ["StageThread", "VirtualClock"]
+
+_TState = TypeVar("_TState")
+_monotonic = time.monotonic
+_perf = time.perf_counter
+
+
+class _Timer:
+    """One scheduled action: cancellable, run once."""
+
+    __slots__ = ("action", "cancelled", "scheduler", "state")
+
+    def __init__(
+        self, scheduler: abc.SchedulerBase, action: typing.ScheduledAction[Any], state: Any
+    ) -> None:
+        self.scheduler = scheduler
+        self.action = action
+        self.state = state
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def run(self) -> None:
+        if not self.cancelled:
+            self.action(self.scheduler, self.state)
+
+
+class _ClockScheduler(PeriodicScheduler):
+    """What both stage schedulers share: float-second clocks behind reactivex's datetimes."""
+
+    def clock(self) -> float:
+        """Seconds on this scheduler's clock (monotonic, or virtual under ``drive``)."""
+        raise NotImplementedError
+
+    @property
+    def now(self) -> datetime:
+        return self.to_datetime(self.clock())
+
+    def set_accepting(self, accepting: bool) -> None:
+        """Whether the stage takes new items from its inbox (``pace`` closes it when full)."""
+
+    def schedule(
+        self, action: typing.ScheduledAction[_TState], state: _TState | None = None
+    ) -> abc.DisposableBase:
+        return self._at(self.clock(), _Timer(self, action, state))
+
+    def schedule_relative(
+        self,
+        duetime: typing.RelativeTime,
+        action: typing.ScheduledAction[_TState],
+        state: _TState | None = None,
+    ) -> abc.DisposableBase:
+        return self._at(self.clock() + self.to_seconds(duetime), _Timer(self, action, state))
+
+    def schedule_absolute(
+        self,
+        duetime: typing.AbsoluteTime,
+        action: typing.ScheduledAction[_TState],
+        state: _TState | None = None,
+    ) -> abc.DisposableBase:
+        return self._at(self.to_seconds(duetime), _Timer(self, action, state))
+
+    def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        raise NotImplementedError
+
+
+class VirtualClock(_ClockScheduler):
+    """Virtual time for ``drive()``: actions run in due order, the clock jumps, nothing sleeps.
+
+    Unlike reactivex's ``VirtualTimeScheduler`` it never nudges the clock forward when many
+    actions share one instant, so a drive is exactly repeatable.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._now = 0.0
+        self._heap: list[tuple[float, int, _Timer]] = []
+        self._seq = itertools.count()
+
+    def clock(self) -> float:
+        return self._now
+
+    def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        heapq.heappush(self._heap, (max(due, self._now), next(self._seq), timer))
+        return Disposable(timer.cancel)
+
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """Run every scheduled action in due order until none is left or ``until()``."""
+        heap = self._heap
+        while heap and not until():
+            due, _, timer = heapq.heappop(heap)
+            self._now = due
+            timer.run()
+
+    @property
+    def pending(self) -> int:
+        """Actions still scheduled."""
+        return len(self._heap)
+
+
+_DATA = True
+_CONTROL = False
+
+
+class StageThread(_ClockScheduler):
+    """A stage's thread, its bounded inbox, and its timers.
+
+    Producers call :meth:`put` (data, bounded by the policy) or :meth:`put_control`
+    (completion and errors, never dropped). The thread delivers each message by calling
+    ``deliver(value)`` with no lock held.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        spec: InboxSpec,
+        counters: StageCounters,
+        on_crash: Callable[[BaseException], None],
+    ) -> None:
+        super().__init__()
+        self.name = name
+        self.capacity = spec.capacity
+        self.policy = spec.policy
+        self._counters = counters
+        self._on_crash = on_crash
+        lock = threading.Lock()
+        self._not_empty = threading.Condition(lock)
+        self._not_full = threading.Condition(lock)
+        self._lock = lock
+        self._inbox: deque[tuple[Callable[[Any], None], Any, bool]] = deque()
+        self._data = 0
+        self._ready: deque[_Timer] = deque()
+        self._timers: list[tuple[float, int, _Timer]] = []
+        self._seq = itertools.count()
+        self._accepting = True
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
+        self.put: Callable[[Callable[[Any], None], Any], None] = {
+            "block": self._put_block,
+            "latest": self._put_latest,
+            "drop_new": self._put_drop_new,
+        }[spec.policy]
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop taking work, wake every thread blocked on this inbox, let the thread end.
+
+        Items still waiting are counted as dropped (reason ``stopped``). Safe from any thread.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._data:
+                self._counters.drop("stopped", self._data)
+            self._inbox.clear()
+            self._data = 0
+            self._not_empty.notify_all()
+            self._not_full.notify_all()
+
+    def join(self, timeout: float | None) -> bool:
+        """Wait for the thread to end; whether it did."""
+        if self._thread.ident is None or self._thread is threading.current_thread():
+            return True
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    @property
+    def depth(self) -> int:
+        """Data items waiting now."""
+        return self._data
+
+    # --- producers --------------------------------------------------------------------------
+
+    def _put_block(self, deliver: Callable[[Any], None], value: Any) -> None:
+        with self._lock:
+            if self._data >= self.capacity and not self._closed:
+                started = _perf()
+                while self._data >= self.capacity and not self._closed:
+                    self._not_full.wait()
+                self._counters.add_blocked(_perf() - started)
+            if self._closed:
+                self._counters.drop("stopped")
+                return
+            self._inbox.append((deliver, value, _DATA))
+            self._data += 1
+            self._not_empty.notify()
+
+    def _put_latest(self, deliver: Callable[[Any], None], value: Any) -> None:
+        with self._lock:
+            if self._closed:
+                self._counters.drop("stopped")
+                return
+            inbox = self._inbox
+            if self._data >= self.capacity:
+                for index, message in enumerate(inbox):
+                    if message[2] is _DATA:
+                        del inbox[index]
+                        break
+                self._data -= 1
+                self._counters.drop("latest")
+            inbox.append((deliver, value, _DATA))
+            self._data += 1
+            self._not_empty.notify()
+
+    def _put_drop_new(self, deliver: Callable[[Any], None], value: Any) -> None:
+        with self._lock:
+            if self._closed:
+                self._counters.drop("stopped")
+                return
+            if self._data >= self.capacity:
+                self._counters.drop("drop_new")
+                return
+            self._inbox.append((deliver, value, _DATA))
+            self._data += 1
+            self._not_empty.notify()
+
+    def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
+        """Queue a terminal message (completion, error): never dropped, never blocks."""
+        with self._lock:
+            if not self._closed:
+                self._inbox.append((deliver, value, _CONTROL))
+                self._not_empty.notify()
+
+    # --- scheduler ----------------------------------------------------------------------------
+
+    def clock(self) -> float:
+        return _monotonic()
+
+    def set_accepting(self, accepting: bool) -> None:
+        if accepting != self._accepting:
+            with self._lock:
+                self._accepting = accepting
+                if accepting:
+                    self._not_empty.notify()
+
+    def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        with self._lock:
+            if due <= _monotonic():
+                self._ready.append(timer)
+            else:
+                heapq.heappush(self._timers, (due, next(self._seq), timer))
+            self._not_empty.notify()
+        return Disposable(timer.cancel)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    def _next(self) -> tuple[Callable[[Any], None], Any] | None:
+        """The next thing to run, waiting for it; ``None`` once closed. Holds the lock."""
+        counters = self._counters
+        inbox = self._inbox
+        timers = self._timers
+        while not self._closed:
+            if self._ready:
+                return _run_timer, self._ready.popleft()
+            timeout = None
+            if timers:
+                timeout = timers[0][0] - _monotonic()
+                if timeout <= 0:
+                    return _run_timer, heapq.heappop(timers)[2]
+            if inbox and (self._accepting or inbox[0][2] is _CONTROL):
+                deliver, value, is_data = inbox.popleft()
+                if is_data:
+                    self._data -= 1
+                    self._not_full.notify()
+                return deliver, value
+            started = _perf()
+            self._not_empty.wait(timeout)
+            counters.wait_s += _perf() - started
+        return None
+
+    def _loop(self) -> None:
+        counters = self._counters
+        lock = self._lock
+        while True:
+            with lock:
+                job = self._next()
+            if job is None:
+                return
+            started = _perf()
+            try:
+                job[0](job[1])
+            except BaseException as exc:  # the engine's own failure: end the run, name the stage
+                self._on_crash(exc)
+                return
+            finally:
+                counters.work_s += _perf() - started
+
+
+def _run_timer(timer: _Timer) -> None:
+    timer.run()

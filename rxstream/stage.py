@@ -1,0 +1,135 @@
+"""``Stage``: a declaration plus a factory for its Rx operator; ``|`` builds graphs of them.
+
+A stage is a stream transducer with 0..N inputs. Composition never runs anything: ``a | b``
+makes an immutable graph of nodes (a node is a stage and the nodes feeding it) held by a
+:class:`~rxstream.pipeline.Pipeline`. A list head is fan-in: ``[a, b] | stage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, get_args
+
+from rxstream._exceptions import StageBuildError
+from rxstream.runtime._inbox import InboxSpec
+from rxstream.runtime._shell import StageShell
+from rxstream.typing import OnError, Operator
+
+if TYPE_CHECKING:
+    from rxstream.context import Context
+    from rxstream.pipeline import Pipeline
+
+__all__ = ["Node", "Stage"]
+
+_ON_ERROR = get_args(OnError)
+
+
+class Stage:
+    """One stage of a pipeline: what it is (name, kind, placement, inbox) and how it runs.
+
+    ``build(shell)`` returns the stage's Rx operator for one run. ``inputs`` is the range of
+    input counts it accepts. Stages are made by the builders of :class:`~rxstream.Context`.
+    """
+
+    __slots__ = (
+        "build",
+        "context",
+        "device",
+        "explicit_name",
+        "inbox",
+        "kind",
+        "max_inputs",
+        "min_inputs",
+        "name",
+        "on_error",
+        "options",
+        "rank",
+        "source",
+    )
+
+    def __init__(
+        self,
+        *,
+        kind: str,
+        name: str,
+        build: Callable[[StageShell], Operator],
+        context: Context,
+        explicit_name: bool = False,
+        inputs: tuple[int, int | None] = (1, 1),
+        rank: int | None = None,
+        device: str | None = None,
+        inbox: InboxSpec | None = None,
+        on_error: OnError = "raise",
+        source: object = None,
+        options: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(name, str) or not name or "." in name:
+            raise StageBuildError(
+                f"stage name must be a non-empty str without '.', got {name!r} for a {kind} stage"
+            )
+        if on_error not in _ON_ERROR:
+            raise StageBuildError(
+                f"on_error must be one of {', '.join(_ON_ERROR)}, got {on_error!r} "
+                f"for stage {name!r}"
+            )
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise StageBuildError(f"rank must be an int >= 0, got {rank!r} for stage {name!r}")
+        try:
+            self.inbox = (inbox or InboxSpec()).check(name)
+        except ValueError as exc:
+            raise StageBuildError(str(exc)) from None
+        self.kind = kind
+        self.name = name
+        self.explicit_name = explicit_name
+        self.build = build
+        self.context = context
+        self.min_inputs, self.max_inputs = inputs
+        self.rank = rank
+        self.device = device
+        self.on_error: OnError = on_error
+        self.source = source
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
+
+    @property
+    def is_source(self) -> bool:
+        """Whether the stage takes no input and produces items."""
+        return self.max_inputs == 0
+
+    @property
+    def is_sink(self) -> bool:
+        """Whether the stage egresses (``ctx.stream``) and so must end a pipeline."""
+        return self.kind == "stream"
+
+    def __repr__(self) -> str:
+        return f"<Stage {self.kind} {self.name!r}>"
+
+    def __or__(self, other: Stage | Pipeline) -> Pipeline:
+        from rxstream.pipeline import Pipeline
+
+        return Pipeline.of(self) | other
+
+    def __ror__(self, left: Sequence[Stage | Pipeline]) -> Pipeline:
+        from rxstream.pipeline import Pipeline
+
+        return Pipeline.fan_in(left, self)
+
+
+@dataclass(frozen=True)
+class Node:
+    """A stage at one place of a graph: the stage and the nodes that feed it, in port order.
+
+    Nodes compare by structure (the same stage fed by the same nodes is the same node), so an
+    upstream used in two compositions is one node with two consumers: a fan-out.
+    """
+
+    stage: Stage
+    inputs: tuple[Node, ...] = ()
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((id(self.stage), self.inputs)))
+
+    def __hash__(self) -> int:
+        return self._hash
