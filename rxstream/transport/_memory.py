@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 from rxstream.item import PipelineItem
 
@@ -60,7 +61,7 @@ class MemoryTransport(Transport):
         with self._lock:
             return list(self._streams.get(stream, ()))
 
-    def payloads(self, stream: str) -> list[object]:
+    def payloads(self, stream: str) -> list[Any]:
         """The payloads of the kept items of ``stream``, oldest first."""
         return [item.payload for item in self.items(stream)]
 

@@ -1,0 +1,272 @@
+"""Lifecycle: start/stop/wait/run/drive, errors as PipelineError, skip, async stages, self_test."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+import rxstream
+from rxstream import PipelineError, PipelineStateError, SelfTestError
+from rxstream.testing import live_threads
+from rxstream.transport import MemoryTransport
+
+
+def identity(x: int) -> int:
+    return x
+
+
+def boom_at(n: int) -> Callable[[int], int]:
+    def boom(x: int) -> int:
+        if x == n:
+            raise ValueError(f"bad frame {x}")
+        return x
+
+    return boom
+
+
+def endless() -> Iterator[int]:
+    yield from itertools.count()
+
+
+def test_stop_with_full_inboxes_is_bounded_and_leaves_no_thread(ctx: rxstream.Context) -> None:
+    """stop() returns within 0.5 s with every inbox full and the source blocked."""
+
+    def crawl(x: int) -> int:
+        time.sleep(0.02)
+        return x
+
+    pipeline = (
+        ctx.source(endless)
+        | ctx.pipe(identity, name="a")
+        | ctx.pipe(identity, name="b")
+        | ctx.pipe(crawl, name="c")
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        stats = pipeline.statistics()
+        if all(stats[k].inbox_depth == 2 for k in ("a", "b", "c")):
+            break
+        time.sleep(0.005)
+    else:
+        pytest.fail(f"inboxes never filled: {pipeline.statistics()}")
+    started = time.monotonic()
+    pipeline.stop()
+    assert time.monotonic() - started < 0.5
+    assert live_threads() == []
+    stats = pipeline.statistics()
+    assert sum(s.dropped.get("stopped", 0) for s in stats.values()) >= 6
+    pipeline.stop()  # idempotent
+
+
+def test_stop_before_start_is_a_no_op(ctx: rxstream.Context) -> None:
+    """stop() on a pipeline that never ran does nothing."""
+    (ctx.source([1]) | ctx.stream("out")).stop()
+
+
+def test_wait_before_start_is_an_error(ctx: rxstream.Context) -> None:
+    """wait() with nothing running says so."""
+    with pytest.raises(PipelineStateError, match=r"^wait\(\) before start\(\)"):
+        (ctx.source([1]) | ctx.stream("out")).wait()
+
+
+def test_start_twice_is_an_error(ctx: rxstream.Context) -> None:
+    """A running pipeline cannot be started again until stopped."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    pipeline.start()
+    try:
+        with pytest.raises(PipelineStateError, match=r"^start\(\) on a running pipeline"):
+            pipeline.start()
+    finally:
+        pipeline.stop()
+
+
+def test_raising_stage_surfaces_from_drive(ctx: rxstream.Context) -> None:
+    """drive() raises PipelineError naming the stage, the item and the cause."""
+    pipeline = ctx.source(range(5)) | ctx.pipe(boom_at(3), name="decode") | ctx.stream("out")
+    with pytest.raises(
+        PipelineError,
+        match=r"^stage 'decode' failed on item pts=3 input_seq=0: ValueError: bad frame 3$",
+    ) as info:
+        pipeline.drive(frames=5)
+    assert info.value.stage == "decode"
+    assert info.value.pts == 3
+    assert isinstance(info.value.__cause__, ValueError)
+
+
+def test_raising_stage_surfaces_from_wait_and_stops_everything(ctx: rxstream.Context) -> None:
+    """A failure in a threaded run ends it: wait() raises and no thread is left."""
+    pipeline = ctx.source(endless) | ctx.pipe(boom_at(10), name="decode") | ctx.stream("out")
+    pipeline.start()
+    with pytest.raises(PipelineError, match=r"^stage 'decode' failed on item pts=10"):
+        pipeline.wait(timeout=10)
+    assert live_threads() == []
+
+
+def test_raising_stage_surfaces_from_run(ctx: rxstream.Context) -> None:
+    """await run() raises the PipelineError."""
+    pipeline = ctx.source(endless) | ctx.pipe(boom_at(5), name="decode") | ctx.stream("out")
+    with pytest.raises(PipelineError, match=r"^stage 'decode' failed on item pts=5"):
+        asyncio.run(pipeline.run())
+
+
+def test_raising_source_names_the_source(ctx: rxstream.Context) -> None:
+    """A generator that raises ends the run with an error naming the source."""
+
+    def frames() -> Iterator[int]:
+        yield 1
+        raise OSError("camera unplugged")
+
+    with pytest.raises(PipelineError, match=r"^stage 'frames' failed on item pts=1 .*camera"):
+        (ctx.source(frames) | ctx.stream("out")).drive(frames=3)
+
+
+def test_skip_drops_logs_and_counts(ctx: rxstream.Context) -> None:
+    """on_error='skip' drops the failing item, counts it and goes on."""
+    pipeline = (
+        ctx.source(range(5))
+        | ctx.pipe(boom_at(2), name="decode", on_error="skip")
+        | ctx.stream("out")
+    )
+    assert pipeline.drive(frames=5) == [0, 1, 3, 4]
+    assert pipeline.statistics()["decode"].dropped == {"error": 1}
+
+
+def test_run_returns_when_the_pipeline_completes(ctx: rxstream.Context) -> None:
+    """A finite source ends run() once everything drained."""
+    pipeline = ctx.source(range(10)) | ctx.pipe(identity) | ctx.stream("out")
+    asyncio.run(pipeline.run(poll_interval=0.01))
+    assert isinstance(ctx.transport, MemoryTransport)
+    assert ctx.transport.payloads("out") == list(range(10))
+    assert live_threads() == []
+
+
+def test_run_stops_on_disconnect(ctx: rxstream.Context) -> None:
+    """run() holds an endless pipeline while connected and stops when the client leaves."""
+    pipeline = ctx.source(endless) | ctx.pipe(identity) | ctx.stream("out")
+    transport = ctx.transport
+    assert isinstance(transport, MemoryTransport)
+
+    async def main() -> None:
+        task = asyncio.create_task(pipeline.run(poll_interval=0.01))
+        while transport.counts.get("out", 0) < 5:
+            await asyncio.sleep(0.01)
+        assert not task.done()
+        transport.disconnect()
+        await asyncio.wait_for(task, timeout=5)
+
+    asyncio.run(main())
+    assert live_threads() == []
+
+
+def test_run_stops_on_cancellation(ctx: rxstream.Context) -> None:
+    """Cancelling the task awaiting run() stops the pipeline."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+
+    async def main() -> None:
+        task = asyncio.create_task(pipeline.run())
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert not pipeline.running
+    assert live_threads() == []
+
+
+def test_run_forwards_config_and_update_writes_it(ctx: rxstream.Context) -> None:
+    """run(**config) is the initial desired state; update() writes into it."""
+    pipeline = ctx.source(range(3)) | ctx.stream("out")
+    asyncio.run(pipeline.run(prompt="a cat", steps=4))
+    assert dict(pipeline.config) == {"prompt": "a cat", "steps": 4}
+    pipeline.update(prompt="a dog")
+    assert dict(pipeline.config) == {"prompt": "a dog", "steps": 4}
+
+
+def test_async_stage_runs_on_the_pipeline_loop(ctx: rxstream.Context) -> None:
+    """An ``async def`` stage function runs on run()'s event loop, in order."""
+    loops: set[int] = set()
+
+    async def enrich(x: int) -> int:
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0)
+        return x + 100
+
+    pipeline = ctx.source(range(5)) | ctx.pipe(enrich) | ctx.stream("out")
+
+    async def main() -> int:
+        await pipeline.run(poll_interval=0.01)
+        return id(asyncio.get_running_loop())
+
+    main_loop = asyncio.run(main())
+    assert loops == {main_loop}
+    assert isinstance(ctx.transport, MemoryTransport)
+    assert ctx.transport.payloads("out") == [100, 101, 102, 103, 104]
+
+
+def test_async_stage_and_async_source_under_drive(ctx: rxstream.Context) -> None:
+    """drive() runs async stage functions and async generator sources too."""
+
+    async def frames() -> object:
+        for i in range(3):
+            await asyncio.sleep(0)
+            yield i
+
+    async def enrich(x: int) -> int:
+        return x * 10
+
+    assert (ctx.source(frames) | ctx.pipe(enrich)).drive(frames=3) == [0, 10, 20]
+    assert live_threads() == []
+
+
+def test_frame_function_source_is_called_per_item(ctx: rxstream.Context) -> None:
+    """A callable that returns a payload (not an iterator) is called once per item."""
+    counter = itertools.count()
+    assert (ctx.source(lambda: next(counter) * 2) | ctx.pipe(identity)).drive(frames=4) == [
+        0,
+        2,
+        4,
+        6,
+    ]
+
+
+def test_source_may_set_metadata_with_items(ctx: rxstream.Context) -> None:
+    """A source yielding PipelineItems keeps their metadata (custom cutover logic)."""
+    first = rxstream.PipelineItem("a", rxstream.PipelineMetadata(cutover=True, pts=90))
+    (item,) = (ctx.source([first]) | ctx.pipe(str.upper)).drive(items=True)
+    assert isinstance(item, rxstream.PipelineItem)
+    assert item.payload == "A"
+    assert item.metadata.cutover is True
+    assert item.metadata.pts == 90
+
+
+def test_drive_is_repeatable(ctx: rxstream.Context) -> None:
+    """Two drives of one pipeline return the same output."""
+    pipeline = ctx.source(range(6)) | ctx.window(count=4) | ctx.pace(fps=24)
+    assert pipeline.drive(frames=6) == pipeline.drive(frames=6) == [[0, 1, 2, 3], [4, 5]]
+
+
+def test_drive_rejects_bad_frames(ctx: rxstream.Context) -> None:
+    """frames must be a non-negative int."""
+    with pytest.raises(ValueError, match=r"^frames must be an int >= 0, got -1$"):
+        (ctx.source([1]) | ctx.stream("out")).drive(frames=-1)
+
+
+def test_self_test_passes_and_fails(ctx: rxstream.Context) -> None:
+    """Reaching the end of the block is a pass; a raise is a SelfTestError with its cause."""
+    pipeline = ctx.source(range(3)) | ctx.pipe(identity) | ctx.stream("out")
+    with ctx.self_test():
+        assert pipeline.drive(frames=1) == [0]
+    assert ctx.self_test_passed is True
+    with (
+        pytest.raises(SelfTestError, match=r"^self test failed: AssertionError: shape"),
+        ctx.self_test(),
+    ):
+        raise AssertionError("shape")
+    assert ctx.self_test_passed is False
