@@ -11,7 +11,7 @@ from rxstream._exceptions import (
 from rxstream.context import Context
 from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata
 from rxstream.pipeline import Pipeline
-from rxstream.runtime import InboxSpec, StageStatistics
+from rxstream.runtime import InboxSpec, StageStatistics, format_statistics
 from rxstream.stage import Stage
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "StageBuildError",
     "StageReuseError",
     "StageStatistics",
+    "format_statistics",
     "merge_metadata",
 ]
 

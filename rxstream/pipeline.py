@@ -235,9 +235,7 @@ class Pipeline:
             self.stop()
         run.raise_error()
 
-    def drive(
-        self, frames: int = 1, *, items: bool = False, interval: float = 0.0
-    ) -> list[Any] | dict[str, list[Any]]:
+    def drive(self, frames: int = 1, *, items: bool = False, interval: float = 0.0) -> Any:
         """Pull ``frames`` items from each source, run until drained, return what egressed.
 
         Synchronous and threadless: the same operators on an immediate hop and a virtual

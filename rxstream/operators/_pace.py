@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reactivex import Observable, abc
-from reactivex.disposable import CompositeDisposable, SerialDisposable
+from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
 from rxstream.runtime._shell import StageShell
@@ -80,7 +80,13 @@ class _Pacer:
         upstream = source.subscribe(
             self.on_next, self.on_error, self.on_completed, scheduler=scheduler
         )
-        return CompositeDisposable(upstream, self.timer)
+        return CompositeDisposable(upstream, self.timer, Disposable(self._dispose))
+
+    def _dispose(self) -> None:
+        """Frames still buffered when the run ends are counted as dropped (``stopped``)."""
+        if self.buffer:
+            self.shell.counters.drop("stopped", len(self.buffer))
+            self.buffer.clear()
 
     def on_next(self, item: PipelineItem) -> None:
         self.shell.counters.items_in += 1

@@ -18,6 +18,7 @@ from typing import Any
 from rxstream._exceptions import PipelineError
 from rxstream.item import PipelineItem, PipelineMetadata, _with_stamps, now
 from rxstream.runtime._shell import StageShell
+from rxstream.runtime._stats import StageCounters
 
 __all__ = ["SKIPPED", "SourcePuller", "check_source"]
 
@@ -51,6 +52,11 @@ class SourcePuller:
         self._first: Any = _END
         self._count = 0
         self._closer: Callable[[], Any] | None = None
+
+    @property
+    def counters(self) -> StageCounters:
+        """The source stage's counters."""
+        return self._shell.counters
 
     def open(self) -> None:
         """Prepare the stream; a failure here is a :class:`PipelineError` naming the source."""

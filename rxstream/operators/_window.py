@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from reactivex import Observable, abc
-from reactivex.disposable import CompositeDisposable, SerialDisposable
+from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, merge_metadata, now
 from rxstream.runtime._shell import StageShell
@@ -69,10 +69,15 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
                     flush()
                     observer.on_completed()
 
+                def on_dispose() -> None:
+                    if window:  # items of an open window when the run ends
+                        shell.counters.drop("stopped", len(window))
+                        window.clear()
+
                 upstream = source.subscribe(
                     on_next, observer.on_error, on_completed, scheduler=scheduler
                 )
-                return CompositeDisposable(upstream, timer)
+                return CompositeDisposable(upstream, timer, Disposable(on_dispose))
 
             return Observable(subscribe)
 

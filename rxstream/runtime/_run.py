@@ -25,7 +25,7 @@ from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageStatistics
-from rxstream.runtime._thread import StageThread, VirtualClock, _ClockScheduler
+from rxstream.runtime._thread import StageThread, VirtualClock, _ClockScheduler, take_stalled
 from rxstream.stage import Node
 from rxstream.typing import ItemStream
 
@@ -191,15 +191,21 @@ class Run:
             source.start()
 
     def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
+        counters = puller.counters
+        perf = time.perf_counter
         try:
             puller.open()
             while not self._halted:
+                started = perf()
                 item = puller.pull()
+                pulled = perf()
+                counters.work_s += pulled - started
                 if item is None:
                     observer.on_completed()
                     return
                 if item is not SKIPPED:
                     observer.on_next(item)
+                    counters.stalled_s += take_stalled()
         except BaseException as exc:
             self.fail(exc)
         finally:

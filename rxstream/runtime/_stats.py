@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-__all__ = ["StageCounters", "StageStatistics"]
+__all__ = ["StageCounters", "StageStatistics", "format_statistics"]
 
 
 @dataclass(frozen=True)
@@ -31,9 +31,11 @@ class StageStatistics:
     wait_s: float = 0.0
     """Seconds the stage's thread spent idle, waiting for an item or a timer."""
     work_s: float = 0.0
-    """Seconds the stage's thread spent working (its function and the hand-off downstream)."""
+    """Seconds the stage's thread spent working (its function; a stalled hand-off excluded)."""
     blocked_s: float = 0.0
     """Seconds upstream threads spent blocked on this stage's full inbox (backpressure)."""
+    stalled_s: float = 0.0
+    """Seconds this stage's thread spent blocked handing items to a full inbox downstream."""
 
     @property
     def dropped_total(self) -> int:
@@ -44,7 +46,8 @@ class StageStatistics:
 class StageCounters:
     """The live counters behind :class:`StageStatistics`.
 
-    ``items_in``/``items_out``/``wait_s``/``work_s`` have one writer (the stage's thread);
+    ``items_in``/``items_out``/``wait_s``/``work_s``/``stalled_s`` have one writer (the stage's
+    thread);
     drops and ``blocked_s`` come from several threads and go through a lock.
     """
 
@@ -56,6 +59,7 @@ class StageCounters:
         "items_out",
         "kind",
         "name",
+        "stalled_s",
         "wait_s",
         "work_s",
     )
@@ -68,6 +72,7 @@ class StageCounters:
         self.wait_s = 0.0
         self.work_s = 0.0
         self.blocked_s = 0.0
+        self.stalled_s = 0.0
         self._drops: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -97,4 +102,35 @@ class StageCounters:
             wait_s=self.wait_s,
             work_s=self.work_s,
             blocked_s=blocked,
+            stalled_s=self.stalled_s,
         )
+
+
+def format_statistics(stats: Mapping[str, StageStatistics]) -> str:
+    """A fixed-width table of per-stage statistics, one row per stage, upstream first."""
+    header = ("stage", "kind", "in", "out", "dropped", "depth", "wait s", "work s", "stalled s")
+    rows = [header]
+    for s in stats.values():
+        drops = ", ".join(f"{k}={v}" for k, v in sorted(s.dropped.items())) or "-"
+        depth = f"{s.inbox_depth}/{s.inbox_capacity}" if s.inbox_capacity else "-"
+        rows.append(
+            (
+                s.name,
+                s.kind,
+                str(s.items_in),
+                str(s.items_out),
+                drops,
+                depth,
+                f"{s.wait_s:.3f}",
+                f"{s.work_s:.3f}",
+                f"{s.stalled_s:.3f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i < 2 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    )

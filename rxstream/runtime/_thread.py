@@ -26,9 +26,20 @@ from reactivex.scheduler.periodicscheduler import PeriodicScheduler
 from rxstream.runtime._inbox import InboxSpec
 from rxstream.runtime._stats import StageCounters
 
-__all__ = ["StageThread", "VirtualClock"]
+__all__ = ["StageThread", "VirtualClock", "take_stalled"]
 
 _TState = TypeVar("_TState")
+_stall = threading.local()
+"""Per thread: seconds spent blocked in ``put`` since the thread last reset it."""
+
+
+def take_stalled() -> float:
+    """Seconds this thread spent blocked on full inboxes since the last call (then reset)."""
+    stalled: float = getattr(_stall, "seconds", 0.0)
+    _stall.seconds = 0.0
+    return stalled
+
+
 _monotonic = time.monotonic
 _perf = time.perf_counter
 
@@ -212,7 +223,9 @@ class StageThread(_ClockScheduler):
                 started = _perf()
                 while self._data >= self.capacity and not self._closed:
                     self._not_full.wait()
-                self._counters.add_blocked(_perf() - started)
+                blocked = _perf() - started
+                self._counters.add_blocked(blocked)
+                _stall.seconds = getattr(_stall, "seconds", 0.0) + blocked
             if self._closed:
                 self._counters.drop("stopped")
                 return
@@ -318,7 +331,9 @@ class StageThread(_ClockScheduler):
                 self._on_crash(exc)
                 return
             finally:
-                counters.work_s += _perf() - started
+                stalled = take_stalled()
+                counters.stalled_s += stalled
+                counters.work_s += _perf() - started - stalled
 
 
 def _run_timer(timer: _Timer) -> None:
