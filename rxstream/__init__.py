@@ -1,6 +1,8 @@
 """rxstream: a reactive dataflow engine for real-time streaming pipelines, built on RxPY."""
 
 from rxstream._exceptions import (
+    DocPathError,
+    DocValidationError,
     PipelineError,
     PipelineStateError,
     RxStreamError,
@@ -9,6 +11,7 @@ from rxstream._exceptions import (
     StageReuseError,
 )
 from rxstream.context import Context
+from rxstream.doc import Doc
 from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import InboxSpec, StageStatistics, format_statistics
@@ -16,6 +19,9 @@ from rxstream.stage import Stage
 
 __all__ = [
     "Context",
+    "Doc",
+    "DocPathError",
+    "DocValidationError",
     "InboxSpec",
     "Pipeline",
     "PipelineError",

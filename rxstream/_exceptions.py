@@ -7,12 +7,16 @@
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
     ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start)
-    └── SelfTestError            the block of ``ctx.self_test()`` raised
+    ├── SelfTestError            the block of ``ctx.self_test()`` raised
+    ├── DocPathError             a doc path that does not exist (also a LookupError)
+    └── DocValidationError       a doc write its rules refuse (also a ValueError)
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "DocPathError",
+    "DocValidationError",
     "PipelineError",
     "PipelineStateError",
     "RxStreamError",
@@ -74,3 +78,14 @@ class PipelineStateError(RxStreamError, RuntimeError):
 
 class SelfTestError(RxStreamError, AssertionError):
     """The app's ``ctx.self_test()`` block raised; ``__cause__`` holds why."""
+
+
+class DocPathError(RxStreamError, LookupError):
+    """A doc path that does not exist; the message names it and the keys that do."""
+
+    def __str__(self) -> str:  # LookupError would quote the message
+        return str(self.args[0])
+
+
+class DocValidationError(RxStreamError, ValueError):
+    """A write the doc's rules refuse; names the field, the rule and the value."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any, get_args
 
@@ -17,6 +17,7 @@ import structlog
 from reactivex import Observable
 
 from rxstream._exceptions import SelfTestError, StageBuildError
+from rxstream.doc import Doc, Generations
 from rxstream.operators import (
     check_source,
     combine_operator,
@@ -55,6 +56,39 @@ class Context:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
         self.self_test_passed: bool | None = None
+        self.generations = Generations()
+        self.docs: dict[str, Doc] = {}
+
+    def doc(
+        self,
+        name: str = "control",
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        schema: object = None,
+    ) -> Doc:
+        """The desired-state doc ``name``: made on first call, the same object after.
+
+        ``defaults`` is the initial state (and, without a ``schema``, fixes its shape and
+        types); ``schema`` is a dataclass or a callable validator (see :mod:`rxstream.doc`).
+        All docs of a context share its generations.
+        """
+        existing = self.docs.get(name)
+        if existing is not None:
+            if defaults is not None or schema is not None:
+                raise ValueError(
+                    f"doc {name!r} exists already; pass defaults= and schema= only on first use"
+                )
+            return existing
+        made = Doc(
+            name, defaults=defaults, schema=schema, generations=self.generations, context=self
+        )
+        self.docs[name] = made
+        return made
+
+    @property
+    def control(self) -> Doc:
+        """The doc that ``pipeline.update`` steers: ``ctx.doc("control")``."""
+        return self.doc("control")
 
     @property
     def connected(self) -> bool:
@@ -127,6 +161,7 @@ class Context:
             name,
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
+            target=fn,
             inputs=(1, None),
             rank=rank,
             device=device,
@@ -151,6 +186,7 @@ class Context:
             name,
             _fn_name(fn, "tap"),
             build=tap_operator(fn),
+            target=fn,
             rank=rank,
             inbox=InboxSpec(capacity, policy),
             on_error=on_error,

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import structlog
+from reactivex import abc, operators
 
 from rxstream._exceptions import PipelineStateError, StageBuildError
 from rxstream.item import PipelineItem
@@ -20,6 +22,7 @@ from rxstream.stage import Node, Stage
 
 if TYPE_CHECKING:
     from rxstream.context import Context
+    from rxstream.doc import Doc
 
 __all__ = ["Pipeline"]
 
@@ -42,7 +45,7 @@ class Pipeline:
         self._context = context
         self._plan: Plan | None = None
         self._run: Run | None = None
-        self._config: Mapping[str, Any] = MappingProxyType({})
+        self._legacy: list[abc.DisposableBase] = []
 
     # --- composition ------------------------------------------------------------------------
 
@@ -159,8 +162,8 @@ class Pipeline:
 
     @property
     def config(self) -> Mapping[str, Any]:
-        """The desired state: ``start(**config)`` then every ``update(**changes)``."""
-        return self._config
+        """The desired state of the control doc: ``start(**config)``, then every update."""
+        return self._context.control.snapshot()
 
     @property
     def running(self) -> bool:
@@ -170,7 +173,10 @@ class Pipeline:
     _stopped = True
 
     def start(self, **config: Any) -> Pipeline:
-        """Start the stage threads and return at once; ``config`` is the initial desired state."""
+        """Start the stage threads and return at once.
+
+        ``config`` is the initial desired state: a write to the control doc (not a steer).
+        """
         self._start(config, loop=None)
         return self
 
@@ -178,16 +184,54 @@ class Pipeline:
         if self.running:
             raise PipelineStateError("start() on a running pipeline: stop() it first")
         plan = self.plan
-        self._config = MappingProxyType(dict(config))
-        run = Run(plan, mode="threads", bridge=AsyncBridge(loop))
+        if config:
+            self._context.control.set(config)
+        run = Run(
+            plan,
+            mode="threads",
+            bridge=AsyncBridge(loop),
+            generations=self._context.generations,
+        )
         self._run = run
         self._stopped = False
         run.start()
         return run
 
-    def update(self, **changes: Any) -> None:
-        """Write ``changes`` into the desired state (a new immutable mapping)."""
-        self._config = MappingProxyType({**self._config, **changes})
+    def update(self, **changes: Any) -> int:
+        """Steer: write ``changes`` to the control doc and start a new generation.
+
+        Items of older generations still in flight are dropped at their next hop (reason
+        ``stale``); the first item of the new generation is the cutover. Returns the doc's
+        new version.
+        """
+        return self._context.control.steer(changes)
+
+    def flush(self) -> int:
+        """Start a new flush generation: stages with ``reset()`` reset on its first item."""
+        return self._context.control.flush()
+
+    def bind(self, doc: Doc, mapping: Mapping[str, str]) -> None:
+        """Legacy: when a mapped doc path changes, ``update(**{keyword: value})``.
+
+        Deprecated: read ``doc.desired.*`` inline for cheap config, and use ``doc.bind`` for
+        structural change.
+        """
+        warnings.warn(
+            "pipeline.bind(doc, mapping) is deprecated: read doc.desired.<path>.value inline "
+            "in stage functions, and use doc.bind(construct, [deps]) to rebuild a stage",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        for path, keyword in mapping.items():
+            ref = doc.desired
+            for key in path.split("."):
+                ref = ref[key]
+            ref.value  # noqa: B018 - a path that does not exist fails here, not on first change
+
+            def apply(value: Any, keyword: str = keyword) -> None:
+                self.update(**{keyword: value})
+
+            self._legacy.append(ref.changes.pipe(operators.skip(1)).subscribe(apply))
 
     def stop(self) -> None:
         """Stop sources, wake every blocked inbox, join the threads; idempotent, ~0.5 s at most.
@@ -250,7 +294,13 @@ class Pipeline:
             raise ValueError(f"interval must be >= 0 virtual seconds, got {interval}")
         if self.running:
             raise PipelineStateError("drive() on a running pipeline: stop() it first")
-        run = Run(self.plan, mode="drive", bridge=AsyncBridge(), collect=True)
+        run = Run(
+            self.plan,
+            mode="drive",
+            bridge=AsyncBridge(),
+            generations=self._context.generations,
+            collect=True,
+        )
         self._run = run
         run.drive(frames, interval)
         outputs = {

@@ -30,7 +30,9 @@ class Stage:
     """One stage of a pipeline: what it is (name, kind, placement, inbox) and how it runs.
 
     ``build(shell)`` returns the stage's Rx operator for one run. ``inputs`` is the range of
-    input counts it accepts. Stages are made by the builders of :class:`~rxstream.Context`.
+    input counts it accepts. ``target`` is the user's object behind it (the function or the
+    source): its ``reset()`` runs on a flush, its ``close()`` when ``doc.bind`` replaces it.
+    Stages are made by the builders of :class:`~rxstream.Context`.
     """
 
     __slots__ = (
@@ -47,6 +49,7 @@ class Stage:
         "options",
         "rank",
         "source",
+        "target",
     )
 
     def __init__(
@@ -63,6 +66,7 @@ class Stage:
         inbox: InboxSpec | None = None,
         on_error: OnError = "raise",
         source: object = None,
+        target: object = None,
         options: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(name, str) or not name or "." in name:
@@ -90,6 +94,7 @@ class Stage:
         self.device = device
         self.on_error: OnError = on_error
         self.source = source
+        self.target = target if target is not None else source
         self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
 
     @property

@@ -9,6 +9,7 @@ import pytest
 
 PACKAGES = [
     "rxstream",
+    "rxstream.doc",
     "rxstream.operators",
     "rxstream.runtime",
     "rxstream.testing",

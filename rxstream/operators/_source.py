@@ -1,5 +1,9 @@
 """``ctx.source``: what a source yields, pulled one item at a time.
 
+Every item a source makes is stamped with the context's current generations; the first item
+of a new prompt generation (after a steer) is marked ``cutover=True``. A source that yields
+:class:`~rxstream.item.PipelineItem` s sets all of its metadata itself.
+
 A source spec is one of: an iterable (a fresh ``iter()`` per run), an iterator or generator
 (one-shot), an async iterator or async generator, or a callable. A callable is called once at
 open: if it returns an iterator (a generator function) or an async iterator, that is the
@@ -52,6 +56,7 @@ class SourcePuller:
         self._first: Any = _END
         self._count = 0
         self._closer: Callable[[], Any] | None = None
+        self._prompt = shell.generations.prompt
 
     @property
     def counters(self) -> StageCounters:
@@ -127,7 +132,17 @@ class SourcePuller:
             metadata = _with_stamps(value.metadata, stamps)
             value = value.payload
         else:
-            metadata = PipelineMetadata(pts=self._count, timeline=stamps)
+            gens = shell.generations
+            prompt = gens.prompt
+            metadata = PipelineMetadata(
+                prompt_generation=prompt,
+                flush_generation=gens.flush,
+                cutover=prompt > self._prompt,
+                drop_generation=gens.drop,
+                pts=self._count,
+                timeline=stamps,
+            )
+            self._prompt = prompt
         self._count += 1
         return shell.emit(value, metadata)
 

@@ -19,6 +19,7 @@ from reactivex import Observable, abc, operators
 from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
+from rxstream.doc._generations import Generations
 from rxstream.item import PipelineItem
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
@@ -38,9 +39,16 @@ class Run:
     """The live state of one run: shells, threads, sources, completion and the first error."""
 
     def __init__(
-        self, plan: Plan, *, mode: str, bridge: AsyncBridge, collect: bool = False
+        self,
+        plan: Plan,
+        *,
+        mode: str,
+        bridge: AsyncBridge,
+        generations: Generations,
+        collect: bool = False,
     ) -> None:
         self.plan = plan
+        self.generations = generations
         self.mode = mode
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -68,8 +76,16 @@ class Run:
         stage = node.stage
         name = self.plan.name_of(node)
         scheduler: _ClockScheduler = self.clock if self.clock is not None else _Placeholder()
+        reset = getattr(stage.target, "reset", None)
         shell = StageShell(
-            name, stage.kind, scheduler, stage.on_error, self.fail, self._bridge.call
+            name,
+            stage.kind,
+            scheduler,
+            stage.on_error,
+            self.fail,
+            self._bridge.call,
+            self.generations,
+            reset if callable(reset) else None,
         )
         if self.clock is None and not stage.is_source:
             thread = StageThread(name, stage.inbox, shell.counters, shell.crashed)
@@ -103,18 +119,40 @@ class Run:
         return Observable(subscribe)
 
     def _port(self, upstream: ItemStream, node: Node) -> ItemStream:
-        """The hop into ``node``: through its inbox onto its thread, or direct under drive."""
+        """The hop into ``node``: through its inbox onto its thread, or direct under drive.
+
+        On arrival (on the stage's thread) an item of a stale prompt generation is dropped
+        (reason ``stale``), and the first item of a newer flush generation resets the stage.
+        """
         thread = self.threads.get(node)
-        if thread is None:
-            return upstream
+        shell = self.shells[node]
+        gens = self.generations
+        drop = shell.counters.drop
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
+            on_next = observer.on_next
+            flushed = [gens.flush]
+
+            def admit(item: PipelineItem) -> None:
+                metadata = item.metadata
+                if metadata.prompt_generation < gens.drop:
+                    drop("stale")
+                    return
+                if metadata.flush_generation > flushed[0]:
+                    flushed[0] = metadata.flush_generation
+                    if shell.reset is not None:
+                        shell.reset()
+                on_next(item)
+
+            if thread is None:
+                return upstream.subscribe(
+                    admit, observer.on_error, observer.on_completed, scheduler=scheduler
+                )
             put, put_control = thread.put, thread.put_control
-            deliver = observer.on_next
             return upstream.subscribe(
-                lambda item: put(deliver, item),
+                lambda item: put(admit, item),
                 lambda error: put_control(observer.on_error, error),
                 lambda: put_control(_complete, observer),
                 scheduler=scheduler,

@@ -14,9 +14,10 @@ import structlog
 from reactivex import abc
 
 from rxstream._exceptions import PipelineError
+from rxstream.doc._generations import Generations
 from rxstream.item import PipelineItem, PipelineMetadata, _item, _with_stamps, now
 from rxstream.runtime._stats import StageCounters
-from rxstream.runtime._thread import _ClockScheduler
+from rxstream.runtime._thread import VirtualClock, _ClockScheduler
 from rxstream.typing import OnError
 
 __all__ = ["StageShell"]
@@ -31,10 +32,13 @@ class StageShell:
         "_call_async",
         "_fail",
         "counters",
+        "driven",
+        "generations",
         "in_hop",
         "name",
         "on_error",
         "out_hop",
+        "reset",
         "scheduler",
     )
 
@@ -46,6 +50,8 @@ class StageShell:
         on_error: OnError,
         fail: Callable[[BaseException], None],
         call_async: Callable[[Coroutine[Any, Any, Any]], Any],
+        generations: Generations,
+        reset: Callable[[], Any] | None = None,
     ) -> None:
         self.name = name
         self.in_hop = f"{name}.in"
@@ -55,6 +61,10 @@ class StageShell:
         self.on_error = on_error
         self._fail = fail
         self._call_async = call_async
+        self.generations = generations
+        self.reset = reset
+        self.driven = isinstance(scheduler, VirtualClock)
+        """Whether this is a ``drive()``: one thread, virtual time."""
 
     def forward(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""

@@ -1,0 +1,273 @@
+"""``doc.bind(construct, [deps])``: a stage rebuilt when its dependencies change (useMemo).
+
+The dependencies' values are read from each new snapshot (so a write that changes two deps
+rebuilds once: ``combine_latest`` over the deps, taken atomically per write) and compared
+with the last build's; only a change rebuilds. Under threads, ``construct`` runs on the
+stage's builder thread, off the hot path, while the old inner stage keeps serving; the
+finished stage is handed to the stage's own thread, which switches between two items (the
+``switch_map`` step), closes the old one (``close()`` on its function, when it has one) and
+marks the first item out of the new one ``cutover=True``. A ``construct`` that raises keeps
+the old stage and is reported in ``doc.errors`` and the log. Under ``drive()`` the rebuild is
+synchronous, before the next item.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from reactivex import Observable, abc, operators
+from reactivex.disposable import CompositeDisposable, Disposable
+from reactivex.subject import Subject
+
+from rxstream._exceptions import StageBuildError
+from rxstream.doc._snapshot import Ref, Snapshot, lookup
+from rxstream.item import PipelineItem, evolve_metadata
+from rxstream.runtime._shell import StageShell
+from rxstream.typing import ItemStream, Operator
+
+if TYPE_CHECKING:
+    from rxstream.context import Context
+    from rxstream.doc._doc import Doc
+    from rxstream.stage import Stage
+
+__all__ = ["bind_stage"]
+
+Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]
+
+
+def bind_stage(
+    doc: Doc, ctx: Context, construct: Construct, deps: Sequence[Ref], name: str | None
+) -> Stage:
+    """The bound stage (see the module docstring)."""
+    label = getattr(construct, "__name__", "")
+    if not isinstance(label, str) or not label.isidentifier():
+        label = "bind"
+    if not callable(construct):
+        raise StageBuildError(f"doc.bind needs a callable construct, got {construct!r}")
+    refs = tuple(deps)
+    for ref in refs:
+        if not isinstance(ref, Ref):
+            raise StageBuildError(
+                f"doc.bind deps must be refs like doc.desired.a.b, got {ref!r} for stage {label!r}"
+            )
+        lookup(doc.snapshot(), ref.path, doc.name)  # a dep that does not exist fails now
+    paths = tuple(ref.path for ref in refs)
+
+    def build(shell: StageShell) -> Operator:
+        def operator(ports: Sequence[ItemStream]) -> ItemStream:
+            source = ports[0]
+
+            def subscribe(
+                observer: abc.ObserverBase[PipelineItem],
+                scheduler: abc.SchedulerBase | None = None,
+            ) -> abc.DisposableBase:
+                binder = _Binder(doc, ctx, construct, paths, shell, observer)
+                return binder.attach(source, scheduler)
+
+            return Observable(subscribe)
+
+        return operator
+
+    return ctx._stage("bind", name, label, build=build, options={"deps": paths})
+
+
+class _Inner:
+    """One built inner stage, subscribed: its input subject and its subscription."""
+
+    def __init__(self, stage: Stage, shell: StageShell, downstream: _Binder) -> None:
+        self.stage = stage
+        self.input: Subject[PipelineItem] = Subject()
+        self.cutover = False
+        output = stage.build(shell)([self.input])
+        self.subscription = output.subscribe(
+            downstream.on_inner_next, downstream.on_inner_error, downstream.on_inner_completed
+        )
+
+    def close(self) -> None:
+        self.subscription.dispose()
+        closer = getattr(self.stage.target, "close", None)
+        if callable(closer):
+            closer()
+
+
+class _Binder:
+    """The state of one subscription to a bound stage."""
+
+    def __init__(
+        self,
+        doc: Doc,
+        ctx: Context,
+        construct: Construct,
+        paths: tuple[tuple[str, ...], ...],
+        shell: StageShell,
+        observer: abc.ObserverBase[PipelineItem],
+    ) -> None:
+        self.doc = doc
+        self.ctx = ctx
+        self.construct = construct
+        self.paths = paths
+        self.shell = shell
+        self.observer = observer
+        self.current: _Inner | None = None
+        self.builds = 0
+        self._builder: _Builder | None = None
+
+    def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
+        snapshot = self.doc.snapshot()
+        stage = self._construct(snapshot)  # the first build fails the stage when it raises
+        self.current = _Inner(stage, self.shell, self)
+        self.shell.reset = self._reset
+        if not self.shell.driven:
+            self._builder = _Builder(self, f"rxstream:{self.shell.name}.build")
+        deps = self.doc.snapshots.pipe(
+            operators.map(self._dep_values),
+            operators.distinct_until_changed(_values_of),
+            operators.skip(1),
+        ).subscribe(self._on_deps)
+        upstream = source.subscribe(
+            self.on_next, self.observer.on_error, self.on_completed, scheduler=scheduler
+        )
+        return CompositeDisposable(upstream, deps, Disposable(self._dispose))
+
+    def _dep_values(self, snapshot: Snapshot) -> tuple[Snapshot, tuple[Any, ...]]:
+        return snapshot, tuple(lookup(snapshot, path, self.doc.name) for path in self.paths)
+
+    def _construct(self, snapshot: Snapshot) -> Stage:
+        from rxstream.stage import Stage
+
+        self.builds += 1
+        made = self.construct(snapshot)
+        if isinstance(made, Stage):
+            stage = made
+        elif callable(made):
+            stage = self.ctx.pipe(made)
+        else:
+            raise TypeError(f"construct must return a Stage or a callable, got {made!r}")
+        if stage.is_source or stage.is_sink or stage.max_inputs == 0:
+            raise TypeError(f"construct must return a 1-input stage, got {stage!r}")
+        return stage
+
+    # --- rebuilds ---------------------------------------------------------------------------
+
+    def _on_deps(self, pair: tuple[Snapshot, tuple[Any, ...]]) -> None:
+        snapshot, _values = pair
+        version = self.doc.version
+        if self._builder is None:  # drive: rebuild now, before the next item
+            self._rebuild(snapshot, version)
+        else:
+            self._builder.request(snapshot, version)
+
+    def _rebuild(self, snapshot: Snapshot, version: int) -> None:
+        stage = self.build_or_report(snapshot, version)
+        if stage is not None:
+            self.switch(stage)
+
+    def build_or_report(self, snapshot: Snapshot, version: int) -> Stage | None:
+        """``construct(snapshot)``, or ``None`` with the failure recorded on the doc."""
+        from rxstream.doc._doc import BindFailure
+
+        try:
+            return self._construct(snapshot)
+        except Exception as exc:
+            self.doc._record_failure(
+                BindFailure(self.shell.name, version, f"{type(exc).__name__}: {exc}")
+            )
+            return None
+
+    def switch(self, stage: Stage) -> None:
+        """Swap the inner stage between two items; runs on the stage's thread."""
+        old = self.current
+        fresh = _Inner(stage, self.shell, self)
+        fresh.cutover = True
+        self.current = fresh
+        if old is not None:
+            old.close()
+
+    def _reset(self) -> None:
+        current = self.current
+        if current is not None:
+            reset = getattr(current.stage.target, "reset", None)
+            if callable(reset):
+                reset()
+
+    # --- items ------------------------------------------------------------------------------
+
+    def on_next(self, item: PipelineItem) -> None:
+        if self.current is not None:
+            self.current.input.on_next(item)
+
+    def on_completed(self) -> None:
+        if self.current is not None:
+            self.current.input.on_completed()
+        else:
+            self.observer.on_completed()
+
+    def on_inner_next(self, item: PipelineItem) -> None:
+        current = self.current
+        if current is not None and current.cutover:
+            current.cutover = False
+            item = PipelineItem(item.payload, evolve_metadata(item.metadata, cutover=True))
+        self.observer.on_next(item)
+
+    def on_inner_error(self, error: Exception) -> None:
+        self.observer.on_error(error)
+
+    def on_inner_completed(self) -> None:
+        self.observer.on_completed()
+
+    def _dispose(self) -> None:
+        if self._builder is not None:
+            self._builder.close()
+        current, self.current = self.current, None
+        if current is not None:
+            current.close()
+
+
+class _Builder:
+    """The thread that runs ``construct`` off the hot path; coalesces requests to the newest."""
+
+    def __init__(self, binder: _Binder, name: str) -> None:
+        self._binder = binder
+        self._cond = threading.Condition()
+        self._request: tuple[Snapshot, int] | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def request(self, snapshot: Snapshot, version: int) -> None:
+        with self._cond:
+            self._request = (snapshot, version)
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(1.0)
+
+    def _loop(self) -> None:
+        binder = self._binder
+        while True:
+            with self._cond:
+                while self._request is None and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                assert self._request is not None
+                (snapshot, version), self._request = self._request, None
+            stage = binder.build_or_report(snapshot, version)
+            if stage is not None:
+                binder.shell.scheduler.schedule(_switch_to, (binder, stage))
+
+
+def _values_of(pair: tuple[Snapshot, tuple[Any, ...]]) -> tuple[Any, ...]:
+    return pair[1]
+
+
+def _switch_to(_scheduler: abc.SchedulerBase, state: tuple[_Binder, Stage] | None) -> None:
+    assert state is not None
+    binder, stage = state
+    binder.switch(stage)
