@@ -81,7 +81,7 @@ def _check_shape(
             _check_shape(name, default, value, here)
         elif key in defaults and default is not None and not _same_kind(value, default):
             raise DocValidationError(
-                f"{_dotted(name, here)} must be a {type(default).__name__} like its default "
+                f"{_dotted(name, here)} must be {_a(type(default).__name__)} like its default "
                 f"{default!r}, got {value!r}"
             )
 
@@ -157,7 +157,11 @@ def _describe(hint: Any) -> str:
         return " or ".join(_describe(arm) for arm in get_args(hint))
     if hint is type(None):
         return "None"
-    return f"a {getattr(hint, '__name__', str(hint))}"
+    return _a(getattr(hint, "__name__", str(hint)))
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
 def _check_callable(name: str, schema: Callable[..., Any], state: Mapping[str, Any]) -> None:

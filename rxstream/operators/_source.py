@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 from rxstream._exceptions import PipelineError
@@ -33,13 +33,7 @@ SKIPPED: Any = object()
 
 def check_source(spec: object, name: str) -> None:
     """Raise a ``TypeError`` naming the stage when ``spec`` cannot be a source."""
-    if not (
-        callable(spec)
-        or hasattr(spec, "__iter__")
-        or hasattr(spec, "__next__")
-        or hasattr(spec, "__anext__")
-        or hasattr(spec, "__aiter__")
-    ):
+    if not (callable(spec) or isinstance(spec, Iterable | AsyncIterable)):
         raise TypeError(
             "a source must be an iterable, an iterator, an async iterator or a callable, "
             f"got {type(spec).__name__} for stage {name!r}"
@@ -74,31 +68,34 @@ class SourcePuller:
         shell = self._shell
         if inspect.iscoroutinefunction(spec):
             return lambda: shell.call_async(spec())
-        if callable(spec) and not hasattr(spec, "__next__") and not hasattr(spec, "__anext__"):
-            result = spec()
-            if hasattr(result, "__next__") or hasattr(result, "__anext__"):
-                return self._stream(result)
-            self._first = result
-            return spec  # type: ignore[no-any-return]
-        if hasattr(spec, "__next__") or hasattr(spec, "__anext__"):
+        if isinstance(spec, Iterator | AsyncIterator):
             return self._stream(spec)
-        if hasattr(spec, "__aiter__"):
+        if isinstance(spec, AsyncIterable):
             return self._stream(spec.__aiter__())
-        return self._stream(iter(spec))
+        if isinstance(spec, Iterable):
+            return self._stream(iter(spec))
+        result = spec()
+        if isinstance(result, Iterator | AsyncIterator):
+            return self._stream(result)
+        self._first = result
+        return spec  # type: ignore[no-any-return]
 
     def _stream(self, stream: Any) -> Callable[[], Any]:
-        if hasattr(stream, "__anext__"):
+        if isinstance(stream, AsyncIterator):
             shell = self._shell
             self._closer = getattr(stream, "aclose", None)
             if self._closer is not None:
                 aclose = self._closer
                 self._closer = lambda: shell.call_async(aclose())
 
-            def anext() -> Any:
+            async def step() -> Any:
                 try:
-                    return shell.call_async(stream.__anext__())
+                    return await stream.__anext__()
                 except StopAsyncIteration:
                     return _END
+
+            def anext() -> Any:
+                return shell.call_async(step())
 
             return anext
         self._closer = getattr(stream, "close", None)
