@@ -7,7 +7,8 @@ until a tick makes room (the inbox then fills and blocks the upstream: backpress
 ``latest`` drops the oldest buffered frame (counted, reason ``latest``). Ticks are anchored at
 the first frame's arrival and scheduled at absolute times, so they do not drift; a tick that
 comes more than one period late re-anchors instead of bursting to catch up. After the upstream
-completes, the buffer drains at the same rate and the stage completes (no idle tail).
+completes, the buffer drains at the same rate and the stage completes (no idle tail). A frame
+of a stale generation (after a steer) is never repeated: that tick emits nothing.
 """
 
 from __future__ import annotations
@@ -125,16 +126,21 @@ class _Pacer:
         elif self.done:
             self.observer.on_completed()
             return
-        elif self.last is not None:
+        elif self.last is not None and (
+            self.last.metadata.prompt_generation >= shell.generations.drop
+        ):
             last = self.last
             out = shell.emit(
                 last.payload, evolve_metadata(last.metadata, pts=pts, idle=True, cutover=False)
             )
-        else:  # pragma: no cover - the first tick is scheduled by the first frame
-            return
-        self.ticks += 1
-        self.observer.on_next(out)
+        else:  # nothing to show: the last frame went stale with a steer
+            out = None
         assert self.anchor is not None
+        if out is None:
+            self.anchor += self.period  # the skipped slot shifts the clock, not the pts
+        else:
+            self.ticks += 1
+            self.observer.on_next(out)
         due = self.anchor + self.ticks * self.period
         late = self.sched.clock() - due
         if late > self.period:

@@ -127,7 +127,8 @@ class Run:
         thread = self.threads.get(node)
         shell = self.shells[node]
         gens = self.generations
-        drop = shell.counters.drop
+        counters = shell.counters
+        drop = counters.drop
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
@@ -140,6 +141,8 @@ class Run:
                 if metadata.prompt_generation < gens.drop:
                     drop("stale")
                     return
+                if metadata.cutover:
+                    counters.cutovers += 1
                 if metadata.flush_generation > flushed[0]:
                     flushed[0] = metadata.flush_generation
                     if shell.reset is not None:

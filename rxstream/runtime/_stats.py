@@ -22,6 +22,8 @@ class StageStatistics:
     """Items the stage started work on (for a source: items it pulled)."""
     items_out: int
     """Items the stage emitted downstream."""
+    cutovers: int = 0
+    """Items marked ``cutover=True`` that reached this stage (a steer or a bind swap)."""
     dropped: Mapping[str, int] = field(default_factory=lambda: MappingProxyType({}))
     """Items dropped here, by reason (``latest``, ``drop_new``, ``error``, ``stopped``…)."""
     inbox_depth: int = 0
@@ -46,8 +48,8 @@ class StageStatistics:
 class StageCounters:
     """The live counters behind :class:`StageStatistics`.
 
-    ``items_in``/``items_out``/``wait_s``/``work_s``/``stalled_s`` have one writer (the stage's
-    thread);
+    ``items_in``/``items_out``/``cutovers``/``wait_s``/``work_s``/``stalled_s`` have one writer
+    (the stage's thread);
     drops and ``blocked_s`` come from several threads and go through a lock.
     """
 
@@ -55,6 +57,7 @@ class StageCounters:
         "_drops",
         "_lock",
         "blocked_s",
+        "cutovers",
         "items_in",
         "items_out",
         "kind",
@@ -69,6 +72,7 @@ class StageCounters:
         self.kind = kind
         self.items_in = 0
         self.items_out = 0
+        self.cutovers = 0
         self.wait_s = 0.0
         self.work_s = 0.0
         self.blocked_s = 0.0
@@ -96,6 +100,7 @@ class StageCounters:
             kind=self.kind,
             items_in=self.items_in,
             items_out=self.items_out,
+            cutovers=self.cutovers,
             dropped=drops,
             inbox_depth=depth,
             inbox_capacity=capacity,
@@ -108,7 +113,18 @@ class StageCounters:
 
 def format_statistics(stats: Mapping[str, StageStatistics]) -> str:
     """A fixed-width table of per-stage statistics, one row per stage, upstream first."""
-    header = ("stage", "kind", "in", "out", "dropped", "depth", "wait s", "work s", "stalled s")
+    header = (
+        "stage",
+        "kind",
+        "in",
+        "out",
+        "cutovers",
+        "dropped",
+        "depth",
+        "wait s",
+        "work s",
+        "stalled s",
+    )
     rows = [header]
     for s in stats.values():
         drops = ", ".join(f"{k}={v}" for k, v in sorted(s.dropped.items())) or "-"
@@ -119,6 +135,7 @@ def format_statistics(stats: Mapping[str, StageStatistics]) -> str:
                 s.kind,
                 str(s.items_in),
                 str(s.items_out),
+                str(s.cutovers),
                 drops,
                 depth,
                 f"{s.wait_s:.3f}",
