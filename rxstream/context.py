@@ -211,7 +211,7 @@ class Context:
         if isinstance(fps, bool) or not isinstance(fps, int | float | Fraction):
             raise StageBuildError(f"fps must be a number > 0, got {fps!r} for stage {label!r}")
         if not math.isfinite(fps) or fps <= 0:
-            raise StageBuildError(f"fps must be > 0, got {fps} for stage {label!r}")
+            raise StageBuildError(f"fps must be a finite number > 0, got {fps} for stage {label!r}")
         if overflow not in _OVERFLOWS:
             raise StageBuildError(
                 f"overflow must be one of {', '.join(_OVERFLOWS)}, got {overflow!r} "
@@ -247,6 +247,10 @@ class Context:
         policy: InboxPolicy = "block",
     ) -> Stage:
         """1:N over a batch's leading dimension (or a list); ``pts`` advances by ``pts_step``."""
+        if pts_step is not None and (isinstance(pts_step, bool) or not isinstance(pts_step, int)):
+            raise StageBuildError(
+                f"pts_step must be an int or None, got {pts_step!r} for stage {name or 'unbatch'!r}"
+            )
         return self._stage(
             "unbatch",
             name,
@@ -276,7 +280,12 @@ class Context:
             raise StageBuildError(
                 f"window count must be an int >= 1, got {count!r} for stage {label!r}"
             )
-        if ms is not None and not (isinstance(ms, int | float) and ms > 0):
+        if ms is not None and (
+            isinstance(ms, bool)
+            or not isinstance(ms, int | float)
+            or not math.isfinite(ms)
+            or ms <= 0
+        ):
             raise StageBuildError(f"window ms must be > 0, got {ms!r} for stage {label!r}")
         return self._stage(
             "window",
@@ -403,7 +412,7 @@ class Context:
 
 def _fn_name(fn: object, default: str) -> str:
     name = getattr(fn, "__name__", None)
-    if not isinstance(name, str) or not name.isidentifier():
+    if not isinstance(name, str) or not name.isidentifier() or name.startswith("_"):
         return default
     return name
 

@@ -5,8 +5,6 @@ the stage shell keeps the metadata: 1:1 stages keep it and add their stamps, 1:N
 it to every child, N:1 stages merge it with :func:`merge_metadata`.
 """
 
-from __future__ import annotations
-
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import types
+import typing
 
 import pytest
 
@@ -50,3 +51,13 @@ def test_reprs_name_the_public_module() -> None:
         if isinstance(value, type):
             assert value.__module__ == "rxstream", name
     assert rxstream.transport.MemoryTransport.__module__ == "rxstream.transport"
+
+
+@pytest.mark.parametrize("name", PACKAGES)
+def test_annotations_of_exported_classes_resolve(name: str) -> None:
+    """typing.get_type_hints works on every exported class despite the fixed-up __module__."""
+    module = importlib.import_module(name)
+    for attr in module.__all__:
+        value = getattr(module, attr)
+        if isinstance(value, type):
+            typing.get_type_hints(value)

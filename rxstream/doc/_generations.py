@@ -5,8 +5,6 @@ and dropped at their next hop. ``flush`` counts flushes; a stage with ``reset()`
 it first sees an item of a newer flush generation. Sources stamp all three on every item.
 """
 
-from __future__ import annotations
-
 import threading
 from dataclasses import dataclass
 
@@ -50,7 +48,7 @@ class Generations:
             self.flush += 1
             return self.flush
 
-    def state(self) -> GenerationState:
+    def state(self) -> "GenerationState":
         """The counters now, frozen."""
         with self._lock:
             return GenerationState(self.prompt, self.flush, self.drop)

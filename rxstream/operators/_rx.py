@@ -1,10 +1,12 @@
 """``ctx.rx(op)``: lift any reactivex operator into a stage.
 
-By default ``op`` sees payloads. What it emits gets metadata back: a payload that is one of the
-inputs it was given (``filter``, ``distinct``, ``throttle_first``…) gets that input's metadata;
-a new value (``map``, ``scan``…) gets the metadata of the latest input. With ``items=True`` the
-operator works on :class:`~rxstream.item.PipelineItem` s and keeps full control. Time-based
-operators run on the stage's scheduler (its thread, or the drive's virtual clock).
+By default ``op`` sees payloads. What it emits gets metadata back by causality: a value
+emitted while an input is being pushed through (``filter``, ``map``, ``scan``, ``distinct``,
+``throttle_first``, ``buffer_with_count``…) gets that input's metadata; a value emitted later,
+from a timer (``debounce``, ``delay``…), gets the metadata of the recent input it is (by
+identity), else of the latest input. With ``items=True`` the operator works on
+:class:`~rxstream.item.PipelineItem` s and keeps full control. Time-based operators run on the
+stage's scheduler (its thread, or the drive's virtual clock).
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from rxstream.typing import ItemStream, Operator
 
 __all__ = ["rx_operator"]
 
-_REMEMBERED = 1024
-"""Inputs remembered for re-attaching metadata to what the operator lets through."""
+_REMEMBERED = 64
+"""Recent inputs remembered for re-attaching metadata to what a timer lets through."""
 
 
 def rx_operator(
@@ -43,6 +45,7 @@ def rx_operator(
             ) -> abc.DisposableBase:
                 seen: OrderedDict[int, tuple[PipelineItem, float]] = OrderedDict()
                 latest: list[tuple[PipelineItem, float]] = []
+                pushing: list[tuple[PipelineItem, float] | None] = [None]
 
                 def remember(item: PipelineItem) -> Any:
                     started = now()
@@ -56,13 +59,15 @@ def rx_operator(
                     if len(seen) > _REMEMBERED:
                         seen.popitem(last=False)
                     latest[:] = [entry]
+                    pushing[0] = entry
                     return item.payload
 
                 def on_next(value: Any) -> None:
                     if isinstance(value, PipelineItem):
                         origin, started, payload = value, now(), value.payload
                     else:
-                        origin, started = seen.get(id(value)) or latest[0]
+                        cause = pushing[0] or seen.get(id(value)) or latest[0]
+                        origin, started = cause
                         payload = value
                     stamps = ((in_hop, started), (out_hop, now()))
                     observer.on_next(shell.emit(payload, _with_stamps(origin.metadata, stamps)))
@@ -70,7 +75,10 @@ def rx_operator(
                 def on_error(error: Exception) -> None:
                     shell.failed(observer, latest[0][0] if latest else None, error)
 
-                lifted = op(source.pipe(_map(remember)))
+                def done_pushing(_item: PipelineItem) -> None:
+                    pushing[0] = None
+
+                lifted = op(source.pipe(_map(remember), _after(done_pushing)))
                 return lifted.subscribe(
                     on_next, on_error, observer.on_completed, scheduler=shell.scheduler
                 )
@@ -80,6 +88,30 @@ def rx_operator(
         return operator
 
     return build
+
+
+def _after(
+    fn: Callable[[PipelineItem], None],
+) -> Callable[[Observable[Any]], Observable[Any]]:
+    """Pass values on, then call ``fn`` once the downstream has handled each one."""
+
+    def operator(source: Observable[Any]) -> Observable[Any]:
+        def subscribe(
+            observer: abc.ObserverBase[Any], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            def on_next(value: Any) -> None:
+                try:
+                    observer.on_next(value)
+                finally:
+                    fn(value)
+
+            return source.subscribe(
+                on_next, observer.on_error, observer.on_completed, scheduler=scheduler
+            )
+
+        return Observable(subscribe)
+
+    return operator
 
 
 def _map(fn: Callable[[PipelineItem], Any]) -> Callable[[ItemStream], Observable[Any]]:

@@ -1,7 +1,5 @@
 """The inbox spec: how many items wait in front of a stage and what happens when it is full."""
 
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import get_args
 
@@ -24,7 +22,7 @@ class InboxSpec:
     capacity: int = DEFAULT_CAPACITY
     policy: InboxPolicy = "block"
 
-    def check(self, stage: str) -> InboxSpec:
+    def check(self, stage: str) -> "InboxSpec":
         """This spec, or a ``ValueError`` naming ``stage`` and the broken rule."""
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
             raise ValueError(

@@ -1,7 +1,5 @@
 """Per-stage counters (mutable, owned by a run) and their frozen public snapshot."""
 
-from __future__ import annotations
-
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -90,7 +88,7 @@ class StageCounters:
         with self._lock:
             self.blocked_s += seconds
 
-    def snapshot(self, depth: int = 0, capacity: int = 0) -> StageStatistics:
+    def snapshot(self, depth: int = 0, capacity: int = 0) -> "StageStatistics":
         """A frozen copy of the counters now."""
         with self._lock:
             drops = MappingProxyType(dict(self._drops))
@@ -111,7 +109,7 @@ class StageCounters:
         )
 
 
-def format_statistics(stats: Mapping[str, StageStatistics]) -> str:
+def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
     """A fixed-width table of per-stage statistics, one row per stage, upstream first."""
     header = (
         "stage",

@@ -1,0 +1,324 @@
+"""PipelineItem / PipelineMetadata: the reference's fields, frozenness, evolve and the N:1 merge."""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from rxstream import PipelineItem, PipelineMetadata, merge_metadata
+from rxstream.item import Timeline, evolve_metadata
+
+REFERENCE_FIELDS: list[tuple[str, Any]] = [
+    ("prompt_generation", 0),
+    ("flush_generation", 0),
+    ("cutover", False),
+    ("drop_generation", 0),
+    ("pts", 0),
+    ("idle", False),
+    ("capture_ts", None),
+    ("input_seq", 0),
+    ("input_at_ms", 0),
+    ("timeline", ()),
+]
+
+STAMPS = (("merge.in", 10.0), ("merge.out", 11.0))
+
+# Small ranges on purpose: ties between generations and between input times are common.
+stamp = st.tuples(
+    st.sampled_from(["input.recv", "a.in", "a.out", "b.in", "b.out"]), st.floats(0, 9)
+)
+metadata = st.builds(
+    PipelineMetadata,
+    prompt_generation=st.integers(0, 4),
+    flush_generation=st.integers(0, 4),
+    cutover=st.booleans(),
+    drop_generation=st.integers(0, 4),
+    pts=st.integers(0, 100),
+    idle=st.booleans(),
+    capture_ts=st.none() | st.floats(0, 100),
+    input_seq=st.integers(0, 3),
+    input_at_ms=st.integers(0, 5),
+    timeline=st.lists(stamp, max_size=3).map(tuple),
+)
+metadatas = st.lists(metadata, min_size=1, max_size=6)
+stamps = st.lists(stamp, max_size=2).map(tuple)
+
+
+def newest_index(mds: list[PipelineMetadata]) -> int:
+    """Reference model of the newest tick: latest input_at_ms of the carriers, later on ties."""
+    carriers = [i for i, md in enumerate(mds) if md.input_seq]
+    if not carriers:
+        return len(mds) - 1
+    return max(carriers, key=lambda i: (mds[i].input_at_ms, i))
+
+
+# --- the dataclasses ----------------------------------------------------------------------------
+
+
+def test_metadata_fields_and_defaults_match_the_reference() -> None:
+    """PipelineMetadata has exactly the reference's fields, in order, with its defaults."""
+    fields = [(f.name, f.default) for f in dataclasses.fields(PipelineMetadata)]
+    assert fields == REFERENCE_FIELDS
+    assert PipelineMetadata() == PipelineMetadata(**dict(REFERENCE_FIELDS))
+
+
+def test_item_fields_are_payload_and_metadata_without_defaults() -> None:
+    """PipelineItem has exactly the fields payload and metadata, both required."""
+    fields = dataclasses.fields(PipelineItem)
+    assert [f.name for f in fields] == ["payload", "metadata"]
+    assert all(f.default is dataclasses.MISSING for f in fields)
+    assert all(f.default_factory is dataclasses.MISSING for f in fields)
+
+
+def test_field_annotations_resolve_to_the_reference_types() -> None:
+    """typing.get_type_hints resolves both dataclasses' annotations to the reference's types."""
+    assert typing.get_type_hints(PipelineMetadata) == {
+        "prompt_generation": int,
+        "flush_generation": int,
+        "cutover": bool,
+        "drop_generation": int,
+        "pts": int,
+        "idle": bool,
+        "capture_ts": float | None,
+        "input_seq": int,
+        "input_at_ms": int,
+        "timeline": tuple[tuple[str, float], ...],
+    }
+    assert typing.get_type_hints(PipelineItem) == {
+        "payload": Any,
+        "metadata": PipelineMetadata,
+    }
+
+
+@pytest.mark.parametrize(("field", "value"), [(name, 1) for name, _ in REFERENCE_FIELDS])
+def test_metadata_is_frozen(field: str, value: object) -> None:
+    """Assigning any PipelineMetadata field raises FrozenInstanceError."""
+    md = PipelineMetadata()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(md, field, value)
+    assert md == PipelineMetadata()
+
+
+@pytest.mark.parametrize("field", ["payload", "metadata"])
+def test_item_is_frozen(field: str) -> None:
+    """Assigning a PipelineItem field raises FrozenInstanceError."""
+    item = PipelineItem(1, PipelineMetadata())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(item, field, 2)
+    assert item == PipelineItem(1, PipelineMetadata())
+
+
+def test_metadata_is_hashable_and_compares_by_value() -> None:
+    """Equal metadata hash equal (a frozen dataclass, usable as a key)."""
+    a = PipelineMetadata(pts=3, timeline=(("a.in", 1.0),))
+    b = PipelineMetadata(pts=3, timeline=(("a.in", 1.0),))
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a != PipelineMetadata(pts=4, timeline=(("a.in", 1.0),))
+
+
+# --- evolve_metadata ----------------------------------------------------------------------------
+
+
+def test_evolve_returns_a_changed_copy_and_leaves_the_original() -> None:
+    """evolve_metadata applies the changes to a copy; the original is unchanged."""
+    original = PipelineMetadata(pts=1, input_seq=7, timeline=(("a.in", 1.0),))
+    evolved = evolve_metadata(original, pts=5, idle=True)
+    assert evolved == PipelineMetadata(pts=5, idle=True, input_seq=7, timeline=(("a.in", 1.0),))
+    assert original == PipelineMetadata(pts=1, input_seq=7, timeline=(("a.in", 1.0),))
+    assert evolved is not original
+
+
+def test_evolve_result_is_a_frozen_metadata() -> None:
+    """What evolve_metadata returns is a PipelineMetadata, frozen like a constructed one."""
+    evolved = evolve_metadata(PipelineMetadata(), pts=2)
+    assert type(evolved) is PipelineMetadata
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        evolved.pts = 3  # type: ignore[misc]
+    assert hash(evolved) == hash(PipelineMetadata(pts=2))
+
+
+def test_evolve_rejects_an_unknown_field() -> None:
+    """An unknown field raises TypeError naming it and listing the fields."""
+    fields = sorted(name for name, _ in REFERENCE_FIELDS)
+    with pytest.raises(
+        TypeError, match=r"^PipelineMetadata has no field 'frame'; fields are \["
+    ) as e:
+        evolve_metadata(PipelineMetadata(), frame=1)
+    assert str(e.value) == f"PipelineMetadata has no field 'frame'; fields are {fields}"
+
+
+@given(metadata, metadata)
+def test_evolve_equals_dataclasses_replace(base: PipelineMetadata, other: PipelineMetadata) -> None:
+    """evolve_metadata(m, **changes) == dataclasses.replace(m, **changes) for any changes."""
+    changes = {f.name: getattr(other, f.name) for f in dataclasses.fields(other)}
+    for name in list(changes)[::2]:
+        del changes[name]
+    assert evolve_metadata(base, **changes) == dataclasses.replace(base, **changes)
+
+
+# --- merge_metadata: examples -------------------------------------------------------------------
+
+
+def test_merge_of_nothing_raises() -> None:
+    """merge_metadata([]) raises ValueError: an N:1 output has at least one input."""
+    with pytest.raises(ValueError, match=r"^merge_metadata needs at least one metadata, got none$"):
+        merge_metadata([])
+
+
+def test_merge_takes_max_generations_any_cutover_and_last_pts() -> None:
+    """Highest generations, cutover if any, idle only if all, pts/capture_ts of the last."""
+    mds = [
+        PipelineMetadata(prompt_generation=3, flush_generation=0, drop_generation=1, cutover=True),
+        PipelineMetadata(prompt_generation=1, flush_generation=2, idle=True, capture_ts=1.5),
+        PipelineMetadata(drop_generation=4, pts=9, idle=True, capture_ts=2.5),
+    ]
+    merged = merge_metadata(mds)
+    assert merged == PipelineMetadata(
+        prompt_generation=3,
+        flush_generation=2,
+        cutover=True,
+        drop_generation=4,
+        pts=9,
+        idle=False,
+        capture_ts=2.5,
+    )
+
+
+def test_merge_correlation_is_the_latest_input_tick() -> None:
+    """input_seq/input_at_ms and timeline come from the carrier with the latest input_at_ms."""
+    newest = PipelineMetadata(input_seq=4, input_at_ms=400, timeline=(("input.recv", 4.0),))
+    mds = [
+        PipelineMetadata(input_seq=3, input_at_ms=300, timeline=(("input.recv", 3.0),)),
+        newest,
+        PipelineMetadata(input_seq=2, input_at_ms=200, timeline=(("input.recv", 2.0),), pts=7),
+    ]
+    merged = merge_metadata(mds, STAMPS)
+    assert (merged.input_seq, merged.input_at_ms, merged.pts) == (4, 400, 7)
+    assert merged.timeline == (("input.recv", 4.0), *STAMPS)
+
+
+def test_merge_ignores_inputs_without_a_correlation() -> None:
+    """An input with input_seq=0 never supplies the correlation, whatever its input_at_ms."""
+    mds = [
+        PipelineMetadata(input_seq=5, input_at_ms=10, timeline=(("input.recv", 1.0),)),
+        PipelineMetadata(input_seq=0, input_at_ms=999, timeline=(("src.out", 2.0),)),
+    ]
+    merged = merge_metadata(mds)
+    assert (merged.input_seq, merged.input_at_ms) == (5, 10)
+    assert merged.timeline == (("input.recv", 1.0),)
+
+
+def test_merge_breaks_input_time_ties_by_later_position() -> None:
+    """Two carriers with the same input_at_ms: the later one is the newest."""
+    mds = [
+        PipelineMetadata(input_seq=1, input_at_ms=50, timeline=(("x", 1.0),)),
+        PipelineMetadata(input_seq=2, input_at_ms=50, timeline=(("y", 2.0),)),
+        PipelineMetadata(input_seq=0, pts=3),
+    ]
+    merged = merge_metadata(mds)
+    assert (merged.input_seq, merged.input_at_ms, merged.timeline) == (2, 50, (("y", 2.0),))
+
+
+def test_merge_without_any_correlation_follows_the_last_input() -> None:
+    """No input carries a correlation: correlation and timeline are the last input's."""
+    mds = [
+        PipelineMetadata(pts=1, timeline=(("a.out", 1.0),)),
+        PipelineMetadata(pts=2, input_at_ms=7, timeline=(("b.out", 2.0),)),
+    ]
+    merged = merge_metadata(mds, STAMPS)
+    assert (merged.input_seq, merged.input_at_ms) == (0, 7)
+    assert merged.timeline == (("b.out", 2.0), *STAMPS)
+
+
+def test_merge_accepts_stamps_from_any_iterable() -> None:
+    """stamps may be any iterable (here a generator); they end the timeline in order."""
+    merged = merge_metadata([PipelineMetadata()], (pair for pair in STAMPS))
+    assert merged.timeline == STAMPS
+
+
+# --- merge_metadata: properties -----------------------------------------------------------------
+
+
+@given(metadatas, stamps)
+def test_merge_generations_are_the_max(mds: list[PipelineMetadata], extra: Timeline) -> None:
+    """Every generation of the merge is the highest among the inputs."""
+    merged = merge_metadata(mds, extra)
+    assert merged.prompt_generation == max(md.prompt_generation for md in mds)
+    assert merged.flush_generation == max(md.flush_generation for md in mds)
+    assert merged.drop_generation == max(md.drop_generation for md in mds)
+
+
+@given(metadatas, stamps)
+def test_merge_flags_cutover_any_idle_all(mds: list[PipelineMetadata], extra: Timeline) -> None:
+    """cutover is set if any input had it; idle only if every input was idle."""
+    merged = merge_metadata(mds, extra)
+    assert merged.cutover == any(md.cutover for md in mds)
+    assert merged.idle == all(md.idle for md in mds)
+
+
+@given(metadatas, stamps)
+def test_merge_matches_the_newest_tick_model(mds: list[PipelineMetadata], extra: Timeline) -> None:
+    """Correlation and timeline+stamps are the newest tick's; pts/capture_ts the last's."""
+    merged = merge_metadata(mds, extra)
+    newest = mds[newest_index(mds)]
+    assert (merged.input_seq, merged.input_at_ms) == (newest.input_seq, newest.input_at_ms)
+    assert merged.timeline == newest.timeline + extra
+    assert (merged.pts, merged.capture_ts) == (mds[-1].pts, mds[-1].capture_ts)
+
+
+@given(metadatas.flatmap(lambda mds: st.tuples(st.just(mds), st.permutations(mds))), stamps)
+def test_merge_order_free_fields_ignore_input_order(
+    pair: tuple[list[PipelineMetadata], list[PipelineMetadata]], extra: Timeline
+) -> None:
+    """Generations, cutover, idle and the newest input_at_ms do not depend on input order."""
+    mds, shuffled = pair
+    a, b = merge_metadata(mds, extra), merge_metadata(shuffled, extra)
+    assert (a.prompt_generation, a.flush_generation, a.drop_generation) == (
+        b.prompt_generation,
+        b.flush_generation,
+        b.drop_generation,
+    )
+    assert (a.cutover, a.idle) == (b.cutover, b.idle)
+    if any(md.input_seq for md in mds):
+        assert a.input_at_ms == b.input_at_ms
+
+
+@given(
+    st.lists(metadata, min_size=1, max_size=6, unique_by=lambda md: md.input_at_ms).flatmap(
+        lambda mds: st.tuples(st.just(mds), st.permutations(mds))
+    ),
+    stamps,
+)
+def test_merge_unique_newest_tick_ignores_input_order(
+    pair: tuple[list[PipelineMetadata], list[PipelineMetadata]], extra: Timeline
+) -> None:
+    """With one newest tick, its correlation and timeline win whatever the input order."""
+    mds, shuffled = pair
+    assume(any(md.input_seq for md in mds))
+    a, b = merge_metadata(mds, extra), merge_metadata(shuffled, extra)
+    assert (a.input_seq, a.input_at_ms, a.timeline) == (b.input_seq, b.input_at_ms, b.timeline)
+
+
+@given(
+    metadatas.flatmap(lambda mds: st.tuples(st.just(mds), st.permutations(mds[:-1]))),
+    stamps,
+)
+def test_merge_pts_and_capture_ts_ignore_order_before_the_last(
+    pair: tuple[list[PipelineMetadata], list[PipelineMetadata]], extra: Timeline
+) -> None:
+    """pts and capture_ts follow the last input; the order of the others is irrelevant."""
+    mds, head = pair
+    a, b = merge_metadata(mds, extra), merge_metadata([*head, mds[-1]], extra)
+    assert (a.pts, a.capture_ts) == (b.pts, b.capture_ts)
+
+
+@given(metadata, stamps)
+def test_merge_of_one_is_that_one_plus_stamps(md: PipelineMetadata, extra: Timeline) -> None:
+    """A single input merges to itself with the stamps appended to its timeline."""
+    assert merge_metadata([md], extra) == dataclasses.replace(md, timeline=md.timeline + extra)

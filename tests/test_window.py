@@ -1,0 +1,196 @@
+"""ctx.window: count windows, ms windows on virtual time, the N:1 metadata merge, build errors.
+
+Time windows run on the drive's virtual clock: sources are pulled ``interval`` virtual seconds
+apart, and a burst of items at one instant is made by unbatching a list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rxstream import Context, Pipeline, PipelineItem, PipelineMetadata, StageBuildError
+
+
+def drive(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[Any]:
+    out = pipeline.drive(frames=n, interval=interval)
+    assert isinstance(out, list)
+    return out
+
+
+def drive_items(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[PipelineItem]:
+    out = pipeline.drive(frames=n, items=True, interval=interval)
+    assert isinstance(out, list)
+    return out
+
+
+def test_count_windows_group_consecutive_items(ctx: Context) -> None:
+    """window(count=3) over 0..8 emits [0,1,2], [3,4,5], [6,7,8]."""
+    out = drive(ctx.source(range(9)) | ctx.window(count=3), 9)
+    assert out == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_partial_count_window_is_flushed_at_completion(ctx: Context) -> None:
+    """The last, incomplete window is emitted when the upstream completes."""
+    out = drive(ctx.source(range(7)) | ctx.window(count=3), 7)
+    assert out == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_count_one_wraps_every_item(ctx: Context) -> None:
+    """window(count=1) emits each item alone in a list."""
+    assert drive(ctx.source("abc") | ctx.window(count=1), 3) == [["a"], ["b"], ["c"]]
+
+
+def test_ms_window_closes_ms_after_it_opens(ctx: Context) -> None:
+    """Items every 100 ms in 250 ms windows: each window holds what came in its first 250 ms."""
+    out = drive(ctx.source(range(7)) | ctx.window(ms=250), 7, interval=0.1)
+    assert out == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_ms_window_opens_with_its_first_item(ctx: Context) -> None:
+    """Items every 300 ms with 250 ms windows: one window per item, none empty in the gaps."""
+    out = drive(ctx.source(range(4)) | ctx.window(ms=250), 4, interval=0.3)
+    assert out == [[0], [1], [2], [3]]
+
+
+def test_no_empty_windows_across_silent_stretches(ctx: Context) -> None:
+    """Batches with empty stretches between them never produce an empty window."""
+    batches = [[0, 1], [], [], [], [2], [], [], [], [3]]
+    pipeline = ctx.source(batches) | ctx.unbatch() | ctx.window(ms=150)
+    out = drive(pipeline, len(batches), interval=0.1)
+    assert out == [[0, 1], [2], [3]]
+
+
+def test_no_window_without_items(ctx: Context) -> None:
+    """A drive of zero frames emits no window at all (count or time)."""
+    assert drive(ctx.source(range(3)) | ctx.window(count=2, ms=100), 0, interval=0.1) == []
+
+
+def test_count_or_time_whichever_comes_first(ctx: Context) -> None:
+    """count=3, ms=150: bursts close on count, stragglers close on time, the rest at completion."""
+    batches = [[0, 1, 2, 3], [4], [], [5, 6, 7, 8], [], [], [9]]
+    pipeline = ctx.source(batches) | ctx.unbatch() | ctx.window(count=3, ms=150)
+    out = drive(pipeline, len(batches), interval=0.1)
+    assert out == [[0, 1, 2], [3, 4], [5, 6, 7], [8], [9]]
+
+
+def test_count_reached_before_time_closes_early(ctx: Context) -> None:
+    """count=2 with a 250 ms span and items every 100 ms: every window closes on count."""
+    out = drive(ctx.source(range(5)) | ctx.window(count=2, ms=250), 5, interval=0.1)
+    assert out == [[0, 1], [2, 3], [4]]
+
+
+def test_time_reached_before_count_closes_early(ctx: Context) -> None:
+    """count=5 with a 250 ms span and items every 100 ms: every window closes on time."""
+    out = drive(ctx.source(range(8)) | ctx.window(count=5, ms=250), 8, interval=0.1)
+    assert out == [[0, 1, 2], [3, 4, 5], [6, 7]]
+
+
+def ticks() -> Iterator[PipelineItem]:
+    """Five input samples, input_seq 1..5 at 100 ms apart, generation 2 from the fourth on."""
+    for seq in range(1, 6):
+        yield PipelineItem(
+            f"tick{seq}",
+            PipelineMetadata(
+                input_seq=seq,
+                input_at_ms=100 * seq,
+                pts=seq,
+                prompt_generation=2 if seq >= 4 else 1,
+                cutover=seq == 4,
+                timeline=(("input.recv", float(seq)),),
+            ),
+        )
+
+
+def test_window_carries_the_newest_tick_correlation(ctx: Context) -> None:
+    """Each window's input_seq/input_at_ms/pts are those of its newest input tick."""
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 5)
+    assert [item.payload for item in out] == [["tick1", "tick2"], ["tick3", "tick4"], ["tick5"]]
+    assert [(i.metadata.input_seq, i.metadata.input_at_ms, i.metadata.pts) for i in out] == [
+        (2, 200, 2),
+        (4, 400, 4),
+        (5, 500, 5),
+    ]
+
+
+def test_window_merges_generations_and_cutover(ctx: Context) -> None:
+    """A window holds the highest generation of its items and cutover if any item had it."""
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 5)
+    assert [(i.metadata.prompt_generation, i.metadata.cutover) for i in out] == [
+        (1, False),
+        (2, True),
+        (2, False),
+    ]
+
+
+def test_window_timeline_is_the_newest_tick_plus_its_own_stamps(ctx: Context) -> None:
+    """The timeline is the newest tick's (input.recv, source stamps) then window.in/.out."""
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2, name="win"), 5)
+    for item, newest in zip(out, [2, 4, 5], strict=True):
+        hops = [hop for hop, _ in item.metadata.timeline]
+        assert hops == ["input.recv", "ticks.in", "ticks.out", "win.in", "win.out"]
+        assert item.metadata.timeline[0] == ("input.recv", float(newest))
+
+
+def test_window_correlation_skips_items_without_an_input(ctx: Context) -> None:
+    """A window ending in an item with no input_seq still carries the newest tick's."""
+
+    def mixed() -> Iterator[PipelineItem]:
+        yield PipelineItem("tick", PipelineMetadata(input_seq=7, input_at_ms=700, pts=1))
+        yield PipelineItem("frame", PipelineMetadata(pts=2))
+
+    (item,) = drive_items(ctx.source(mixed) | ctx.window(count=2), 2)
+    assert item.payload == ["tick", "frame"]
+    md = item.metadata
+    assert (md.input_seq, md.input_at_ms, md.pts) == (7, 700, 2)
+
+
+def test_time_window_carries_the_newest_tick_correlation(ctx: Context) -> None:
+    """ms windows on virtual time merge metadata the same way as count windows."""
+    out = drive_items(ctx.source(ticks) | ctx.window(ms=250), 5, interval=0.1)
+    assert [item.payload for item in out] == [["tick1", "tick2", "tick3"], ["tick4", "tick5"]]
+    assert [(i.metadata.input_seq, i.metadata.input_at_ms) for i in out] == [(3, 300), (5, 500)]
+
+
+def test_window_statistics_count_items_in_and_windows_out(ctx: Context) -> None:
+    """The window stage counts every item in and every window out."""
+    pipeline = ctx.source(range(7)) | ctx.window(count=3)
+    drive(pipeline, 7)
+    stats = pipeline.statistics()["window"]
+    assert (stats.items_in, stats.items_out) == (7, 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({}, r"^window needs count=, ms= or both, got neither for 'window'$"),
+        ({"name": "w"}, r"^window needs count=, ms= or both, got neither for 'w'$"),
+        ({"count": 0}, r"^window count must be an int >= 1, got 0 for stage 'window'$"),
+        ({"count": -2}, r"^window count must be an int >= 1, got -2 for stage 'window'$"),
+        ({"count": 1.5}, r"^window count must be an int >= 1, got 1\.5 for stage 'window'$"),
+        ({"count": "3"}, r"^window count must be an int >= 1, got '3' for stage 'window'$"),
+        ({"count": True}, r"^window count must be an int >= 1, got True for stage 'window'$"),
+        ({"count": 0, "name": "w"}, r"^window count must be an int >= 1, got 0 for stage 'w'$"),
+        ({"ms": 0}, r"^window ms must be > 0, got 0 for stage 'window'$"),
+        ({"ms": -5.0}, r"^window ms must be > 0, got -5\.0 for stage 'window'$"),
+        ({"ms": "10"}, r"^window ms must be > 0, got '10' for stage 'window'$"),
+        ({"ms": float("nan")}, r"^window ms must be > 0, got nan for stage 'window'$"),
+        ({"count": 2, "ms": 0}, r"^window ms must be > 0, got 0 for stage 'window'$"),
+    ],
+)
+def test_bad_window_arguments_raise_stage_build_error(
+    ctx: Context, kwargs: dict[str, Any], message: str
+) -> None:
+    """Bad count or ms fail at build time with a message stating the rule and the value."""
+    with pytest.raises(StageBuildError, match=message):
+        ctx.window(**kwargs)
+
+
+def test_bool_ms_is_rejected_like_a_bool_count(ctx: Context) -> None:
+    """window(ms=True) is a bad span, rejected like count=True."""
+    with pytest.raises(
+        StageBuildError, match=r"^window ms must be > 0, got True for stage 'window'$"
+    ):
+        ctx.window(ms=True)
