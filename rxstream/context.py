@@ -31,9 +31,12 @@ from rxstream.operators import (
     window_operator,
     zip_operator,
 )
+from rxstream.operators._input import InputFeed
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
+from rxstream.timing._record import TimingRecord
+from rxstream.topology import ClientStreamLimits
 from rxstream.transport import MemoryTransport, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, StageFn
 
@@ -49,12 +52,16 @@ class Context:
 
     ``transport`` receives what ``ctx.stream`` sinks egress (default: a
     :class:`~rxstream.transport.MemoryTransport` keeping the last 256 items per stream);
-    ``harness=True`` marks a run under the CPU harness (``rxstream test``).
+    ``harness=True`` marks a run under the CPU harness (``rxstream test``); ``timing=False``
+    turns the per-hop stamps and the timing records off (for measuring what they cost).
     """
 
-    def __init__(self, *, transport: Transport | None = None, harness: bool = False) -> None:
+    def __init__(
+        self, *, transport: Transport | None = None, harness: bool = False, timing: bool = True
+    ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
+        self.timing = timing
         self.self_test_passed: bool | None = None
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
@@ -136,6 +143,39 @@ class Context:
             device=device,
             on_error=on_error,
             source=it_or_fn,
+        )
+
+    def input(
+        self,
+        name: str,
+        limits: ClientStreamLimits | None = None,
+        *,
+        capacity: int = 64,
+        rank: int | None = None,
+    ) -> Stage:
+        """A client-fed stream: ``pipeline.feed(name, sample, at_ms=None)`` pushes samples in.
+
+        Each sample becomes an item with ``input_seq`` (from 1), ``input_at_ms`` and an
+        ``input.recv`` stamp; ``limits`` bound what a client may feed in a session. When
+        ``capacity`` samples wait unread, the oldest is dropped (counted, reason ``latest``).
+        """
+        if limits is not None and not isinstance(limits, ClientStreamLimits):
+            raise StageBuildError(
+                f"limits must be a ClientStreamLimits, got {limits!r} for input {name!r}"
+            )
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise StageBuildError(
+                f"input capacity must be an int >= 1, got {capacity!r} for input {name!r}"
+            )
+        return self._stage(
+            "input",
+            name,
+            name,
+            build=_no_operator,
+            inputs=(0, 0),
+            rank=rank,
+            source=InputFeed(name, limits, capacity),
+            options={"limits": limits},
         )
 
     def pipe(
@@ -300,30 +340,36 @@ class Context:
         self,
         name: str,
         codec: str | None = None,
-        on_timing: Callable[[Any], None] | None = None,
+        on_timing: Callable[[TimingRecord], None] | None = None,
         transport: Transport | None = None,
         *,
         rank: int | None = None,
         capacity: int = DEFAULT_CAPACITY,
         policy: InboxPolicy = "block",
     ) -> Stage:
-        """The egress sink ``name``: sends every item to the session transport."""
+        """The egress sink ``name``: sends every item to the session transport.
+
+        It also folds per-hop timing into one ``[timing:<name>]`` record per input (per
+        ``input_seq``) or cutover, logged and handed to ``on_timing(record)``.
+        """
         if codec not in _CODECS:
             raise StageBuildError(
                 f"codec must be one of raw or None with the in-memory transport, "
                 f"got {codec!r} for stream {name!r}"
             )
-        if on_timing is not None:
+        if on_timing is not None and not callable(on_timing):
             raise StageBuildError(
-                f"on_timing needs the timing fold, which this version does not have yet, "
-                f"got {on_timing!r} for stream {name!r}"
+                f"on_timing must be a callable taking a TimingRecord, got {on_timing!r} "
+                f"for stream {name!r}"
             )
         chosen = transport
         return self._stage(
             "stream",
             name,
             name,
-            build=sink_operator(name, lambda: chosen if chosen is not None else self.transport),
+            build=sink_operator(
+                name, lambda: chosen if chosen is not None else self.transport, on_timing
+            ),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
             options={"codec": codec},

@@ -14,6 +14,7 @@ from reactivex import abc, operators
 
 from rxstream._exceptions import PipelineStateError, StageBuildError
 from rxstream.item import PipelineItem
+from rxstream.operators._input import InputFeed
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
@@ -191,6 +192,7 @@ class Pipeline:
             mode="threads",
             bridge=AsyncBridge(loop),
             generations=self._context.generations,
+            timing=self._context.timing,
         )
         self._run = run
         self._stopped = False
@@ -205,6 +207,23 @@ class Pipeline:
         new version.
         """
         return self._context.control.steer(changes)
+
+    def feed(self, name: str, sample: Any, at_ms: int | None = None) -> int:
+        """Push a client sample into the ``ctx.input`` stream ``name``; its ``input_seq``.
+
+        Safe from any thread. ``at_ms`` is the client's timestamp (ms), when it has one.
+        Raises :class:`~rxstream.topology.ClientStreamLimitExceeded` past the stream's limit.
+        """
+        stage = self.stages.get(name)
+        if stage is None or stage.kind != "input":
+            inputs = sorted(n for n, s in self.stages.items() if s.kind == "input")
+            raise LookupError(
+                f"no input stream {name!r} in this pipeline; its inputs are: "
+                f"{', '.join(inputs) or 'none'}"
+            )
+        feed = stage.source
+        assert isinstance(feed, InputFeed)
+        return feed.feed(sample, at_ms)
 
     def flush(self) -> int:
         """Start a new flush generation: stages with ``reset()`` reset on its first item."""
@@ -299,6 +318,7 @@ class Pipeline:
             mode="drive",
             bridge=AsyncBridge(),
             generations=self._context.generations,
+            timing=self._context.timing,
             collect=True,
         )
         self._run = run

@@ -6,6 +6,7 @@ it first sees an item of a newer flush generation. Sources stamp all three on ev
 """
 
 import threading
+import time
 from dataclasses import dataclass
 
 __all__ = ["GenerationState", "Generations"]
@@ -26,17 +27,20 @@ class GenerationState:
 class Generations:
     """The live generation counters of one context (one writer lock, lock-free reads)."""
 
-    __slots__ = ("_lock", "drop", "flush", "prompt")
+    __slots__ = ("_lock", "drop", "flush", "prompt", "steered_at")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.prompt = 0
         self.flush = 0
         self.drop = 0
+        self.steered_at = 0.0
+        """When the last steer happened (``time.monotonic``): the origin of cutover timing."""
 
     def steer(self, *, drop_stale: bool = True) -> int:
         """Start a new prompt generation; unless ``drop_stale=False`` older items go stale."""
         with self._lock:
+            self.steered_at = time.monotonic()
             self.prompt += 1
             if drop_stale:
                 self.drop = self.prompt

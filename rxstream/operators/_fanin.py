@@ -13,7 +13,7 @@ from typing import Any
 import reactivex
 from reactivex import Observable, abc
 
-from rxstream.item import PipelineItem, _with_stamps, merge_metadata, now
+from rxstream.item import PipelineItem, merge_metadata, now
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -89,7 +89,6 @@ def merge_operator() -> Callable[[StageShell], Operator]:
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
-        in_hop, out_hop = shell.in_hop, shell.out_hop
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             source = reactivex.merge(*ports)
@@ -101,8 +100,7 @@ def merge_operator() -> Callable[[StageShell], Operator]:
                 def on_next(item: PipelineItem) -> None:
                     started = now()
                     counters.items_in += 1
-                    md = _with_stamps(item.metadata, ((in_hop, started), (out_hop, now())))
-                    observer.on_next(shell.emit(item.payload, md))
+                    observer.on_next(shell.forward(item, item.payload, started))
 
                 return source.subscribe(
                     on_next, observer.on_error, observer.on_completed, scheduler=scheduler

@@ -8,7 +8,7 @@ from typing import Any
 
 from reactivex import Observable, abc
 
-from rxstream.item import PipelineItem, _with_stamps, now
+from rxstream.item import PipelineItem, now
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, StageFn
@@ -79,7 +79,6 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
     def build(shell: StageShell) -> Operator:
         call = _caller(fn, shell)
         counters = shell.counters
-        in_hop, out_hop = shell.in_hop, shell.out_hop
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             source = ports[0]
@@ -96,8 +95,7 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
                     except Exception as exc:
                         shell.failed(observer, item, exc)
                         return
-                    md = _with_stamps(item.metadata, ((in_hop, started), (out_hop, now())))
-                    observer.on_next(shell.emit(item.payload, md))
+                    observer.on_next(shell.forward(item, item.payload, started))
 
                 return source.subscribe(
                     on_next, observer.on_error, observer.on_completed, scheduler=scheduler

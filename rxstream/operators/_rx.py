@@ -17,7 +17,7 @@ from typing import Any
 
 from reactivex import Observable, abc
 
-from rxstream.item import PipelineItem, _with_stamps, now
+from rxstream.item import PipelineItem, now
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -34,7 +34,6 @@ def rx_operator(
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
-        in_hop, out_hop = shell.in_hop, shell.out_hop
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             source = ports[0]
@@ -69,8 +68,7 @@ def rx_operator(
                         cause = pushing[0] or seen.get(id(value)) or latest[0]
                         origin, started = cause
                         payload = value
-                    stamps = ((in_hop, started), (out_hop, now()))
-                    observer.on_next(shell.emit(payload, _with_stamps(origin.metadata, stamps)))
+                    observer.on_next(shell.forward(origin, payload, started))
 
                 def on_error(error: Exception) -> None:
                     shell.failed(observer, latest[0][0] if latest else None, error)

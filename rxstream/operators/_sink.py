@@ -1,17 +1,23 @@
-"""``ctx.stream(name, …)`` in sink mode: egress to the session transport.
+"""``ctx.stream(name, …)`` in sink mode: egress to the session transport, and timing.
 
 The sink stamps ``<name>.in``/``<name>.out`` around the hand-off to the transport and passes
-every item on, so the run can count what egressed and ``drive()`` can return it.
+every item on, so the run can count what egressed and ``drive()`` can return it. It folds
+the timeline of each conditioned window into one :class:`~rxstream.timing.TimingRecord`:
+the first frame of every new ``input_seq``, and every cutover (a steer or a rebuild), never
+an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_timing``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 
 from reactivex import Observable, abc
 
-from rxstream.item import PipelineItem, _with_stamps, now
+from rxstream.item import PipelineItem, now
 from rxstream.runtime._shell import StageShell
+from rxstream.timing._emit import emit
+from rxstream.timing._record import TimingRecord, fold
 from rxstream.transport import Transport
 from rxstream.typing import ItemStream, Operator
 
@@ -19,14 +25,17 @@ __all__ = ["sink_operator"]
 
 
 def sink_operator(
-    stream: str, transport: Callable[[], Transport]
+    stream: str,
+    transport: Callable[[], Transport],
+    on_timing: Callable[[TimingRecord], None] | None,
 ) -> Callable[[StageShell], Operator]:
-    """Send each item to ``transport()``'s ``stream``; emit it on, stamped."""
+    """Send each item to ``transport()``'s ``stream``; emit it on, stamped; fold timing."""
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
-        in_hop, out_hop = shell.in_hop, shell.out_hop
         send = transport().send
+        forward = shell.forward
+        timing = shell.timing
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             source = ports[0]
@@ -35,6 +44,8 @@ def sink_operator(
                 observer: abc.ObserverBase[PipelineItem],
                 scheduler: abc.SchedulerBase | None = None,
             ) -> abc.DisposableBase:
+                reported = [0]
+
                 def on_next(item: PipelineItem) -> None:
                     started = now()
                     counters.items_in += 1
@@ -43,8 +54,16 @@ def sink_operator(
                     except Exception as exc:
                         shell.failed(observer, item, exc)
                         return
-                    md = _with_stamps(item.metadata, ((in_hop, started), (out_hop, now())))
-                    observer.on_next(shell.emit(item.payload, md))
+                    out = forward(item, item.payload, started)
+                    md = out.metadata
+                    if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
+                        reported[0] = max(reported[0], md.input_seq)
+                        try:
+                            emit(fold(stream, md, time.time() * 1000), on_timing)
+                        except Exception as exc:
+                            shell.failed(observer, out, exc)
+                            return
+                    observer.on_next(out)
 
                 return source.subscribe(
                     on_next, observer.on_error, observer.on_completed, scheduler=scheduler

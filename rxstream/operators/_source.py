@@ -20,7 +20,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from typing import Any
 
 from rxstream._exceptions import PipelineError
-from rxstream.item import PipelineItem, PipelineMetadata, _with_stamps, now
+from rxstream.item import PipelineItem, PipelineMetadata, Timeline, _with_stamps, now
+from rxstream.operators._input import InputFeed, InputSample
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageCounters
 
@@ -51,6 +52,7 @@ class SourcePuller:
         self._count = 0
         self._closer: Callable[[], Any] | None = None
         self._prompt = shell.generations.prompt
+        self._input_drops = spec.dropped if isinstance(spec, InputFeed) else 0
 
     @property
     def counters(self) -> StageCounters:
@@ -66,6 +68,10 @@ class SourcePuller:
 
     def _open(self, spec: Any) -> Callable[[], Any]:
         shell = self._shell
+        if isinstance(spec, InputFeed):
+            spec.open()
+            block = not shell.driven
+            return lambda: spec.take(block) or _END
         if inspect.iscoroutinefunction(spec):
             return lambda: shell.call_async(spec())
         if isinstance(spec, Iterator | AsyncIterator):
@@ -123,25 +129,52 @@ class SourcePuller:
             raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
         if value is _END:
             return None
-        shell.counters.items_in += 1
-        stamps = shell.stamps(started)
+        counters = shell.counters
+        counters.items_in += 1
         if isinstance(value, PipelineItem):
-            metadata = _with_stamps(value.metadata, stamps)
+            metadata = _with_stamps(value.metadata, shell.stamps(started))
             value = value.payload
         else:
             gens = shell.generations
             prompt = gens.prompt
+            cutover = prompt > self._prompt
+            input_seq = input_at_ms = 0
+            origin: Timeline = ()
+            if isinstance(value, InputSample):
+                self._count_input_drops()
+                started = now()  # the wait for a sample is the input queue's, before .in
+                input_seq, input_at_ms = value.input_seq, value.input_at_ms
+                origin = (("input.recv", value.received),)
+                value = value.payload
+            elif cutover:
+                origin = (("steer", gens.steered_at),)
+            stamps = shell.stamps(started)
             metadata = PipelineMetadata(
                 prompt_generation=prompt,
                 flush_generation=gens.flush,
-                cutover=prompt > self._prompt,
+                cutover=cutover,
                 drop_generation=gens.drop,
                 pts=self._count,
-                timeline=stamps,
+                input_seq=input_seq,
+                input_at_ms=input_at_ms,
+                timeline=origin + stamps if stamps else (),
             )
             self._prompt = prompt
         self._count += 1
         return shell.emit(value, metadata)
+
+    def _count_input_drops(self) -> None:
+        spec = self._spec
+        assert isinstance(spec, InputFeed)
+        fresh = spec.dropped - self._input_drops
+        if fresh:
+            self._input_drops = spec.dropped
+            self._shell.counters.drop("latest", fresh)
+
+    def interrupt(self) -> None:
+        """Wake a pull that waits for a client sample (the run is stopping)."""
+        if isinstance(self._spec, InputFeed):
+            self._spec.close()
 
     def close(self) -> None:
         """Close the underlying generator, if it has a ``close``; errors are ignored."""

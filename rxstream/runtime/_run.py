@@ -46,9 +46,11 @@ class Run:
         bridge: AsyncBridge,
         generations: Generations,
         collect: bool = False,
+        timing: bool = True,
     ) -> None:
         self.plan = plan
         self.generations = generations
+        self.timing = timing
         self.mode = mode
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -86,6 +88,7 @@ class Run:
             self._bridge.call,
             self.generations,
             reset if callable(reset) else None,
+            self.timing,
         )
         if self.clock is None and not stage.is_source:
             thread = StageThread(name, stage.inbox, shell.counters, shell.crashed)
@@ -255,6 +258,8 @@ class Run:
     def halt(self) -> None:
         """Stop sources and wake every blocked thread; returns at once (any thread)."""
         self._halted = True
+        for puller in self._pullers.values():
+            puller.interrupt()
         for thread in self.threads.values():
             thread.close()
         self._bridge.close()

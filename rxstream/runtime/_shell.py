@@ -40,6 +40,7 @@ class StageShell:
         "out_hop",
         "reset",
         "scheduler",
+        "timing",
     )
 
     def __init__(
@@ -52,6 +53,7 @@ class StageShell:
         call_async: Callable[[Coroutine[Any, Any, Any]], Any],
         generations: Generations,
         reset: Callable[[], Any] | None = None,
+        timing: bool = True,
     ) -> None:
         self.name = name
         self.in_hop = f"{name}.in"
@@ -65,6 +67,11 @@ class StageShell:
         self.reset = reset
         self.driven = isinstance(scheduler, VirtualClock)
         """Whether this is a ``drive()``: one thread, virtual time."""
+        self.timing = timing
+        """Whether items get ``.in``/``.out`` stamps (decided once: the hot path never asks)."""
+        if not timing:
+            self.forward = self._forward_unstamped  # type: ignore[method-assign]
+            self.stamps = _no_stamps  # type: ignore[method-assign, assignment]
 
     def forward(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""
@@ -72,13 +79,17 @@ class StageShell:
         stamps = ((self.in_hop, started), (self.out_hop, now()))
         return _item(payload, _with_stamps(item.metadata, stamps))
 
+    def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
+        self.counters.items_out += 1
+        return _item(payload, item.metadata)
+
     def emit(self, payload: Any, metadata: PipelineMetadata) -> PipelineItem:
         """An output whose metadata the operator built itself (1:N, N:1); counts it."""
         self.counters.items_out += 1
         return _item(payload, metadata)
 
-    def stamps(self, started: float) -> tuple[tuple[str, float], tuple[str, float]]:
-        """This stage's ``.in`` stamp at ``started`` and its ``.out`` stamp now."""
+    def stamps(self, started: float) -> tuple[tuple[str, float], ...]:
+        """This stage's ``.in`` stamp at ``started`` and its ``.out`` stamp now (or none)."""
         return ((self.in_hop, started), (self.out_hop, now()))
 
     def failed(
@@ -119,3 +130,7 @@ class StageShell:
     def call_async(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` on the pipeline's event loop and wait for its result."""
         return self._call_async(coroutine)
+
+
+def _no_stamps(_started: float) -> tuple[tuple[str, float], ...]:
+    return ()

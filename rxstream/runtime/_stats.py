@@ -5,6 +5,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from rxstream._table import table
+
 __all__ = ["StageCounters", "StageStatistics", "format_statistics"]
 
 
@@ -141,11 +143,4 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
                 f"{s.stalled_s:.3f}",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(
-            cell.ljust(w) if i < 2 else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    )
+    return "\n".join(table(rows, left=2))

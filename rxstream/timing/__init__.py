@@ -1,0 +1,27 @@
+"""Mouse-to-photon timing: per-hop records, their structlog lines, and their analysis."""
+
+from rxstream.timing._analysis import (
+    Malformed,
+    TimingLog,
+    format_summary,
+    load,
+    plot,
+    summarize,
+)
+from rxstream.timing._emit import configure_logging
+from rxstream.timing._record import HopTiming, TimingRecord
+
+__all__ = [
+    "HopTiming",
+    "Malformed",
+    "TimingLog",
+    "TimingRecord",
+    "configure_logging",
+    "format_summary",
+    "load",
+    "plot",
+    "summarize",
+]
+
+for _name in ("HopTiming", "Malformed", "TimingLog", "TimingRecord"):
+    globals()[_name].__module__ = __name__

@@ -1,0 +1,73 @@
+"""Emitting timing records: one structlog event per record, plus hooks and test listeners."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+import structlog
+
+from rxstream.timing._record import TimingRecord
+
+__all__ = ["configure_logging", "emit", "listen"]
+
+_log = structlog.get_logger("rxstream.timing")
+_listeners: list[Callable[[TimingRecord], None]] = []
+_listeners_lock = threading.Lock()
+_opened: TextIO | None = None
+
+
+def emit(record: TimingRecord, hook: Callable[[TimingRecord], None] | None = None) -> None:
+    """Log ``record`` as ``[timing:<stream>]`` and hand it to ``hook`` and the listeners."""
+    _log.info(f"[timing:{record.stream}]", **record.fields())
+    if hook is not None:
+        hook(record)
+    for listener in tuple(_listeners):
+        listener(record)
+
+
+@contextlib.contextmanager
+def listen(listener: Callable[[TimingRecord], None]) -> Iterator[None]:
+    """Call ``listener`` with every record emitted inside the block (any pipeline, any thread)."""
+    with _listeners_lock:
+        _listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _listeners_lock:
+            _listeners.remove(listener)
+
+
+def configure_logging(
+    path: str | Path | None = None, *, json: bool = True, level: int = logging.INFO
+) -> None:
+    """Set structlog up for rxstream's logs: JSON lines (or console text) to a file or stderr.
+
+    Each line carries ``event`` (``[timing:<stream>]`` for timing records), ``timestamp``
+    (ISO 8601, UTC), ``level`` and the record's flat fields. Call it once, early.
+    """
+    global _opened
+    if _opened is not None:  # a previous configure_logging's file
+        _opened.close()
+        _opened = None
+    stream: TextIO = sys.stderr
+    if path is not None:
+        stream = _opened = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - kept open
+    renderer: Any = (
+        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+    )
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(level),
+        logger_factory=structlog.WriteLoggerFactory(file=stream),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,129 @@
+"""Timing records: one item's timeline folded into per-hop queue-wait and compute."""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from rxstream.item import PipelineMetadata, Timeline
+
+__all__ = ["HopTiming", "TimingRecord", "fold"]
+
+
+@dataclass(frozen=True)
+class HopTiming:
+    """One stage's share of an item's latency."""
+
+    name: str
+    """The stage's name."""
+    wait_ms: float
+    """Queue-wait: from the previous stamp (the upstream ``.out``) to this stage's ``.in``."""
+    compute_ms: float
+    """Compute: from this stage's ``.in`` to its ``.out``."""
+
+
+@dataclass(frozen=True)
+class TimingRecord:
+    """Where the milliseconds went between a user's input (or a steer) and egress.
+
+    One record per conditioned window (per ``input_seq``) or per cutover, never per frame.
+    """
+
+    stream: str
+    """The egress stream (the sink's name)."""
+    input_seq: int
+    """The input sample that conditioned the frame (0 for a steered pipeline's cutover)."""
+    input_at_ms: int
+    """The client's timestamp of that input in ms (its receive time when the client sent none)."""
+    cutover: bool
+    """Whether the frame was a cutover (the first of a new generation or of a rebuilt stage)."""
+    prompt_generation: int
+    """The frame's prompt generation."""
+    pts: int
+    """The frame's presentation timestamp."""
+    origin: str
+    """The first stamp: ``input.recv``, ``steer``, or the first stage's ``.in``."""
+    total_ms: float
+    """From the origin stamp to the last ``.out`` (egress): the hops' wait and compute summed."""
+    from_client_ms: float | None
+    """Wall-clock ms from ``input_at_ms`` to egress (meaningful when the client clock is shared)."""
+    hops: tuple[HopTiming, ...]
+    """Each hop in the order it happened."""
+
+    def fields(self) -> dict[str, Any]:
+        """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``)."""
+        flat: dict[str, Any] = {
+            "stream": self.stream,
+            "input_seq": self.input_seq,
+            "input_at_ms": self.input_at_ms,
+            "cutover": self.cutover,
+            "prompt_generation": self.prompt_generation,
+            "pts": self.pts,
+            "origin": self.origin,
+            "total_ms": round(self.total_ms, 3),
+            "from_client_ms": None
+            if self.from_client_ms is None
+            else round(self.from_client_ms, 3),
+            "hops": ",".join(hop.name for hop in self.hops),
+        }
+        for hop in self.hops:
+            flat[f"{hop.name}.wait_ms"] = round(hop.wait_ms, 3)
+            flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
+        return flat
+
+    @classmethod
+    def from_fields(cls, flat: Mapping[str, Any]) -> "TimingRecord":
+        """The record a log line's fields describe (``KeyError``/``ValueError`` when malformed)."""
+        names = [name for name in str(flat["hops"]).split(",") if name]
+        hops = tuple(
+            HopTiming(name, float(flat[f"{name}.wait_ms"]), float(flat[f"{name}.compute_ms"]))
+            for name in names
+        )
+        from_client = flat.get("from_client_ms")
+        return cls(
+            stream=str(flat["stream"]),
+            input_seq=int(flat["input_seq"]),
+            input_at_ms=int(flat.get("input_at_ms", 0)),
+            cutover=bool(flat.get("cutover", False)),
+            prompt_generation=int(flat.get("prompt_generation", 0)),
+            pts=int(flat.get("pts", 0)),
+            origin=str(flat.get("origin", "")),
+            total_ms=float(flat["total_ms"]),
+            from_client_ms=None if from_client is None else float(from_client),
+            hops=hops,
+        )
+
+
+def fold(stream: str, metadata: PipelineMetadata, wall_ms: float) -> TimingRecord:
+    """Fold ``metadata.timeline`` into a record; ``wall_ms`` is the egress wall-clock time."""
+    timeline: Timeline = metadata.timeline
+    hops: list[HopTiming] = []
+    origin = timeline[0][0] if timeline else ""
+    start = timeline[0][1] if timeline else 0.0
+    previous = start
+    opened: dict[str, float] = {}
+    waits: dict[str, float] = {}
+    end = start
+    for hop, t in timeline:
+        if hop.endswith(".in"):
+            name = hop[:-3]
+            opened[name] = t
+            waits[name] = t - previous
+        elif hop.endswith(".out"):
+            name = hop[:-4]
+            began = opened.pop(name, t)
+            hops.append(HopTiming(name, waits.pop(name, 0.0) * 1e3, (t - began) * 1e3))
+            end = t
+        previous = t
+    from_client = wall_ms - metadata.input_at_ms if metadata.input_at_ms else None
+    return TimingRecord(
+        stream=stream,
+        input_seq=metadata.input_seq,
+        input_at_ms=metadata.input_at_ms,
+        cutover=metadata.cutover,
+        prompt_generation=metadata.prompt_generation,
+        pts=metadata.pts,
+        origin=origin,
+        total_ms=(end - start) * 1e3,
+        from_client_ms=from_client,
+        hops=tuple(hops),
+    )
