@@ -290,3 +290,21 @@ def test_fan_out_to_a_paced_and_a_raw_sink(ctx: Context) -> None:
         (1, False),
         (2, False),
     ]
+
+
+def test_combine_counts_values_that_never_join_an_output(ctx: Context) -> None:
+    """combine: values replaced before every input had one are dropped as 'unpaired'."""
+    pipeline = [ctx.source([1, 2, 3], name="a"), ctx.source([], name="b")] | ctx.combine()
+    assert pipeline.drive(frames=3) == []
+    stats = pipeline.statistics()["combine"]
+    # a1 arrives, then b completes empty: no output can come, combine completes
+    assert (stats.items_in, stats.items_out, dict(stats.dropped)) == (1, 0, {"unpaired": 1})
+
+
+def test_zip_counts_what_is_left_unpaired(ctx: Context) -> None:
+    """zip: items left without a partner when it completes are dropped as 'unpaired'."""
+    pipeline = [ctx.source([1, 2, 3], name="a"), ctx.source(["x"], name="b")] | ctx.zip()
+    assert pipeline.drive(frames=3) == [(1, "x")]
+    stats = pipeline.statistics()["zip"]
+    # round robin: a1, x, a2 arrive; zip completes with b, before a3 is pulled
+    assert (stats.items_in, stats.items_out, dict(stats.dropped)) == (3, 1, {"unpaired": 1})

@@ -2,7 +2,9 @@
 
 Each output of ``zip``/``combine`` is one group of input items; its metadata follows the N:1
 rule (:func:`rxstream.item.merge_metadata`), so the newest input's correlation and timeline
-travel on.
+travel on. ``items_in`` counts arrivals on every input; an arrival that never becomes part of
+an output is counted as dropped, reason ``unpaired``: for ``combine`` a value replaced before
+every input had one, for ``zip`` what is left unpaired when it completes.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import reactivex
-from reactivex import Observable, abc
+from reactivex import Observable, Observer, abc, operators
+from reactivex.disposable import CompositeDisposable
 
 from rxstream.item import PipelineItem, merge_metadata, now
 from rxstream.runtime._shell import StageShell
@@ -22,13 +25,74 @@ __all__ = ["combine_groups", "combine_operator", "merge_operator", "merged", "zi
 Group = tuple[PipelineItem, ...]
 
 
-def combine_groups(ports: Sequence[ItemStream]) -> Observable[Group]:
+def combine_groups(ports: Sequence[ItemStream], shell: StageShell) -> Observable[Group]:
     """The latest item of every input, each time any input emits (once all have one)."""
-    return reactivex.combine_latest(*ports)
+    counters = shell.counters
+
+    def subscribe(
+        observer: abc.ObserverBase[Group], scheduler: abc.SchedulerBase | None = None
+    ) -> abc.DisposableBase:
+        n = len(ports)
+        latest: list[PipelineItem | None] = [None] * n
+        unused = [False] * n  # latest[i] has not been part of an output yet
+        done = [False] * n
+
+        def on_next(index: int, item: PipelineItem) -> None:
+            counters.items_in += 1
+            if unused[index]:
+                counters.drop("unpaired")
+            latest[index] = item
+            unused[index] = True
+            if None in latest:
+                return
+            unused[:] = [False] * n
+            observer.on_next(tuple(latest))  # type: ignore[arg-type]
+
+        def on_completed(index: int) -> None:
+            done[index] = True
+            if all(done) or latest[index] is None:  # no output can come any more
+                leftover = sum(unused)
+                if leftover:
+                    counters.drop("unpaired", leftover)
+                    unused[:] = [False] * n
+                observer.on_completed()
+
+        def port_observer(index: int) -> abc.ObserverBase[PipelineItem]:
+            return Observer(
+                lambda item: on_next(index, item), observer.on_error, lambda: on_completed(index)
+            )
+
+        return CompositeDisposable(
+            [port.subscribe(port_observer(i), scheduler=scheduler) for i, port in enumerate(ports)]
+        )
+
+    return Observable(subscribe)
 
 
-def _zip_groups(ports: Sequence[ItemStream]) -> Observable[Group]:
-    return reactivex.zip(*ports)
+def _zip_groups(ports: Sequence[ItemStream], shell: StageShell) -> Observable[Group]:
+    """Rx ``zip``; arrivals counted, and what is left unpaired at completion dropped."""
+    counters = shell.counters
+    arrivals = [0]
+    paired = [0]
+
+    def arrive(item: PipelineItem) -> PipelineItem:
+        counters.items_in += 1
+        arrivals[0] += 1
+        return item
+
+    def pair(group: Group) -> Group:
+        paired[0] += len(group)
+        return group
+
+    def settle() -> None:
+        leftover = arrivals[0] - paired[0]
+        if leftover:
+            counters.drop("unpaired", leftover)
+
+    counted = [port.pipe(operators.map(arrive)) for port in ports]
+    return reactivex.zip(*counted).pipe(
+        operators.map(pair), operators.do_action(on_completed=settle)
+    )
 
 
 def merged(
@@ -37,14 +101,12 @@ def merged(
     combine: Callable[[tuple[Any, ...]], Any],
 ) -> ItemStream:
     """Each group of items as one item: ``combine(payloads)`` with the merged metadata."""
-    counters = shell.counters
 
     def subscribe(
         observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
     ) -> abc.DisposableBase:
         def on_next(group: Group) -> None:
             started = now()
-            counters.items_in += 1
             try:
                 payload = combine(tuple(item.payload for item in group))
             except Exception as exc:
@@ -61,7 +123,7 @@ def merged(
 
 
 def _grouping(
-    groups: Callable[[Sequence[ItemStream]], Observable[Group]],
+    groups: Callable[[Sequence[ItemStream], StageShell], Observable[Group]],
     fn: Callable[..., Any] | None,
 ) -> Callable[[StageShell], Operator]:
     combine: Callable[[tuple[Any, ...]], Any] = (
@@ -69,7 +131,7 @@ def _grouping(
     )
 
     def build(shell: StageShell) -> Operator:
-        return lambda ports: merged(groups(ports), shell, combine)
+        return lambda ports: merged(groups(ports, shell), shell, combine)
 
     return build
 

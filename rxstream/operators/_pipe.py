@@ -70,7 +70,7 @@ def _fan_in_pipe(
     call: Callable[..., Any], shell: StageShell, ports: Sequence[ItemStream]
 ) -> ItemStream:
     """``[a, b] | ctx.pipe(f)``: combine the latest of each input, then ``f(*payloads)``."""
-    return merged(combine_groups(ports), shell, lambda payloads: call(*payloads))
+    return merged(combine_groups(ports, shell), shell, lambda payloads: call(*payloads))
 
 
 def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
