@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -17,7 +17,8 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) examples/demo.py
+	$(PY) examples/demo.py --log out/timing.jsonl
+	$(VENV)/bin/rxstream timing out/timing.jsonl --plot out/timing.png
 
 test: $(STAMP)
 	$(PY) -m ruff check rxstream tests bench examples

@@ -43,6 +43,8 @@ class InputFeed:
         self._used = 0.0
         self._closed = False
         self.dropped = 0
+        self.waited = 0.0
+        """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
 
     def feed(self, sample: Any, at_ms: int | None = None) -> int:
         """Queue ``sample`` (``at_ms``: the client's clock, ms); returns its ``input_seq``.
@@ -77,10 +79,13 @@ class InputFeed:
     def take(self, block: bool) -> InputSample | None:
         """The next sample; ``None`` once closed (or, not blocking, when none is waiting)."""
         with self._cond:
-            while not self._queue:
-                if self._closed or not block:
-                    return None
-                self._cond.wait()
+            if not self._queue and block and not self._closed:
+                started = time.perf_counter()
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                self.waited += time.perf_counter() - started
+            if not self._queue:
+                return None
             return self._queue.popleft()
 
     def open(self) -> None:

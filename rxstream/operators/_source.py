@@ -171,6 +171,14 @@ class SourcePuller:
             self._input_drops = spec.dropped
             self._shell.counters.drop("latest", fresh)
 
+    def take_waited(self) -> float:
+        """Seconds the last pulls spent waiting for client samples (idle, not work)."""
+        spec = self._spec
+        if not isinstance(spec, InputFeed):
+            return 0.0
+        waited, spec.waited = spec.waited, 0.0
+        return waited
+
     def interrupt(self) -> None:
         """Wake a pull that waits for a client sample (the run is stopping)."""
         if isinstance(self._spec, InputFeed):

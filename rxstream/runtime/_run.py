@@ -242,8 +242,9 @@ class Run:
             while not self._halted:
                 started = perf()
                 item = puller.pull()
-                pulled = perf()
-                counters.work_s += pulled - started
+                waited = puller.take_waited()
+                counters.wait_s += waited
+                counters.work_s += perf() - started - waited
                 if item is None:
                     observer.on_completed()
                     return
