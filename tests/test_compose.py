@@ -131,8 +131,8 @@ def test_bad_stage_options_raise_at_build_time(
 
 
 def test_source_must_be_iterable_or_callable(ctx: rxstream.Context) -> None:
-    """A source spec that cannot produce items is a TypeError naming the stage."""
-    with pytest.raises(TypeError, match=r"^a source must be .*, got int for stage 'ticks'$"):
+    """A source spec that cannot produce items is a StageBuildError naming the stage."""
+    with pytest.raises(StageBuildError, match=r"^a source must be .*, got int for stage 'ticks'$"):
         ctx.source(42, name="ticks")
 
 

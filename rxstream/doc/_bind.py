@@ -116,9 +116,14 @@ class _Binder:
 
     def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
         snapshot = self.doc.snapshot()
-        stage = self._construct(snapshot)  # the first build fails the stage when it raises
-        self.current = _Inner(stage, self.shell, self)
         self.shell.reset = self._reset
+        try:
+            stage = self._construct(snapshot)
+        except Exception as exc:  # no stage to serve: the run fails, naming this stage
+            self.shell.crashed(exc)
+        else:
+            self.shell.on_error = stage.on_error
+            self.current = _Inner(stage, self.shell, self)
         if not self.shell.driven:
             self._builder = _Builder(self, f"rxstream:{self.shell.name}.build")
         deps = self.doc.snapshots.pipe(
@@ -179,6 +184,7 @@ class _Binder:
     def switch(self, stage: Stage) -> None:
         """Swap the inner stage between two items; runs on the stage's thread."""
         old = self.current
+        self.shell.on_error = stage.on_error  # the inner stage's policy is the one in force
         fresh = _Inner(stage, self.shell, self)
         fresh.cutover = True
         self.current = fresh

@@ -43,6 +43,7 @@ class InputFeed:
         self._used = 0.0
         self._closed = False
         self.dropped = 0
+        self._unreported = 0
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
 
@@ -59,6 +60,7 @@ class InputFeed:
             if len(self._queue) >= self.capacity:
                 self._queue.popleft()
                 self.dropped += 1
+                self._unreported += 1
             self._queue.append(
                 InputSample(sample, self._seq, wall_ms if at_ms is None else int(at_ms), received)
             )
@@ -70,11 +72,18 @@ class InputFeed:
         if limits is None or limits.max_items is None:
             return
         size = 1 if limits.item_size is None else limits.item_size(sample)
-        if self._used + size > limits.max_items:
+        # sizes in seconds are summed in binary floats: allow for their rounding
+        if self._used + size > limits.max_items * (1 + 1e-9):
             raise ClientStreamLimitExceeded(
                 self.name, limits.max_items, limits.unit, self._used + size
             )
         self._used += size
+
+    def take_dropped(self) -> int:
+        """Samples dropped from the full queue since the last call (for the stage's counters)."""
+        with self._cond:
+            fresh, self._unreported = self._unreported, 0
+            return fresh
 
     def take(self, block: bool) -> InputSample | None:
         """The next sample; ``None`` once closed (or, not blocking, when none is waiting)."""

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from reactivex import Observable, abc
 
-from rxstream.item import PipelineItem, now
+from rxstream.item import PipelineItem, _base, now
 from rxstream.runtime._shell import StageShell
 from rxstream.timing._emit import emit
 from rxstream.timing._record import TimingRecord, fold
@@ -55,11 +55,11 @@ def sink_operator(
                         shell.failed(observer, item, exc)
                         return
                     out = forward(item, item.payload, started)
-                    md = out.metadata
+                    md = _base(out)
                     if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
                         reported[0] = max(reported[0], md.input_seq)
                         try:
-                            emit(fold(stream, md, time.time() * 1000), on_timing)
+                            emit(fold(stream, out.metadata, time.time() * 1000), on_timing)
                         except Exception as exc:
                             shell.failed(observer, out, exc)
                             return

@@ -15,7 +15,7 @@ from reactivex import abc
 
 from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
-from rxstream.item import PipelineItem, PipelineMetadata, _item, _with_stamps, now
+from rxstream.item import PipelineItem, PipelineMetadata, Timeline, _item, _stamped, now
 from rxstream.runtime._stats import StageCounters
 from rxstream.runtime._thread import VirtualClock, _ClockScheduler
 from rxstream.typing import OnError
@@ -33,6 +33,7 @@ class StageShell:
         "_fail",
         "counters",
         "driven",
+        "forward",
         "generations",
         "in_hop",
         "name",
@@ -40,6 +41,7 @@ class StageShell:
         "out_hop",
         "reset",
         "scheduler",
+        "stamps",
         "timing",
     )
 
@@ -69,26 +71,28 @@ class StageShell:
         """Whether this is a ``drive()``: one thread, virtual time."""
         self.timing = timing
         """Whether items get ``.in``/``.out`` stamps (decided once: the hot path never asks)."""
-        if not timing:
-            self.forward = self._forward_unstamped  # type: ignore[method-assign]
-            self.stamps = _no_stamps  # type: ignore[method-assign, assignment]
+        self.forward: Callable[[PipelineItem, Any, float], PipelineItem] = (
+            self._forward_stamped if timing else self._forward_unstamped
+        )
+        """The 1:1 rule: ``payload`` with the item's metadata and this stage's two stamps."""
+        self.stamps: Callable[[float], Timeline] = self._stamps_on if timing else _no_stamps
+        """This stage's ``.in`` stamp at the given start and its ``.out`` stamp now (or none)."""
 
-    def forward(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
+    def _forward_stamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""
         self.counters.items_out += 1
-        stamps = ((self.in_hop, started), (self.out_hop, now()))
-        return _item(payload, _with_stamps(item.metadata, stamps))
+        return _stamped(item, payload, ((self.in_hop, started), (self.out_hop, now())))
 
     def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         self.counters.items_out += 1
-        return _item(payload, item.metadata)
+        return _stamped(item, payload, ())
 
     def emit(self, payload: Any, metadata: PipelineMetadata) -> PipelineItem:
         """An output whose metadata the operator built itself (1:N, N:1); counts it."""
         self.counters.items_out += 1
         return _item(payload, metadata)
 
-    def stamps(self, started: float) -> tuple[tuple[str, float], ...]:
+    def _stamps_on(self, started: float) -> Timeline:
         """This stage's ``.in`` stamp at ``started`` and its ``.out`` stamp now (or none)."""
         return ((self.in_hop, started), (self.out_hop, now()))
 
@@ -132,5 +136,5 @@ class StageShell:
         return self._call_async(coroutine)
 
 
-def _no_stamps(_started: float) -> tuple[tuple[str, float], ...]:
+def _no_stamps(_started: float) -> Timeline:
     return ()

@@ -26,18 +26,16 @@ from reactivex.scheduler.periodicscheduler import PeriodicScheduler
 from rxstream.runtime._inbox import InboxSpec
 from rxstream.runtime._stats import StageCounters
 
-__all__ = ["StageThread", "VirtualClock", "take_stalled"]
+__all__ = ["StageThread", "VirtualClock", "charge_stalls_to"]
 
 _TState = TypeVar("_TState")
 _stall = threading.local()
-"""Per thread: seconds spent blocked in ``put`` since the thread last reset it."""
+"""Per thread: the counters that a blocked ``put`` on this thread charges ``stalled_s`` to."""
 
 
-def take_stalled() -> float:
-    """Seconds this thread spent blocked on full inboxes since the last call (then reset)."""
-    stalled: float = getattr(_stall, "seconds", 0.0)
-    _stall.seconds = 0.0
-    return stalled
+def charge_stalls_to(counters: StageCounters) -> None:
+    """Charge the time this thread spends blocked on full inboxes to ``counters``."""
+    _stall.counters = counters
 
 
 _monotonic = time.monotonic
@@ -163,7 +161,7 @@ class StageThread(_ClockScheduler):
         self.policy = spec.policy
         self._counters = counters
         self._on_crash = on_crash
-        lock = threading.Lock()
+        lock = threading.RLock()  # a Condition over an RLock checks ownership in C
         self._not_empty = threading.Condition(lock)
         self._not_full = threading.Condition(lock)
         self._lock = lock
@@ -173,6 +171,8 @@ class StageThread(_ClockScheduler):
         self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
         self._accepting = True
+        self._idle = False  # the thread waits for work: a put must notify it
+        self._blocked = 0  # producers waiting for room: taking an item must notify one
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
         self.put: Callable[[Callable[[Any], None], Any], None] = {
@@ -221,17 +221,22 @@ class StageThread(_ClockScheduler):
         with self._lock:
             if self._data >= self.capacity and not self._closed:
                 started = _perf()
+                self._blocked += 1
                 while self._data >= self.capacity and not self._closed:
                     self._not_full.wait()
+                self._blocked -= 1
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
-                _stall.seconds = getattr(_stall, "seconds", 0.0) + blocked
+                owner: StageCounters | None = getattr(_stall, "counters", None)
+                if owner is not None:
+                    owner.stalled_s += blocked
             if self._closed:
                 self._counters.drop("stopped")
                 return
             self._inbox.append((deliver, value, _DATA))
             self._data += 1
-            self._not_empty.notify()
+            if self._idle:
+                self._not_empty.notify()
 
     def _put_latest(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
@@ -248,7 +253,8 @@ class StageThread(_ClockScheduler):
                 self._counters.drop("latest")
             inbox.append((deliver, value, _DATA))
             self._data += 1
-            self._not_empty.notify()
+            if self._idle:
+                self._not_empty.notify()
 
     def _put_drop_new(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
@@ -260,7 +266,8 @@ class StageThread(_ClockScheduler):
                 return
             self._inbox.append((deliver, value, _DATA))
             self._data += 1
-            self._not_empty.notify()
+            if self._idle:
+                self._not_empty.notify()
 
     def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
         """Queue a terminal message (completion, error): never dropped, never blocks."""
@@ -309,15 +316,19 @@ class StageThread(_ClockScheduler):
                 deliver, value, is_data = inbox.popleft()
                 if is_data:
                     self._data -= 1
-                    self._not_full.notify()
+                    if self._blocked:
+                        self._not_full.notify()
                 return deliver, value
             started = _perf()
+            self._idle = True
             self._not_empty.wait(timeout)
+            self._idle = False
             counters.wait_s += _perf() - started
         return None
 
     def _loop(self) -> None:
         counters = self._counters
+        charge_stalls_to(counters)
         lock = self._lock
         while True:
             with lock:
@@ -325,15 +336,14 @@ class StageThread(_ClockScheduler):
             if job is None:
                 return
             started = _perf()
+            stalled = counters.stalled_s
             try:
                 job[0](job[1])
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
                 return
             finally:
-                stalled = take_stalled()
-                counters.stalled_s += stalled
-                counters.work_s += _perf() - started - stalled
+                counters.work_s += _perf() - started - (counters.stalled_s - stalled)
 
 
 def _run_timer(timer: _Timer) -> None:
