@@ -74,7 +74,7 @@ def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
             try:
                 entry = json.loads(text)
             except json.JSONDecodeError as exc:
-                malformed.append(Malformed(number, f"not JSON ({exc.msg} at column {exc.colno})"))
+                malformed.append(Malformed(number, f"not JSON: {exc.msg} (column {exc.colno})"))
                 continue
             if not isinstance(entry, dict):
                 malformed.append(Malformed(number, f"not a JSON object: {type(entry).__name__}"))

@@ -16,7 +16,7 @@ class ClientStreamLimits(NamedTuple):
     """
 
     max_items: int | None = None
-    item_size: Callable[[Any], int] | None = None
+    item_size: Callable[[Any], float] | None = None
     unit: str = "items"
 
 

@@ -1,0 +1,489 @@
+"""Thread-hop cost of rxstream, side by side with its baselines, in one run.
+
+Every figure is a ratio to a baseline measured in the same process, interleaved repetition by
+repetition (see ../shared/PERFORMANCE.md): absolute times on the shared 2-core machines drift
+2-3x from one hour to the next, ratios much less.
+
+The chain, the same on every side: a source thread and four stage threads (``src``, ``p1`` ..
+``p4``), each stamping ``<name>.in`` / ``<name>.out`` with ``time.monotonic()`` into a
+``timeline`` tuple that travels with the payload, exactly as rxstream stamps its
+``PipelineMetadata.timeline``.
+
+- hand-written: ``(payload, timeline)`` tuples through ``queue.Queue(maxsize=capacity)``.
+- rxstream: ``ctx.source(gen, name="src") | ctx.pipe(noop, name="p1", capacity=c) | ... p4``.
+  The end is the fourth pipe itself (no ``ctx.stream``): a sink would add a fifth stage thread
+  and one more hop that the hand-written chain does not have. On both sides the last stage's
+  function is what signals the main thread (latency: puts the payload on a result queue;
+  throughput: counts down and sets an Event), between that stage's two stamps.
+- reactivex: ``from_iterable`` on the main thread, then four ``observe_on(EventLoopScheduler())``
+  hops, each followed by an ``ops.map`` that does the same stamping (unbounded queues).
+
+Measures:
+1. latency, one item in flight: the main thread puts one payload on the source's feed queue
+   and waits for it on the result queue. 6 thread hops (main→src→p1→p2→p3→p4→main);
+   reported per hop (end-to-end / 6), median and p99 of each repetition.
+2. throughput with a backlog: ``--items`` payloads pulled as fast as the chain takes them,
+   from the moment a gate opens until the last stage has seen the last one; at inbox/queue
+   capacity 2 (rxstream's default) and 256.
+3. the same throughput through reactivex ``observe_on`` (unbounded).
+4. ``pipeline.drive(frames=N)`` (4 pipes, no threads) vs a plain reactivex
+   ``from_iterable(range(N)).pipe(ops.map(noop) x4)``: ns per item per stage.
+
+Run ``python bench/hop.py`` (about a minute) or ``python bench/hop.py --quick``
+(a few seconds, a smoke run whose ratios are indicative only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import reactivex
+from reactivex import operators as ops
+from reactivex.scheduler import EventLoopScheduler
+
+# `python bench/hop.py` from a checkout where the package is not installed: the repo root
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+import rxstream
+
+STAGES = ("p1", "p2", "p3", "p4")
+LATENCY_HOPS = len(STAGES) + 2  # main→src, src→p1, p1→p2, p2→p3, p3→p4, p4→main
+JOIN_S = 10.0
+
+Timeline = tuple[tuple[str, float], ...]
+Message = tuple[Any, Timeline]
+
+_STOP: Any = object()
+_monotonic = time.monotonic
+_perf = time.perf_counter
+
+
+def noop(payload: Any) -> Any:
+    return payload
+
+
+# --- the hand-written chain -----------------------------------------------------------------
+
+
+def _pulled(pull: Callable[[], Any]) -> Iterator[Any]:
+    """The source both chains iterate: ``pull()`` until it returns the stop marker."""
+    while True:
+        value = pull()
+        if value is _STOP:
+            return
+        yield value
+
+
+def _hand_source(
+    name: str, pull: Callable[[], Any], outbox: queue.Queue[Any]
+) -> Callable[[], None]:
+    """A source thread body: take the next value, stamp ``.in``/``.out``, put it on."""
+    in_hop, out_hop = f"{name}.in", f"{name}.out"
+    put = outbox.put
+
+    def body() -> None:
+        values = _pulled(pull)
+        while True:
+            started = _monotonic()
+            value = next(values, _STOP)
+            if value is _STOP:
+                put(_STOP)
+                return
+            put((value, ((in_hop, started), (out_hop, _monotonic()))))
+
+    return body
+
+
+def _hand_stage(
+    name: str,
+    fn: Callable[[Any], Any],
+    inbox: queue.Queue[Any],
+    outbox: queue.Queue[Any] | None,
+) -> Callable[[], None]:
+    """A stage thread body: take, stamp ``.in``, call ``fn``, stamp ``.out``, put on."""
+    in_hop, out_hop = f"{name}.in", f"{name}.out"
+    get = inbox.get
+    put: Callable[[Any], None] = outbox.put if outbox is not None else _ignore
+
+    def body() -> None:
+        while True:
+            message = get()
+            if message is _STOP:
+                put(_STOP)
+                return
+            started = _monotonic()
+            payload, timeline = message
+            out = fn(payload)
+            # the same concatenation as rxstream's per-hop stamp
+            put((out, timeline + ((in_hop, started), (out_hop, _monotonic()))))  # noqa: RUF005
+
+    return body
+
+
+def _ignore(_message: Any) -> None:
+    pass
+
+
+class HandChain:
+    """``src`` and ``p1``..``p4`` as plain threads over ``queue.Queue(maxsize=capacity)``."""
+
+    def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
+        queues: list[queue.Queue[Any]] = [queue.Queue(capacity) for _ in STAGES]
+        bodies = [_hand_source("src", pull, queues[0])]
+        for index, name in enumerate(STAGES):
+            fn = last if index == len(STAGES) - 1 else noop
+            outbox = queues[index + 1] if index + 1 < len(queues) else None
+            bodies.append(_hand_stage(name, fn, queues[index], outbox))
+        self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join(JOIN_S)
+            if thread.is_alive():
+                raise RuntimeError("hand-written chain did not finish")
+
+
+# --- the rxstream chain ---------------------------------------------------------------------
+
+
+def rxs_pipeline(source: object, last: Callable[[Any], Any], capacity: int) -> rxstream.Pipeline:
+    """``ctx.source(source, name="src") | ctx.pipe(noop, name="p1", capacity=c) | ... p4``.
+
+    ``p4`` calls ``last`` instead of ``noop``.
+    """
+    ctx = rxstream.Context()
+    fns = [noop] * (len(STAGES) - 1) + [last]
+    first, *rest = [
+        ctx.pipe(fn, name=name, capacity=capacity) for name, fn in zip(STAGES, fns, strict=True)
+    ]
+    pipeline = ctx.source(source, name="src") | first
+    for stage in rest:
+        pipeline = pipeline | stage
+    return pipeline
+
+
+class RxsChain:
+    """The rxstream chain over ``pull``, run threaded (``start()``/``wait()``)."""
+
+    def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
+        self.pipeline = rxs_pipeline(lambda: _pulled(pull), last, capacity)
+
+    def start(self) -> None:
+        self.pipeline.start()
+
+    def wait(self) -> None:
+        if not self.pipeline.wait(JOIN_S):
+            self.pipeline.stop()
+            raise RuntimeError("rxstream chain did not finish")
+
+
+Chain = Callable[[Callable[[], Any], Callable[[Any], Any], int], HandChain | RxsChain]
+
+
+# --- 1. latency, one item in flight ---------------------------------------------------------
+
+
+def latency(chain: Chain, trips: int, warmup: int = 20) -> list[float]:
+    """Seconds per hop of each of ``trips`` round trips (after ``warmup`` unmeasured ones)."""
+    feed: queue.Queue[Any] = queue.Queue()
+    result: queue.Queue[Any] = queue.Queue()
+
+    def last(payload: Any) -> Any:
+        result.put(payload)
+        return payload
+
+    run = chain(feed.get, last, 2)
+    run.start()
+    put, get = feed.put, result.get
+    samples = []
+    try:
+        for index in range(warmup + trips):
+            started = _perf()
+            put(index)
+            got = get(timeout=JOIN_S)
+            elapsed = _perf() - started
+            if got != index:
+                raise RuntimeError(f"round trip {index} came back as {got}")
+            if index >= warmup:
+                samples.append(elapsed / LATENCY_HOPS)
+    finally:
+        put(_STOP)
+        run.wait()
+    return samples
+
+
+# --- 2./3. throughput with a backlog --------------------------------------------------------
+
+
+def _countdown(items: int, finished: threading.Event) -> Callable[[Any], Any]:
+    left = [items]
+
+    def last(payload: Any) -> Any:
+        left[0] -= 1
+        if not left[0]:
+            finished.set()
+        return payload
+
+    return last
+
+
+def throughput(chain: Chain, items: int, capacity: int) -> float:
+    """Items per second through the chain, from an open gate to the last item at ``p4``."""
+    gate = threading.Event()
+    finished = threading.Event()
+    values: Iterator[Any] = iter(range(items))
+
+    def pull() -> Any:
+        if not gate.is_set():
+            gate.wait()
+        return next(values, _STOP)
+
+    run = chain(pull, _countdown(items, finished), capacity)
+    run.start()
+    time.sleep(0.02)  # every thread is up and waiting
+    started = _perf()
+    gate.set()
+    if not finished.wait(JOIN_S * 6):
+        raise RuntimeError("throughput run did not finish")
+    elapsed = _perf() - started
+    run.wait()
+    return items / elapsed
+
+
+def _rx_stamp(name: str, fn: Callable[[Any], Any]) -> Callable[[Message], Message]:
+    in_hop, out_hop = f"{name}.in", f"{name}.out"
+
+    def stage(message: Message) -> Message:
+        started = _monotonic()
+        payload, timeline = message
+        out = fn(payload)
+        return out, timeline + ((in_hop, started), (out_hop, _monotonic()))  # noqa: RUF005
+
+    return stage
+
+
+def _rx_source_stamp(payload: Any) -> Message:
+    started = _monotonic()
+    return payload, (("src.in", started), ("src.out", _monotonic()))
+
+
+def rx_observe_on_throughput(items: int) -> float:
+    """Items per second through 4 ``observe_on(EventLoopScheduler())`` hops, same stamping."""
+    finished = threading.Event()
+    last = _countdown(items, finished)
+    schedulers = [EventLoopScheduler() for _ in STAGES]
+    steps: list[Any] = [ops.map(_rx_source_stamp)]
+    for index, (name, scheduler) in enumerate(zip(STAGES, schedulers, strict=True)):
+        fn = last if index == len(STAGES) - 1 else noop
+        steps += [ops.observe_on(scheduler), ops.map(_rx_stamp(name, fn))]
+    source: reactivex.Observable[Any] = reactivex.from_iterable(range(items))
+    stream: reactivex.Observable[Any] = source.pipe(*steps)
+    started = _perf()
+    subscription = stream.subscribe(_ignore)
+    if not finished.wait(JOIN_S * 6):
+        raise RuntimeError("observe_on run did not finish")
+    elapsed = _perf() - started
+    subscription.dispose()
+    for scheduler in schedulers:
+        scheduler.dispose()
+    return items / elapsed
+
+
+# --- 4. drive() vs plain reactivex ------------------------------------------------------------
+
+
+def drive_ns(items: int) -> float:
+    """ns per item per pipe stage of ``pipeline.drive(frames=items)`` over 4 pipes."""
+    pipeline = rxs_pipeline(range(items), noop, 2)
+    started = _perf()
+    out = pipeline.drive(frames=items)
+    elapsed = _perf() - started
+    if len(out) != items:
+        raise RuntimeError(f"drive returned {len(out)} items, wanted {items}")
+    return elapsed / (items * len(STAGES)) * 1e9
+
+
+def rx_map_ns(items: int) -> float:
+    """ns per item per stage of ``from_iterable(range(items)).pipe(ops.map(noop) x4)``."""
+    sink: list[Any] = []
+    started = _perf()
+    reactivex.from_iterable(range(items)).pipe(*[ops.map(noop) for _ in STAGES]).subscribe(
+        sink.append
+    )
+    elapsed = _perf() - started
+    if len(sink) != items:
+        raise RuntimeError(f"reactivex returned {len(sink)} items, wanted {items}")
+    return elapsed / (items * len(STAGES)) * 1e9
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    """One line of the table: rxstream's figures, the baseline's, paired by repetition."""
+
+    measure: str
+    unit: str
+    value: list[float]
+    baseline_name: str
+    baseline: list[float]
+    target: str
+    check: Callable[[float], bool] | None
+
+
+def _spread(values: Sequence[float], digits: int | None = None, unit: str = "") -> str:
+    median = statistics.median(values)
+    if digits is None:
+        digits = 0 if median >= 100 else 1 if median >= 10 else 2
+    low, high = min(values), max(values)
+    return f"{median:.{digits}f}{unit} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The markdown table: medians [min-max]; the ratio of each repetition's pair."""
+    lines = [
+        "| measure | rxstream median [min-max] | baseline | baseline median [min-max] "
+        "| ratio median [min-max] | target | result |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in rows:
+        ratios = [v / b for v, b in zip(row.value, row.baseline, strict=True)]
+        ratio = statistics.median(ratios)
+        result = "info" if row.check is None else "PASS" if row.check(ratio) else "FAIL"
+        lines.append(
+            f"| {row.measure} ({row.unit}) | {_spread(row.value)} "
+            f"| {row.baseline_name} | {_spread(row.baseline)} "
+            f"| {_spread(ratios, 2, 'x')} | {row.target} | {result} |"
+        )
+    return "\n".join(lines)
+
+
+def _p99(samples: Sequence[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+
+
+def _revision() -> str:
+    """The checkout's commit (``+dirty`` with uncommitted changes), or ``?`` without git."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "-uno", "--", "rxstream"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return commit + ("+dirty" if dirty else "")
+
+
+def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
+    """Every variant once per repetition, interleaved, then the table's rows."""
+    big = 256
+    got: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        got.setdefault(key, []).append(value)
+
+    for _rep in range(reps):
+        for key, chain in (("rxs", RxsChain), ("hand", HandChain)):
+            gc.collect()
+            samples = latency(chain, trips)
+            add(f"{key} p50", statistics.median(samples) * 1e6)
+            add(f"{key} p99", _p99(samples) * 1e6)
+        for capacity in (2, big):
+            for key, chain in (("rxs", RxsChain), ("hand", HandChain)):
+                gc.collect()
+                add(f"{key} {capacity}", throughput(chain, items, capacity) / 1e3)
+        gc.collect()
+        add("observe_on", rx_observe_on_throughput(items) / 1e3)
+        gc.collect()
+        add("drive", drive_ns(drive_items))
+        gc.collect()
+        add("rx map", rx_map_ns(drive_items))
+
+    hand = "hand-written queue.Queue chain"
+    backlog = f"throughput, {items // 1000 or items}{'k' if items >= 1000 else ''} backlog"
+    rows = [
+        Row("hop latency, 1 in flight, median", "µs/hop", got["rxs p50"], hand,
+            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25),
+        Row("hop latency, 1 in flight, p99", "µs/hop", got["rxs p99"], hand,
+            got["hand p99"], "—", None),
+    ]  # fmt: skip
+    for capacity in (2, big):
+        rows.append(
+            Row(f"{backlog}, capacity {capacity}", "k items/s", got[f"rxs {capacity}"],
+                f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity}"],
+                "≥ 0.7x", lambda r: r >= 0.7)
+        )  # fmt: skip
+    for capacity in (2, big):
+        rows.append(
+            Row(f"{backlog}, capacity {capacity}", "k items/s", got[f"rxs {capacity}"],
+                "reactivex observe_on(EventLoopScheduler()) x4, unbounded", got["observe_on"],
+                "≥ 3x", lambda r: r >= 3.0)
+        )  # fmt: skip
+    rows.append(
+        Row(f"drive(frames={drive_items}), 4 pipes", "ns/item/stage", got["drive"],
+            "reactivex from_iterable + ops.map x4", got["rx map"], "≤ 3x",
+            lambda r: r <= 3.0)
+    )  # fmt: skip
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Thread-hop cost of rxstream vs its baselines")
+    parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
+    parser.add_argument("--items", type=int, default=None, help="backlog size (throughput)")
+    args = parser.parse_args(argv)
+    reps = args.reps or (3 if args.quick else 11)
+    items = args.items or (2_000 if args.quick else 20_000)
+    trips = 100 if args.quick else 1_000
+    drive_items = 1_000 if args.quick else 5_000
+
+    began = _perf()
+    rows = measure(reps, trips, items, drive_items)
+    took = _perf() - began
+    command = " ".join(["python bench/hop.py", *(sys.argv[1:] if argv is None else argv)])
+    print(
+        f"# {command}: {reps} repetitions, interleaved; latency {trips} round trips each, "
+        f"throughput {items} items, drive {drive_items} items; took {took:.0f} s"
+    )
+    print(
+        f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
+        f"rxstream {rxstream.__version__} at {_revision()}, {os.cpu_count()} CPUs"
+    )
+    print()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
