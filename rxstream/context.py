@@ -202,6 +202,7 @@ class Context:
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
             target=fn,
+            options={"items": items},
             inputs=(1, None),
             rank=rank,
             device=device,

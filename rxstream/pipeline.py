@@ -13,7 +13,6 @@ import structlog
 from reactivex import abc, operators
 
 from rxstream._exceptions import PipelineStateError, StageBuildError
-from rxstream.item import PipelineItem
 from rxstream.operators._input import InputFeed
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan, compile_plan
@@ -319,13 +318,11 @@ class Pipeline:
             bridge=AsyncBridge(),
             generations=self._context.generations,
             timing=self._context.timing,
-            collect=True,
+            collect="items" if items else "payloads",
         )
         self._run = run
         run.drive(frames, interval)
-        outputs = {
-            self.plan.name_of(tail): _unwrap(run.outputs[tail], items) for tail in self.plan.tails
-        }
+        outputs = {self.plan.name_of(tail): run.outputs[tail] for tail in self.plan.tails}
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
@@ -345,7 +342,3 @@ class Pipeline:
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
         loop.call_soon_threadsafe(callback)
-
-
-def _unwrap(items: list[PipelineItem], keep: bool) -> list[Any]:
-    return list(items) if keep else [item.payload for item in items]

@@ -17,6 +17,7 @@ from reactivex import Observable, Observer, abc, operators
 from reactivex.disposable import CompositeDisposable
 
 from rxstream.item import PipelineItem, merge_metadata, now
+from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -164,9 +165,7 @@ def merge_operator() -> Callable[[StageShell], Operator]:
                     counters.items_in += 1
                     observer.on_next(shell.forward(item, item.payload, started))
 
-                return source.subscribe(
-                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)
 

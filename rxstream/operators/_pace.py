@@ -21,6 +21,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
+from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, PaceOverflow
 
@@ -78,9 +79,7 @@ class _Pacer:
         self.timer = SerialDisposable()
 
     def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
-        upstream = source.subscribe(
-            self.on_next, self.on_error, self.on_completed, scheduler=scheduler
-        )
+        upstream = attach(source, self.on_next, self.on_error, self.on_completed, scheduler)
         return CompositeDisposable(upstream, self.timer, Disposable(self._dispose))
 
     def _dispose(self) -> None:

@@ -9,14 +9,15 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, now
+from rxstream.operators._core import attach
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, StageFn
 
-__all__ = ["pipe_operator", "tap_operator"]
+__all__ = ["caller", "pipe_operator", "tap_operator"]
 
 
-def _caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
+def caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
     """``fn`` itself, or for an ``async def`` a call that runs it on the pipeline's loop."""
     if inspect.iscoroutinefunction(fn):
         return lambda *args: shell.call_async(fn(*args))
@@ -27,7 +28,7 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
     """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine."""
 
     def build(shell: StageShell) -> Operator:
-        call = _caller(fn, shell)
+        call = caller(fn, shell)
         counters = shell.counters
         forward = shell.forward
         failed = shell.failed
@@ -55,9 +56,7 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
                         item, out = out, out.payload
                     on_next_down(forward(item, out, started))
 
-                return source.subscribe(
-                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)
 
@@ -77,7 +76,7 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
     """``fn(payload)`` as a side effect; the item passes on unchanged (plus stamps)."""
 
     def build(shell: StageShell) -> Operator:
-        call = _caller(fn, shell)
+        call = caller(fn, shell)
         counters = shell.counters
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
@@ -97,9 +96,7 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
                         return
                     observer.on_next(shell.forward(item, item.payload, started))
 
-                return source.subscribe(
-                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)
 

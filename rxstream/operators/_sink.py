@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, _base, now
+from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.timing._emit import emit
 from rxstream.timing._record import TimingRecord, fold
@@ -65,9 +66,7 @@ def sink_operator(
                             return
                     observer.on_next(out)
 
-                return source.subscribe(
-                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)
 

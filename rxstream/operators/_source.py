@@ -28,6 +28,7 @@ from rxstream.runtime._stats import StageCounters
 __all__ = ["SKIPPED", "SourcePuller", "check_source"]
 
 _new = object.__new__
+_DEFAULTS = PipelineMetadata().__dict__
 
 _END = object()
 SKIPPED: Any = object()
@@ -151,18 +152,18 @@ class SourcePuller:
                 origin = (("steer", min(gens.steered_at, started)),)
             stamps = shell.stamps(started)
             metadata = _new(PipelineMetadata)  # the frozen __init__ costs ~1.5 µs an item
-            metadata.__dict__.update(
-                prompt_generation=prompt,
-                flush_generation=gens.flush,
-                cutover=cutover,
-                drop_generation=gens.drop,
-                pts=self._count,
-                idle=False,
-                capture_ts=None,
-                input_seq=input_seq,
-                input_at_ms=input_at_ms,
-                timeline=origin + stamps if stamps else (),
-            )
+            state = metadata.__dict__
+            state.update(_DEFAULTS)
+            state["prompt_generation"] = prompt
+            state["flush_generation"] = gens.flush
+            state["drop_generation"] = gens.drop
+            state["pts"] = self._count
+            state["timeline"] = origin + stamps if stamps else ()
+            if cutover:
+                state["cutover"] = True
+            if input_seq:
+                state["input_seq"] = input_seq
+                state["input_at_ms"] = input_at_ms
             self._prompt = prompt
         self._count += 1
         return shell.emit(value, metadata)

@@ -13,6 +13,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
+from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -62,9 +63,7 @@ def unbatch_operator(pts_step: int | None) -> Callable[[StageShell], Operator]:
                         md = _with_stamps(md, shell.stamps(started))
                         observer.on_next(shell.emit(child, md))
 
-                return source.subscribe(
-                    on_next, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)
 

@@ -15,6 +15,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, merge_metadata, now
+from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -74,9 +75,7 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
                         shell.counters.drop("stopped", len(window))
                         window.clear()
 
-                upstream = source.subscribe(
-                    on_next, observer.on_error, on_completed, scheduler=scheduler
-                )
+                upstream = attach(source, on_next, observer.on_error, on_completed, scheduler)
                 return CompositeDisposable(upstream, timer, Disposable(on_dispose))
 
             return Observable(subscribe)

@@ -21,8 +21,10 @@ from reactivex.disposable import CompositeDisposable
 from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
 from rxstream.item import PipelineItem, _base
+from rxstream.operators._core import attach
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageStatistics
@@ -50,7 +52,7 @@ class Run:
         mode: str,
         bridge: AsyncBridge,
         generations: Generations,
-        collect: bool = False,
+        collect: str | None = None,
         timing: bool = True,
     ) -> None:
         self.plan = plan
@@ -65,7 +67,8 @@ class Run:
         self._halted = False
         self._completed = 0
         self._done_callbacks: list[Callable[[], None]] = []
-        self.outputs: dict[Node, list[PipelineItem]] = {tail: [] for tail in plan.tails}
+        self.outputs: dict[Node, list[Any]] = {tail: [] for tail in plan.tails}
+        """What each end received: items (``collect="items"``) or payloads (``"payloads"``)."""
         self.clock = VirtualClock() if mode == "drive" else None
         self.shells: dict[Node, StageShell] = {}
         self.threads: dict[Node, StageThread] = {}
@@ -103,11 +106,25 @@ class Run:
 
     def _wire(self) -> None:
         streams: dict[Node, ItemStream] = {}
+        chains = fusable_chains(self.plan) if self.clock is not None else {}
+        fused = {member for chain in chains.values() for member in chain[:-1]}
         for node in self.plan.nodes:
             shell = self.shells[node]
+            if node in fused:  # built with the end of its chain
+                continue
             if node.stage.is_source:
                 self._pullers[node] = SourcePuller(node.stage.source, shell)
                 stream = self._source_stream(node)
+            elif node in chains:
+                chain = chains[node]
+                for member in chain:
+                    self.shells[member].target_fn = member.stage.target
+                head = chain[0]
+                stream = fused_chain(
+                    self._port(streams[head.inputs[0]], head, admit=False),
+                    [self.shells[member] for member in chain],
+                    self.generations,
+                )
             else:
                 ports = [self._port(streams[upstream], node) for upstream in node.inputs]
                 stream = node.stage.build(shell)(ports)
@@ -115,7 +132,10 @@ class Run:
                 stream = stream.pipe(operators.share())
             streams[node] = stream
         for tail in self.plan.tails:
-            self._subscriptions.add(streams[tail].subscribe(self._collector(tail)))
+            collector = self._collector(tail)
+            self._subscriptions.add(
+                attach(streams[tail], collector.on_next, collector.on_error, collector.on_completed)
+            )
 
     def _source_stream(self, node: Node) -> ItemStream:
         def subscribe(
@@ -126,13 +146,15 @@ class Run:
 
         return Observable(subscribe)
 
-    def _port(self, upstream: ItemStream, node: Node) -> ItemStream:
+    def _port(self, upstream: ItemStream, node: Node, admit: bool = True) -> ItemStream:
         """The hop into ``node``: through its inbox onto its thread, or direct under drive.
 
         On arrival (on the stage's thread) an item of a stale prompt generation is dropped
         (reason ``stale``), and the first item of a newer flush generation resets the stage.
         """
         thread = self.threads.get(node)
+        if thread is None and not admit:  # a fused chain checks each of its stages itself
+            return upstream
         shell = self.shells[node]
         gens = self.generations
         counters = shell.counters
@@ -145,7 +167,7 @@ class Run:
             flushed = [gens.flush]
 
             def admit(item: PipelineItem) -> None:
-                metadata = _base(item)
+                metadata = item.__dict__.get("_md") or item.metadata  # _base, inlined
                 if metadata.prompt_generation < gens.drop:
                     drop("stale")
                     return
@@ -158,15 +180,14 @@ class Run:
                 on_next(item)
 
             if thread is None:
-                return upstream.subscribe(
-                    admit, observer.on_error, observer.on_completed, scheduler=scheduler
-                )
+                return attach(upstream, admit, observer.on_error, observer.on_completed, scheduler)
             put, put_control = thread.put, thread.put_control
-            return upstream.subscribe(
+            return attach(
+                upstream,
                 lambda item: put(admit, item),
                 lambda error: put_control(observer.on_error, error),
                 lambda: put_control(_complete, observer),
-                scheduler=scheduler,
+                scheduler,
             )
 
         return Observable(subscribe)
@@ -175,6 +196,7 @@ class Run:
         from reactivex import Observer
 
         kept = self.outputs[tail] if self._collect else None
+        payloads = self._collect == "payloads"  # keep no item alive that nobody asked for
         gens = self.generations
         drop = self.shells[tail].counters.drop
 
@@ -184,7 +206,7 @@ class Run:
             if not sink and _base(item).prompt_generation < gens.drop:  # the end is a hop too
                 drop("stale")
             elif kept is not None:
-                kept.append(item)
+                kept.append(item.payload if payloads else item)
 
         def on_completed() -> None:
             with self._lock:
@@ -316,6 +338,7 @@ class Run:
         finally:
             for puller in self._pullers.values():
                 puller.close()
+            self._subscriptions.dispose()  # ends what the stages hold (bind's stage, buffers)
             self._bridge.close()
         self.raise_error()
 
@@ -331,7 +354,7 @@ class Run:
         """
         active = list(sources)
         for _ in range(frames):
-            for entry in list(active):
+            for entry in tuple(active) if len(active) > 1 else active:
                 puller, observer = entry
                 try:
                     item = puller.pull()

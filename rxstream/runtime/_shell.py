@@ -23,6 +23,7 @@ from rxstream.typing import OnError
 __all__ = ["StageShell"]
 
 _log = structlog.get_logger("rxstream")
+_new = object.__new__
 
 
 class StageShell:
@@ -42,6 +43,7 @@ class StageShell:
         "reset",
         "scheduler",
         "stamps",
+        "target_fn",
         "timing",
     )
 
@@ -66,6 +68,8 @@ class StageShell:
         self._fail = fail
         self._call_async = call_async
         self.generations = generations
+        self.target_fn: Any = None
+        """The stage's own function (a pipe's ``fn``), for operators that call it directly."""
         self.reset = reset
         self.driven = isinstance(scheduler, VirtualClock)
         """Whether this is a ``drive()``: one thread, virtual time."""
@@ -81,7 +85,20 @@ class StageShell:
     def _forward_stamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""
         self.counters.items_out += 1
-        return _stamped(item, payload, ((self.in_hop, started), (self.out_hop, now())))
+        # _stamped, inlined: this runs once per item per stage
+        state = item.__dict__
+        stamps: Timeline = ((self.in_hop, started), (self.out_hop, now()))
+        base = state.get("_md")
+        if base is None:
+            base = state["metadata"]
+        else:
+            stamps = state["_st"] + stamps
+        fresh = _new(PipelineItem)
+        fresh_state = fresh.__dict__
+        fresh_state["payload"] = payload
+        fresh_state["_md"] = base
+        fresh_state["_st"] = stamps
+        return fresh
 
     def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         self.counters.items_out += 1

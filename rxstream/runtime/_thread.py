@@ -136,8 +136,7 @@ class VirtualClock(_ClockScheduler):
         return len(self._heap)
 
 
-_DATA = True
-_CONTROL = False
+# Inbox entries: ``(deliver, value)`` for data, ``(deliver, value, None)`` for control.
 
 
 class StageThread(_ClockScheduler):
@@ -165,7 +164,7 @@ class StageThread(_ClockScheduler):
         self._not_empty = threading.Condition(lock)
         self._not_full = threading.Condition(lock)
         self._lock = lock
-        self._inbox: deque[tuple[Callable[[Any], None], Any, bool]] = deque()
+        self._inbox: deque[tuple[Any, ...]] = deque()
         self._data = 0
         self._ready: deque[_Timer] = deque()
         self._timers: list[tuple[float, int, _Timer]] = []
@@ -233,7 +232,7 @@ class StageThread(_ClockScheduler):
             if self._closed:
                 self._counters.drop("stopped")
                 return
-            self._inbox.append((deliver, value, _DATA))
+            self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
                 self._not_empty.notify()
@@ -246,12 +245,12 @@ class StageThread(_ClockScheduler):
             inbox = self._inbox
             if self._data >= self.capacity:
                 for index, message in enumerate(inbox):
-                    if message[2] is _DATA:
+                    if len(message) == 2:
                         del inbox[index]
                         break
                 self._data -= 1
                 self._counters.drop("latest")
-            inbox.append((deliver, value, _DATA))
+            inbox.append((deliver, value))
             self._data += 1
             if self._idle:
                 self._not_empty.notify()
@@ -264,7 +263,7 @@ class StageThread(_ClockScheduler):
             if self._data >= self.capacity:
                 self._counters.drop("drop_new")
                 return
-            self._inbox.append((deliver, value, _DATA))
+            self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
                 self._not_empty.notify()
@@ -273,7 +272,7 @@ class StageThread(_ClockScheduler):
         """Queue a terminal message (completion, error): never dropped, never blocks."""
         with self._lock:
             if not self._closed:
-                self._inbox.append((deliver, value, _CONTROL))
+                self._inbox.append((deliver, value, None))
                 self._not_empty.notify()
 
     # --- scheduler ----------------------------------------------------------------------------
@@ -312,13 +311,13 @@ class StageThread(_ClockScheduler):
                 timeout = timers[0][0] - _monotonic()
                 if timeout <= 0:
                     return _run_timer, heapq.heappop(timers)[2]
-            if inbox and (self._accepting or inbox[0][2] is _CONTROL):
-                deliver, value, is_data = inbox.popleft()
-                if is_data:
+            if inbox and (self._accepting or len(inbox[0]) == 3):
+                entry = inbox.popleft()
+                if len(entry) == 2:
                     self._data -= 1
                     if self._blocked:
                         self._not_full.notify()
-                return deliver, value
+                return entry[0], entry[1]
             started = _perf()
             self._idle = True
             self._not_empty.wait(timeout)
@@ -330,20 +329,34 @@ class StageThread(_ClockScheduler):
         counters = self._counters
         charge_stalls_to(counters)
         lock = self._lock
+        inbox = self._inbox
+        ready = self._ready
+        timers = self._timers
+        not_full = self._not_full
+        perf = _perf
         while True:
             with lock:
-                job = self._next()
-            if job is None:
-                return
-            started = _perf()
+                # the common case first: an item waits, no timer, the stage takes items
+                if inbox and not ready and not timers and self._accepting:
+                    deliver, value, *control = inbox.popleft()
+                    if not control:
+                        self._data -= 1
+                        if self._blocked:
+                            not_full.notify()
+                else:
+                    job = self._next()
+                    if job is None:
+                        return
+                    deliver, value = job
+            started = perf()
             stalled = counters.stalled_s
             try:
-                job[0](job[1])
+                deliver(value)
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
                 return
             finally:
-                counters.work_s += _perf() - started - (counters.stalled_s - stalled)
+                counters.work_s += perf() - started - (counters.stalled_s - stalled)
 
 
 def _run_timer(timer: _Timer) -> None:

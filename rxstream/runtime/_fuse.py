@@ -1,0 +1,124 @@
+"""Fusing chains of 1:1 ``pipe`` stages for ``drive()``.
+
+Under ``drive()`` a hop is a direct call, so a chain of single-input pipes needs no hop at
+all: one operator calls each stage's function in turn, with each stage's own counters,
+stamps (``<stage>.in``/``.out``), stale-generation check, flush reset and ``on_error``
+policy, and builds one item at the end instead of one per stage. The outputs are the ones
+the unfused chain gives; the only difference is that a stage's ``.in`` is the previous
+stage's ``.out`` (there is no queue between them to wait in). Threads never fuse: there
+every stage is its own thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from reactivex import Observable, abc
+
+from rxstream.doc._generations import Generations
+from rxstream.item import PipelineItem, PipelineMetadata, _stamped, now
+from rxstream.operators._core import attach
+from rxstream.operators._pipe import caller
+from rxstream.runtime._plan import Plan
+from rxstream.runtime._shell import StageShell
+from rxstream.stage import Node
+from rxstream.typing import ItemStream
+
+__all__ = ["fusable_chains", "fused_chain"]
+
+
+def _fusable(node: Node) -> bool:
+    stage = node.stage
+    return stage.kind == "pipe" and len(node.inputs) == 1 and not stage.options.get("items")
+
+
+def fusable_chains(plan: Plan) -> dict[Node, list[Node]]:
+    """The chains of two or more fusable pipes, by their last node (upstream first)."""
+    chains: dict[Node, list[Node]] = {}
+    current: dict[Node, list[Node]] = {}
+    tails = set(plan.tails)
+    for node in plan.nodes:
+        if not _fusable(node):
+            continue
+        upstream = node.inputs[0]
+        chain = current.pop(upstream, None)
+        if chain is not None and plan.consumers.get(upstream, 0) == 1 and upstream not in tails:
+            chain.append(node)
+        else:
+            chain = [node]
+        current[node] = chain
+    for last, chain in current.items():
+        if len(chain) > 1:
+            chains[last] = chain
+    return chains
+
+
+def fused_chain(
+    upstream: ItemStream, shells: Sequence[StageShell], generations: Generations
+) -> ItemStream:
+    """One operator running the pipes of ``shells`` in order (see the module docstring)."""
+    members: list[tuple[StageShell, Callable[..., Any]]] = [
+        (shell, caller(shell.target_fn, shell)) for shell in shells
+    ]
+    timing = shells[0].timing
+
+    def subscribe(
+        observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+    ) -> abc.DisposableBase:
+        flushed = [generations.flush] * len(members)
+
+        def admit(index: int, base: PipelineMetadata) -> bool:
+            """The per-hop checks of member ``index`` and on; whether the item goes on."""
+            for number in range(index, len(members)):
+                shell = members[number][0]
+                if base.prompt_generation < generations.drop:
+                    shell.counters.drop("stale")
+                    return False
+                if base.cutover:
+                    shell.counters.cutovers += 1
+                if base.flush_generation > flushed[number]:
+                    flushed[number] = base.flush_generation
+                    if shell.reset is not None:
+                        shell.reset()
+            return True
+
+        def on_next(item: PipelineItem) -> None:
+            base = item.__dict__.get("_md") or item.metadata
+            # the checks every member would make on arrival, made at once: only a function
+            # that steers or flushes mid-chain changes their outcome, and that is re-checked
+            drop, flush = generations.drop, generations.flush
+            if (
+                base.cutover or base.prompt_generation < drop or base.flush_generation > flushed[0]
+            ) and not admit(0, base):
+                return
+            payload = item.payload
+            stamps: list[tuple[str, float]] = []
+            started = now()
+            for index, (shell, call) in enumerate(members):
+                if generations.drop != drop or generations.flush != flush:
+                    drop, flush = generations.drop, generations.flush
+                    if not admit(index, base):
+                        return
+                counters = shell.counters
+                counters.items_in += 1
+                try:
+                    payload = call(payload)
+                except Exception as exc:
+                    shell.failed(observer, item, exc)
+                    return
+                counters.items_out += 1
+                if isinstance(payload, PipelineItem):  # the function set the metadata itself
+                    item, payload = payload, payload.payload
+                    stamps.clear()
+                    base = item.__dict__.get("_md") or item.metadata
+                if timing:
+                    done = now()
+                    stamps.append((shell.in_hop, started))
+                    stamps.append((shell.out_hop, done))
+                    started = done
+            observer.on_next(_stamped(item, payload, tuple(stamps)))
+
+        return attach(upstream, on_next, observer.on_error, observer.on_completed, scheduler)
+
+    return Observable(subscribe)
