@@ -338,8 +338,9 @@ class StageThread(_ClockScheduler):
             with lock:
                 # the common case first: an item waits, no timer, the stage takes items
                 if inbox and not ready and not timers and self._accepting:
-                    deliver, value, *control = inbox.popleft()
-                    if not control:
+                    entry = inbox.popleft()
+                    deliver, value = entry[0], entry[1]
+                    if len(entry) == 2:  # data (control entries have a third field)
                         self._data -= 1
                         if self._blocked:
                             not_full.notify()
