@@ -13,6 +13,7 @@ from rxstream._exceptions import (
 from rxstream.context import Context
 from rxstream.doc import Doc
 from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata
+from rxstream.launch import LaunchResult, launch
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import InboxSpec, StageStatistics, format_statistics
 from rxstream.stage import Stage
@@ -23,6 +24,7 @@ __all__ = [
     "DocPathError",
     "DocValidationError",
     "InboxSpec",
+    "LaunchResult",
     "Pipeline",
     "PipelineError",
     "PipelineItem",
@@ -35,6 +37,7 @@ __all__ = [
     "StageReuseError",
     "StageStatistics",
     "format_statistics",
+    "launch",
     "merge_metadata",
 ]
 

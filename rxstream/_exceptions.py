@@ -9,16 +9,32 @@
     ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start)
     ├── SelfTestError            the block of ``ctx.self_test()`` raised
     ├── DocPathError             a doc path that does not exist (also a LookupError)
-    └── DocValidationError       a doc write its rules refuse (also a ValueError)
+    ├── DocValidationError       a doc write its rules refuse (also a ValueError)
+    ├── FramingError             a payload that cannot cross a rank boundary (also a TypeError)
+    ├── PayloadTooLarge          a framed item larger than a ring slot (also a ValueError)
+    ├── RingClosed               put or get on a closed shared-memory ring (get: once drained)
+    ├── RingConflict             a second producer or consumer on a ring (also a RuntimeError)
+    └── CudaIpcError             the CUDA IPC bridge refused a call (``rxstream.ipc``)
+        ├── CudaDeviceError      export of a tensor that is not on a CUDA device (also a ValueError)
+        ├── CudaUnavailableError a CUDA tensor in a process without CUDA (also a RuntimeError)
+        └── CudaRefError         a ref id not held by the exporter or not open (also a LookupError)
 """
 
 from __future__ import annotations
 
 __all__ = [
+    "CudaDeviceError",
+    "CudaIpcError",
+    "CudaRefError",
+    "CudaUnavailableError",
     "DocPathError",
     "DocValidationError",
+    "FramingError",
+    "PayloadTooLarge",
     "PipelineError",
     "PipelineStateError",
+    "RingClosed",
+    "RingConflict",
     "RxStreamError",
     "SelfTestError",
     "StageBuildError",
@@ -89,3 +105,35 @@ class DocPathError(RxStreamError, LookupError):
 
 class DocValidationError(RxStreamError, ValueError):
     """A write the doc's rules refuse; names the field, the rule and the value."""
+
+
+class FramingError(RxStreamError, TypeError):
+    """A payload that cannot be framed to cross a rank boundary; names its type and why."""
+
+
+class PayloadTooLarge(RxStreamError, ValueError):
+    """A framed item larger than a ring slot; names both sizes and the ``slot_bytes=`` knob."""
+
+
+class RingClosed(RxStreamError):
+    """A put on a closed ring, or a get on a closed ring that has been drained."""
+
+
+class RingConflict(RxStreamError, RuntimeError):
+    """A second thread or process used a ring as producer (or consumer) beside the first one."""
+
+
+class CudaIpcError(RxStreamError):
+    """The CUDA IPC bridge refused a call; the message names the tensor or ref and the rule."""
+
+
+class CudaDeviceError(CudaIpcError, ValueError):
+    """A tensor given to the CUDA bridge that is not on a CUDA device; names its device."""
+
+
+class CudaUnavailableError(CudaIpcError, RuntimeError):
+    """A CUDA tensor or ref met a process where CUDA is not available."""
+
+
+class CudaRefError(CudaIpcError, LookupError):
+    """A ref id the exporter does not hold, or a ref the importer has not opened."""

@@ -57,11 +57,21 @@ class Context:
     """
 
     def __init__(
-        self, *, transport: Transport | None = None, harness: bool = False, timing: bool = True
+        self,
+        *,
+        transport: Transport | None = None,
+        harness: bool = False,
+        timing: bool = True,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
         self.timing = timing
+        self.rank = rank
+        """This process's rank (0: the controller); the launcher sets it."""
+        self.world = world
+        """How many ranks the app runs on."""
         self.self_test_passed: bool | None = None
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}

@@ -55,10 +55,10 @@ class PipelineItem:
         if name == "metadata":
             state = self.__dict__
             try:
-                base, stamps = state["_md"], state["_st"]
+                base, flat = state["_md"], state["_st"]
             except KeyError:
                 raise AttributeError(name) from None
-            metadata = _with_stamps(base, stamps)
+            metadata = _with_stamps(base, tuple(zip(flat[::2], flat[1::2], strict=True)))
             state["metadata"] = metadata
             return metadata
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -92,12 +92,13 @@ def _with_stamps(metadata: PipelineMetadata, stamps: Timeline) -> PipelineMetada
     return fresh
 
 
-def _stamped(item: PipelineItem, payload: Any, stamps: Timeline) -> PipelineItem:
+def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> PipelineItem:
     """``payload`` with ``item``'s metadata plus ``stamps`` (the 1:1 rule, hot path).
 
     The metadata is not copied per hop: the new item keeps the same base metadata and the
-    stamps gathered since, and builds ``metadata`` only when someone reads it (measured here:
-    ~0.4 µs a hop instead of ~1 µs for a copy).
+    stamps gathered since, flat (``hop, t, hop, t…``: one tuple a hop, not three), and builds
+    ``metadata`` only when someone reads it (measured here: ~0.4 µs a hop instead of ~1 µs
+    for a copy).
     """
     state = item.__dict__
     base = state.get("_md")

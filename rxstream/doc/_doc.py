@@ -119,6 +119,18 @@ class Doc:
             self._subject.on_next(self._snapshot)
             return self._version
 
+    def replicate(self, state: Mapping[str, Any], version: int) -> None:
+        """Take the controller's state as is (a replica on another rank); no validation.
+
+        Versions only move forward: an older state that arrives late is ignored.
+        """
+        with self._lock:
+            if version <= self._version:
+                return
+            self._snapshot = freeze(thaw(state), self.name)
+            self._version = version
+            self._subject.on_next(self._snapshot)
+
     def steer(self, changes: Mapping[str, Any] | None = None, /, **kwargs: Any) -> int:
         """A write that starts a new generation: items in flight go stale; its version."""
         with self._lock:

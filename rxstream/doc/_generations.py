@@ -7,6 +7,7 @@ it first sees an item of a newer flush generation. Sources stamp all three on ev
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 __all__ = ["GenerationState", "Generations"]
@@ -27,7 +28,7 @@ class GenerationState:
 class Generations:
     """The live generation counters of one context (one writer lock, lock-free reads)."""
 
-    __slots__ = ("_lock", "drop", "flush", "prompt", "steered_at")
+    __slots__ = ("_lock", "drop", "flush", "listeners", "prompt", "steered_at")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -36,6 +37,8 @@ class Generations:
         self.drop = 0
         self.steered_at = 0.0
         """When the last steer happened (``time.monotonic``): the origin of cutover timing."""
+        self.listeners: list[Callable[[GenerationState], None]] = []
+        """Called with the new state after every steer or flush (the launcher replicates)."""
 
     def steer(self, *, drop_stale: bool = True) -> int:
         """Start a new prompt generation; unless ``drop_stale=False`` older items go stale."""
@@ -44,13 +47,31 @@ class Generations:
             self.prompt += 1
             if drop_stale:
                 self.drop = self.prompt
-            return self.prompt
+            prompt = self.prompt
+        self._tell()
+        return prompt
 
     def bump_flush(self) -> int:
         """Start a new flush generation."""
         with self._lock:
             self.flush += 1
-            return self.flush
+            flush = self.flush
+        self._tell()
+        return flush
+
+    def _tell(self) -> None:
+        if self.listeners:
+            state = self.state()
+            for listener in tuple(self.listeners):
+                listener(state)
+
+    def replicate(self, state: "GenerationState", steered_at: float) -> None:
+        """Take the controller's generations (on another rank of the same host)."""
+        with self._lock:
+            self.steered_at = steered_at
+            self.prompt = max(self.prompt, state.prompt)
+            self.flush = max(self.flush, state.flush)
+            self.drop = max(self.drop, state.drop)
 
     def state(self) -> "GenerationState":
         """The counters now, frozen."""

@@ -93,7 +93,7 @@ def fused_chain(
             ) and not admit(0, base):
                 return
             payload = item.payload
-            stamps: list[tuple[str, float]] = []
+            stamps: list[Any] = []  # flat: hop, t, hop, t…
             started = now()
             for index, (shell, call) in enumerate(members):
                 if generations.drop != drop or generations.flush != flush:
@@ -114,8 +114,7 @@ def fused_chain(
                     base = item.__dict__.get("_md") or item.metadata
                 if timing:
                     done = now()
-                    stamps.append((shell.in_hop, started))
-                    stamps.append((shell.out_hop, done))
+                    stamps += (shell.in_hop, started, shell.out_hop, done)
                     started = done
             observer.on_next(_stamped(item, payload, tuple(stamps)))
 

@@ -19,6 +19,27 @@ class Plan:
     names: dict[Node, str]
     consumers: dict[Node, int]
     tails: tuple[Node, ...]
+    ranks: dict[Node, int]
+    """Each node's rank: its stage's ``rank=``, else its first input's, else 0."""
+
+    @property
+    def world(self) -> int:
+        """How many ranks the plan places stages on (the highest rank + 1)."""
+        return max(self.ranks.values(), default=0) + 1
+
+    @property
+    def boundaries(self) -> tuple[tuple[Node, Node], ...]:
+        """The edges ``(upstream, downstream)`` whose two nodes sit on different ranks."""
+        return tuple(
+            (upstream, node)
+            for node in self.nodes
+            for upstream in node.inputs
+            if self.ranks[upstream] != self.ranks[node]
+        )
+
+    def edge_name(self, upstream: Node, downstream: Node) -> str:
+        """The deterministic name of an edge: ``<upstream>><downstream>``."""
+        return f"{self.names[upstream]}>{self.names[downstream]}"
 
     @property
     def sources(self) -> tuple[Node, ...]:
@@ -76,7 +97,13 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
                 f"sink {names[node]!r} (ctx.stream) must end the pipeline, "
                 f"but {names[follower]!r} follows it"
             )
-    return Plan(nodes=tuple(order), names=names, consumers=consumers, tails=tuple(tails))
+    ranks: dict[Node, int] = {}
+    for node in order:
+        rank = node.stage.rank
+        ranks[node] = rank if rank is not None else (ranks[node.inputs[0]] if node.inputs else 0)
+    return Plan(
+        nodes=tuple(order), names=names, consumers=consumers, tails=tuple(tails), ranks=ranks
+    )
 
 
 def _names(order: Sequence[Node]) -> dict[Node, str]:

@@ -20,10 +20,12 @@ from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
+from rxstream.ipc import ShmRing
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._core import attach
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._boundary import Boundary
 from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell
@@ -41,6 +43,11 @@ __all__ = ["Run"]
 
 _log = structlog.get_logger("rxstream")
 
+RING_SLOTS = 4
+"""Slots of a boundary's ring: items in flight across it (with one leased by the reader)."""
+RING_SLOT_BYTES = 8 << 20
+"""Bytes a slot holds: one framed item (a 1080p RGB frame is 6.2 MB)."""
+
 
 class Run:
     """The live state of one run: shells, threads, sources, completion and the first error."""
@@ -54,8 +61,16 @@ class Run:
         generations: Generations,
         collect: str | None = None,
         timing: bool = True,
+        rank: int | None = None,
+        rings: Mapping[str, ShmRing] | None = None,
     ) -> None:
         self.plan = plan
+        self.rank = rank
+        """The rank this process runs (``None``: every rank, in this process)."""
+        self.local = tuple(n for n in plan.nodes if rank is None or plan.ranks[n] == rank)
+        self._rings = dict(rings or {})
+        self._owned_rings: list[ShmRing] = []
+        self.boundaries: dict[str, Boundary] = {}
         self.generations = generations
         self.timing = timing
         self.mode = mode
@@ -67,7 +82,9 @@ class Run:
         self._halted = False
         self._completed = 0
         self._done_callbacks: list[Callable[[], None]] = []
-        self.outputs: dict[Node, list[Any]] = {tail: [] for tail in plan.tails}
+        self.tails = tuple(t for t in plan.tails if t in self.local)
+        self._ends = len(self.tails)  # local tails, plus one per boundary writer (added later)
+        self.outputs: dict[Node, list[Any]] = {tail: [] for tail in self.tails}
         """What each end received: items (``collect="items"``) or payloads (``"payloads"``)."""
         self.clock = VirtualClock() if mode == "drive" else None
         self.shells: dict[Node, StageShell] = {}
@@ -76,7 +93,7 @@ class Run:
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._source_threads: list[threading.Thread] = []
         self._subscriptions = CompositeDisposable()
-        for node in plan.nodes:
+        for node in self.local:
             self._make_shell(node)
         self._wire()
 
@@ -108,7 +125,7 @@ class Run:
         streams: dict[Node, ItemStream] = {}
         chains = fusable_chains(self.plan) if self.clock is not None else {}
         fused = {member for chain in chains.values() for member in chain[:-1]}
-        for node in self.plan.nodes:
+        for node in self.local:
             shell = self.shells[node]
             if node in fused:  # built with the end of its chain
                 continue
@@ -126,16 +143,67 @@ class Run:
                     self.generations,
                 )
             else:
-                ports = [self._port(streams[upstream], node) for upstream in node.inputs]
+                ports = [self._port(self._input(streams, up, node), node) for up in node.inputs]
                 stream = node.stage.build(shell)(ports)
-            if self.plan.consumers.get(node, 0) > 1:
+            if self._consumers(node) > 1:
                 stream = stream.pipe(operators.share())
             streams[node] = stream
-        for tail in self.plan.tails:
+        self._write_boundaries(streams)
+        for tail in self.tails:
             collector = self._collector(tail)
             self._subscriptions.add(
                 attach(streams[tail], collector.on_next, collector.on_error, collector.on_completed)
             )
+
+    # --- rank boundaries ----------------------------------------------------------------------
+
+    def _crosses(self, upstream: Node, node: Node) -> bool:
+        return self.clock is None and self.plan.ranks[upstream] != self.plan.ranks[node]
+
+    def _consumers(self, node: Node) -> int:
+        """Subscribers of ``node``'s stream here: local consumers and boundary writers."""
+        return self.plan.consumers.get(node, 0)
+
+    def _boundary(self, upstream: Node, node: Node) -> Boundary:
+        name = self.plan.edge_name(upstream, node)
+        boundary = self.boundaries.get(name)
+        if boundary is None:
+            ring = self._rings.get(name)
+            if ring is None:  # every rank in this process: the run owns the ring
+                ring = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+                self._owned_rings.append(ring)
+            boundary = self.boundaries[name] = Boundary(name, ring, timing=self.timing)
+        return boundary
+
+    def _input(self, streams: dict[Node, ItemStream], upstream: Node, node: Node) -> ItemStream:
+        """``node``'s input from ``upstream``: its stream, or the reader of their boundary."""
+        if not self._crosses(upstream, node):
+            return streams[upstream]
+        return self._boundary(upstream, node).read(lambda: self._halted, self.fail)
+
+    def _write_boundaries(self, streams: dict[Node, ItemStream]) -> None:
+        """A writer for every boundary whose upstream runs here; each is an end to complete."""
+        for upstream, node in self.plan.boundaries:
+            if upstream not in streams or self.clock is not None:
+                continue
+            boundary = self._boundary(upstream, node)
+            self._ends += 1
+            self._subscriptions.add(
+                boundary.write(
+                    streams[upstream],
+                    self.shells[upstream].counters,
+                    self.plan.name_of(upstream),
+                    self.fail,
+                    self._end_completed,
+                )
+            )
+
+    def _end_completed(self) -> None:
+        with self._lock:
+            self._completed += 1
+            finished = self._completed == self._ends
+        if finished:
+            self._finish()
 
     def _source_stream(self, node: Node) -> ItemStream:
         def subscribe(
@@ -208,14 +276,7 @@ class Run:
             elif kept is not None:
                 kept.append(item.payload if payloads else item)
 
-        def on_completed() -> None:
-            with self._lock:
-                self._completed += 1
-                finished = self._completed == len(self.plan.tails)
-            if finished:
-                self._finish()
-
-        return Observer(on_next, self.fail, on_completed)
+        return Observer(on_next, self.fail, self._end_completed)
 
     # --- outcome ----------------------------------------------------------------------------
 
@@ -296,6 +357,8 @@ class Run:
         self._halted = True
         for puller in self._pullers.values():
             puller.interrupt()
+        for boundary in self.boundaries.values():
+            boundary.ring.close()
         for thread in self.threads.values():
             thread.close()
         self._bridge.close()
@@ -312,7 +375,12 @@ class Run:
         for thread in self.threads.values():
             if not thread.join(max(0.0, deadline - time.monotonic())):
                 stuck.append(thread.name)
+        for name, boundary in self.boundaries.items():
+            if not boundary.close(max(0.0, deadline - time.monotonic())):
+                stuck.append(f"rxstream:{name}")
         self._subscriptions.dispose()
+        for ring in self._owned_rings:
+            ring.unlink()
         return stuck
 
     # --- drive mode -------------------------------------------------------------------------
@@ -405,7 +473,7 @@ class Run:
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics now, by name, in plan order."""
         stats = {}
-        for node in self.plan.nodes:
+        for node in self.local:
             shell = self.shells[node]
             thread = self.threads.get(node)
             depth = 0 if thread is None else thread.depth

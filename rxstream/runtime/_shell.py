@@ -87,7 +87,7 @@ class StageShell:
         self.counters.items_out += 1
         # _stamped, inlined: this runs once per item per stage
         state = item.__dict__
-        stamps: Timeline = ((self.in_hop, started), (self.out_hop, now()))
+        stamps: tuple[Any, ...] = (self.in_hop, started, self.out_hop, now())
         base = state.get("_md")
         if base is None:
             base = state["metadata"]

@@ -1,0 +1,444 @@
+"""The shared-memory ring between two processes, side by side with its baselines, in one run.
+
+Every figure is a ratio to a baseline measured in the same run, repetition by repetition
+(see ../shared/PERFORMANCE.md: absolute times on the shared machines drift 2-3x from one hour
+to the next, ratios much less).
+
+Payloads: a 1080x1920x3 uint8 frame (6.2 MB), a 512x512x4 float32 array (4.2 MB) and 1 KB of
+bytes. Producer: this process. Consumer: a spawned process per transport, started once, that
+takes each item, touches it (its first and last element, in place where the transport allows)
+and drops it:
+
+- ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB); the ack comes back through a
+  second ring.
+- ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread);
+  the ack through a second queue.
+- ``torch.multiprocessing`` Queue, fresh tensor: each item a new CPU tensor (made before the
+  clock starts), moved to shared memory by torch's reducer and mapped by the consumer.
+- ``multiprocessing.Pipe`` ``send_bytes`` / ``recv_bytes`` (1 KB only): the floor for a
+  notification between two processes; the ack is a one-byte ``send_bytes`` back.
+- ``numpy.copyto`` in one process, one thread (frames only): the physical limit, one memcpy.
+
+Measures, per payload and transport:
+1. latency, one in flight: put, then wait for the consumer's ack; median round trip.
+2. throughput: N items put as fast as the transport takes them; the consumer acks the last.
+
+Run ``python bench/ipc.py`` (about a minute) or ``python bench/ipc.py --quick`` (a few
+seconds, a smoke run whose ratios are indicative only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import multiprocessing
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# `python bench/ipc.py` from a checkout where the package is not installed: the repo root
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from rxstream.ipc import RingHandle, ShmRing
+
+SPAWN = multiprocessing.get_context("spawn")
+STOP = None
+LAT, TPUT = "latency", "throughput"
+READY_S = 120.0
+
+FRAME, TENSOR, SMALL = "1080x1920x3 uint8 (6.2 MB)", "512x512x4 float32 (4.2 MB)", "1 KB bytes"
+MEMCPY = "numpy.copyto, one process (memcpy)"
+RING = "ShmRing, read in place"
+QUEUE = "multiprocessing.Queue"
+TORCH = "torch.multiprocessing Queue, fresh tensor"
+PIPE = "multiprocessing.Pipe send_bytes"
+
+
+def make_payload(name: str) -> Any:
+    """The payload ``name`` stands for (non-zero, so a lazy copy cannot cheat)."""
+    if name == FRAME:
+        return (np.arange(1080 * 1920 * 3, dtype=np.uint32) % 251).astype(np.uint8).reshape(
+            1080, 1920, 3
+        )
+    if name == TENSOR:
+        return np.linspace(0, 1, 512 * 512 * 4, dtype=np.float32).reshape(512, 512, 4)
+    return bytes(range(256)) * 4
+
+
+def nbytes(payload: Any) -> int:
+    return payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
+
+
+def touch(item: Any) -> None:
+    """Read the first and last element of ``item`` (array, tensor or bytes)."""
+    if isinstance(item, bytes | np.ndarray):
+        flat = item.reshape(-1) if isinstance(item, np.ndarray) else item
+        flat[0] + flat[-1]
+    else:  # a torch tensor
+        flat = item.view(-1)
+        (flat[0] + flat[-1]).item()
+
+
+# --- consumers (spawned) --------------------------------------------------------------------
+
+
+def serve(get: Callable[[], Any], ack: Callable[[Any], None]) -> None:
+    """The consumer loop every transport shares: a command, then its items."""
+    gc.disable()
+    ack("ready")
+    while True:
+        command = get()
+        if command is STOP:
+            return
+        mode, count = command
+        for _ in range(count):
+            item = get()
+            touch(item)
+            del item
+            if mode == LAT:
+                ack(0)
+        if mode == TPUT:
+            ack(count)
+
+
+def ring_consumer(data: RingHandle, acks: RingHandle) -> None:
+    source, sink = ShmRing.attach(data), ShmRing.attach(acks)
+    try:
+        serve(source.get, sink.put)
+    finally:
+        source.close()
+        sink.close()
+
+
+def queue_consumer(data: Any, acks: Any) -> None:
+    if data.__class__.__module__.startswith("torch"):
+        import torch.multiprocessing  # noqa: F401  (the tensor reducers)
+    serve(data.get, acks.put)
+
+
+def torch_consumer(data: Any, acks: Any) -> None:
+    import torch.multiprocessing  # noqa: F401  (the tensor reducers)
+
+    serve(data.get, acks.put)
+
+
+def pipe_consumer(connection: Connection) -> None:
+    def get() -> Any:
+        message = connection.recv_bytes()
+        return message if message[:1] != b"\x80" else _loads(message)
+
+    def ack(value: Any) -> None:
+        connection.send_bytes(b"k" if value != "ready" else b"ready")
+
+    serve(get, ack)
+
+
+def _loads(message: bytes) -> Any:
+    import pickle
+
+    return pickle.loads(message)
+
+
+# --- the producer's side of each transport --------------------------------------------------
+
+
+class Transport:
+    """put an item / a command, wait for an ack; the consumer process behind it."""
+
+    def __init__(self, name: str, process: multiprocessing.process.BaseProcess) -> None:
+        self.name = name
+        self.process = process
+
+    def put(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def command(self, value: Any) -> None:
+        self.put(value)
+
+    def ack(self) -> Any:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self.command(STOP)
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+
+class RingTransport(Transport):
+    def __init__(self) -> None:
+        self.data = ShmRing.create(slots=8, slot_bytes=8 << 20)
+        self.acks = ShmRing.create(slots=4, slot_bytes=4096)
+        process = SPAWN.Process(
+            target=ring_consumer, args=(self.data.handle(), self.acks.handle()), daemon=True
+        )
+        super().__init__(RING, process)
+        self.put = self.data.put  # type: ignore[method-assign]
+        self.ack = self.acks.get  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            for ring in (self.data, self.acks):
+                ring.close()
+                ring.unlink()
+
+
+class QueueTransport(Transport):
+    def __init__(self, name: str, context: Any, target: Callable[..., None]) -> None:
+        self.data, self.acks = context.Queue(), context.Queue()
+        super().__init__(name, context.Process(target=target, args=(self.data, self.acks)))
+        self.put = self.data.put  # type: ignore[method-assign]
+        self.ack = self.acks.get  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        super().close()
+        for queue in (self.data, self.acks):
+            queue.close()
+            queue.join_thread()
+
+
+class PipeTransport(Transport):
+    def __init__(self) -> None:
+        import pickle
+
+        self._dumps = pickle.dumps
+        self.ours, theirs = SPAWN.Pipe()
+        super().__init__(PIPE, SPAWN.Process(target=pipe_consumer, args=(theirs,)))
+        self.put = self.ours.send_bytes  # type: ignore[method-assign]
+        self.ack = self.ours.recv_bytes  # type: ignore[method-assign]
+
+    def command(self, value: Any) -> None:
+        self.ours.send_bytes(self._dumps(value))
+
+    def close(self) -> None:
+        super().close()
+        self.ours.close()
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+_perf = time.perf_counter
+
+
+def latency(transport: Transport, items: Callable[[], Any], trips: int) -> float:
+    """Median seconds from put to the consumer's ack, one item in flight."""
+    warm = max(3, trips // 10)
+    transport.command((LAT, warm + trips))
+    samples: list[float] = []
+    put, ack = transport.put, transport.ack
+    for i in range(warm + trips):
+        item = items()
+        started = _perf()
+        put(item)
+        ack()
+        if i >= warm:
+            samples.append(_perf() - started)
+        del item
+    return statistics.median(samples)
+
+
+def throughput(transport: Transport, batch: list[Any]) -> float:
+    """Items per second through ``transport``: ``batch`` put back to back, the last acked."""
+    transport.command((TPUT, len(batch)))
+    put = transport.put
+    started = _perf()
+    for item in batch:
+        put(item)
+    transport.ack()
+    return len(batch) / (_perf() - started)
+
+
+def memcpy_latency(payload: np.ndarray[Any, Any], trips: int) -> float:
+    """Median seconds of one ``numpy.copyto`` of ``payload`` into a warm buffer."""
+    target = np.empty_like(payload)
+    np.copyto(target, payload)
+    samples = []
+    for _ in range(trips):
+        started = _perf()
+        np.copyto(target, payload)
+        samples.append(_perf() - started)
+    return statistics.median(samples)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many items each measure takes, per transport, for a payload size."""
+
+    trips: int
+    batch: int
+    slow_trips: int
+    slow_batch: int
+
+
+QUICK = {"big": Plan(20, 20, 4, 4), "small": Plan(300, 1_000, 40, 40)}
+FULL = {"big": Plan(300, 300, 30, 30), "small": Plan(3_000, 20_000, 1_000, 200)}
+
+
+def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[float]]:
+    """Every transport once per repetition, interleaved; the raw figures by key."""
+    import torch
+    import torch.multiprocessing as tmp
+
+    transports: list[Transport] = [
+        RingTransport(),
+        QueueTransport(QUEUE, SPAWN, queue_consumer),
+        QueueTransport(TORCH, tmp.get_context("spawn"), torch_consumer),
+        PipeTransport(),
+    ]
+    got: dict[tuple[str, str, str], list[float]] = {}
+    try:
+        for transport in transports:
+            transport.process.start()
+        for transport in transports:
+            transport.ack()  # "ready": the consumer imported what it needs
+        for rep in range(reps + 1):  # repetition 0 warms the slots, pages and code paths
+            for payload_name in (FRAME, TENSOR, SMALL):
+                payload = make_payload(payload_name)
+                plan = plans["small" if payload_name == SMALL else "big"]
+                fresh = torch.from_numpy(
+                    np.frombuffer(payload, np.uint8)
+                    if isinstance(payload, bytes)
+                    else payload
+                )
+
+                def add(transport: str, measure: str, value: float) -> None:
+                    if rep:
+                        got.setdefault((payload_name, transport, measure), []).append(value)
+
+                if isinstance(payload, np.ndarray):
+                    gc.collect()
+                    seconds = memcpy_latency(payload, plan.trips)
+                    add(MEMCPY, LAT, seconds)
+                    add(MEMCPY, TPUT, 1 / seconds)
+                for transport in transports:
+                    if transport.name == PIPE and payload_name != SMALL:
+                        continue
+                    slow = transport.name in (QUEUE, TORCH)
+                    trips = plan.slow_trips if slow else plan.trips
+                    count = plan.slow_batch if slow else plan.batch
+                    if transport.name == TORCH:
+                        items: Callable[[], Any] = fresh.clone
+                        batch = [fresh.clone() for _ in range(count)]
+                    else:
+                        items = (lambda p=payload: p)  # noqa: E731
+                        batch = [payload] * count
+                    gc.collect()
+                    gc.disable()
+                    try:
+                        add(transport.name, LAT, latency(transport, items, trips))
+                        add(transport.name, TPUT, throughput(transport, batch))
+                    finally:
+                        gc.enable()
+                    del batch
+    finally:
+        for transport in transports:
+            transport.close()
+    return got
+
+
+# --- reporting ------------------------------------------------------------------------------
+
+
+def _span(values: Sequence[float], scale: float, digits: int) -> str:
+    median = statistics.median(values) * scale
+    return f"{median:,.{digits}f} ({min(values) * scale:,.{digits}f}–{max(values) * scale:,.{digits}f})"
+
+
+def _ratio(values: Sequence[float], base: Sequence[float]) -> float:
+    """The median over repetitions of value / baseline (same repetition)."""
+    return statistics.median(v / b for v, b in zip(values, base, strict=True))
+
+
+def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], list[str]]:
+    """The markdown table and the target lines."""
+    lines = [
+        "| payload | transport | latency median µs (min–max) | latency vs baseline "
+        "| throughput /s median (min–max) | GB/s | throughput vs baseline |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for payload_name in (FRAME, TENSOR, SMALL):
+        size = nbytes(make_payload(payload_name))
+        base = PIPE if payload_name == SMALL else MEMCPY
+        order = [base] + [t for t in (RING, QUEUE, TORCH) if t != base]
+        base_lat, base_tput = got[(payload_name, base, LAT)], got[(payload_name, base, TPUT)]
+        for transport in order:
+            lat, tput = got[(payload_name, transport, LAT)], got[(payload_name, transport, TPUT)]
+            is_base = transport == base
+            lat_vs = "baseline" if is_base else f"{_ratio(lat, base_lat):.2f}x"
+            tput_vs = (
+                "baseline"
+                if is_base
+                else f"{_ratio(tput, base_tput):.0%}"
+                if base == MEMCPY
+                else f"{_ratio(tput, base_tput):.2f}x"
+            )
+            gbs = statistics.median(tput) * size / 1e9
+            lines.append(
+                f"| {payload_name} | {transport} | {_span(lat, 1e6, 1)} | {lat_vs} "
+                f"| {_span(tput, 1, 0)} | {gbs:.2f} | {tput_vs} |"
+            )
+    frame_lat = _ratio(got[(FRAME, RING, LAT)], got[(FRAME, MEMCPY, LAT)])
+    frame_tput = _ratio(got[(FRAME, RING, TPUT)], got[(FRAME, MEMCPY, TPUT)])
+    small_lat = _ratio(got[(SMALL, RING, LAT)], got[(SMALL, PIPE, LAT)])
+    targets = [
+        _target("6.2 MB frame latency, ring / one memcpy", f"{frame_lat:.2f}x", "< 2x",
+                frame_lat < 2.0),
+        _target("6.2 MB frame throughput, ring / memcpy bandwidth", f"{frame_tput:.0%}",
+                "≥ 70%", frame_tput >= 0.7),
+        _target("1 KB latency, ring / bare Pipe round trip", f"{small_lat:.2f}x", "≤ 1.2x",
+                small_lat <= 1.2),
+    ]  # fmt: skip
+    return lines, targets
+
+
+def _target(what: str, got: str, target: str, met: bool) -> str:
+    return f"- {what}: {got} (target {target}): {'met' if met else 'MISSED'}"
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="ShmRing vs its baselines, process to process")
+    parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
+    args = parser.parse_args(argv)
+    reps = args.reps or (2 if args.quick else 7)
+    plans = QUICK if args.quick else FULL
+
+    import torch
+
+    began = _perf()
+    got = run(reps, plans)
+    took = _perf() - began
+    command = " ".join(["python bench/ipc.py", *(sys.argv[1:] if argv is None else argv)])
+    big, small = plans["big"], plans["small"]
+    print(
+        f"# {command}: {reps} repetitions (after one warm-up), interleaved; latency "
+        f"{big.trips}/{small.trips} round trips (frames/1 KB; Queue and torch: "
+        f"{big.slow_trips}/{small.slow_trips}), throughput {big.batch}/{small.batch} items "
+        f"({big.slow_batch}/{small.slow_batch}); took {took:.0f} s"
+    )
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
+        f"numpy {np.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{platform.machine()}"
+    )
+    print()
+    lines, targets = report(got)
+    print("\n".join(lines))
+    print()
+    print("\n".join(targets))
+
+
+if __name__ == "__main__":
+    main()

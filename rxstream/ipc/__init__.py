@@ -1,0 +1,26 @@
+"""Rank boundaries on one host: framing items for shared memory, and the ring that carries them.
+
+``frame``/``unframe`` turn an object into a pickle header plus out-of-band buffers (array and
+CPU tensor memory, not copied) and back; :class:`ShmRing` moves framed items from one producer
+to one consumer through fixed slots of one shared-memory segment, read in place.
+"""
+
+from rxstream._exceptions import FramingError, PayloadTooLarge, RingClosed, RingConflict
+from rxstream.ipc._framing import frame, unframe
+from rxstream.ipc._ring import RingHandle, RingStatistics, ShmRing
+
+__all__ = [
+    "FramingError",
+    "PayloadTooLarge",
+    "RingClosed",
+    "RingConflict",
+    "RingHandle",
+    "RingStatistics",
+    "ShmRing",
+    "frame",
+    "unframe",
+]
+
+for _name in ("RingHandle", "RingStatistics", "ShmRing"):
+    globals()[_name].__module__ = __name__
+del _name

@@ -1,0 +1,180 @@
+"""Framing: an object as a small pickle header plus the out-of-band buffers it points at.
+
+Pickle protocol 5 hands the memory of contiguous numpy arrays to a buffer callback instead of
+copying it into the pickle; CPU torch tensors take the same road through a numpy view of their
+memory (dtypes numpy lacks, e.g. bfloat16, through an integer view of the same width) and come
+back with :func:`torch.from_numpy`. Unframing over buffers that live in shared memory therefore
+gives arrays and tensors that are views of that memory, not copies.
+
+CUDA tensors are refused here: they cross ranks through the CUDA IPC bridge, without a copy.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from rxstream._exceptions import FramingError
+from rxstream.item import PipelineItem
+
+__all__ = ["Buffer", "frame", "unframe"]
+
+Buffer = pickle.PickleBuffer | memoryview
+"""An out-of-band buffer: what :func:`frame` hands out and :func:`unframe` takes back."""
+
+_PROTOCOL = 5
+
+
+def frame(obj: object) -> tuple[bytes, list[Buffer]]:
+    """``obj`` as a pickle header and the out-of-band buffers (array memory, not copied).
+
+    Raises :class:`FramingError` naming the payload's type when ``obj`` cannot be pickled or
+    holds a tensor that is not on the CPU.
+    """
+    buffers: list[Buffer] = []
+    try:
+        if type(obj) in _PLAIN or (type(obj) is np.ndarray and not obj.dtype.hasobject):
+            header = pickle.dumps(obj, protocol=_PROTOCOL, buffer_callback=buffers.append)
+        else:
+            file = io.BytesIO()
+            _Pickler(file, buffers.append).dump(obj)
+            header = file.getvalue()
+    except Exception as exc:
+        payload = obj.payload if isinstance(obj, PipelineItem) else obj
+        raise FramingError(
+            f"cannot send a payload of type {type(payload).__name__!r} across a rank "
+            f"boundary: {exc}"
+        ) from exc
+    return header, buffers
+
+
+def unframe(header: bytes | memoryview, buffers: Iterable[Buffer]) -> Any:
+    """The object :func:`frame` framed; arrays and tensors are views of ``buffers``."""
+    return pickle.loads(header, buffers=buffers)
+
+
+_PLAIN = frozenset({bytes, bytearray, str, int, float, complex, bool, type(None)})
+"""Types that cannot hold an item or a tensor: framed by plain ``pickle.dumps``."""
+
+
+class _Refused(Exception):
+    """A tensor this framing will not carry; :func:`frame` turns it into a FramingError."""
+
+
+class _Pickler(pickle.Pickler):
+    """Protocol 5 with out-of-band buffers, cheap items, and CPU tensors through numpy.
+
+    ``reducer_override`` sees every object but builtin containers and atoms: items are
+    reduced to their ``__dict__`` (the lazy ``_md``/``_st`` kept; the default reduction
+    would probe ``PipelineItem.__getattr__`` for half a dozen special names), tensors as
+    below. Without torch imported no tensor can exist, and none is looked for.
+    """
+
+    def __init__(self, file: io.BytesIO, buffer_callback: Callable[[Buffer], None]) -> None:
+        super().__init__(file, protocol=_PROTOCOL, buffer_callback=buffer_callback)
+        torch = sys.modules.get("torch")
+        self._torch = torch
+        self._tensor: Any = None if torch is None else torch.Tensor
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is PipelineItem:
+            return _rebuild_item, (obj.__dict__,)
+        tensor = self._tensor
+        if tensor is None or not isinstance(obj, tensor):
+            return NotImplemented
+        device = obj.device
+        if device.type != "cpu":
+            if device.type == "cuda":
+                raise _Refused(
+                    f"a CUDA tensor (device '{device}') cannot be framed for the "
+                    "shared-memory ring; CUDA tensors cross ranks through the CUDA IPC bridge"
+                )
+            raise _Refused(
+                f"a tensor on device '{device}' cannot be framed; only CPU tensors cross "
+                "through the shared-memory ring"
+            )
+        torch = self._torch
+        assert torch is not None
+        if type(obj) is not tensor or not _dense(torch, obj):
+            return NotImplemented  # subclasses, sparse, quantized...: torch's own pickling
+        view = _numpy_view(torch, obj.dtype)
+        if view is _UNSUPPORTED:
+            return NotImplemented
+        data = obj.detach()
+        if data.is_conj() or data.is_neg():
+            data = data.resolve_conj().resolve_neg()
+        if not data.is_contiguous():
+            data = data.contiguous()
+        if view is not None:
+            data = data.view(getattr(torch, view))
+        return _rebuild_tensor, (data.numpy(), _dtype_name(obj.dtype, view), obj.requires_grad)
+
+
+def _rebuild_item(state: dict[str, Any]) -> PipelineItem:
+    """The item ``_Pickler`` reduced, with the same ``__dict__`` (the unpickling side)."""
+    item = _new(PipelineItem)
+    item.__dict__.update(state)
+    return item
+
+
+_new = object.__new__
+
+
+# --- CPU torch tensors ------------------------------------------------------------------------
+
+
+def _dense(torch: ModuleType, tensor: Any) -> bool:
+    """Whether ``tensor`` is a plain strided tensor (what a numpy view can carry)."""
+    return bool(tensor.layout is torch.strided and not tensor.is_quantized and not tensor.is_nested)
+
+
+_UNSUPPORTED = "-"
+_INT_OF_WIDTH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+_views: dict[Any, str | None] = {}
+"""Per torch dtype: ``None`` (numpy has it), the integer dtype to view it as, or unsupported."""
+
+
+def _numpy_view(torch: ModuleType, dtype: Any) -> str | None:
+    """How a tensor of ``dtype`` becomes a numpy array: as is, through a view, or not at all."""
+    try:
+        return _views[dtype]
+    except KeyError:
+        pass
+    view: str | None
+    try:
+        torch.empty(0, dtype=dtype).numpy()
+        view = None
+    except TypeError:
+        view = _INT_OF_WIDTH.get(dtype.itemsize, _UNSUPPORTED)
+        if view != _UNSUPPORTED:
+            try:
+                torch.empty(0, dtype=dtype).view(getattr(torch, view)).numpy()
+            except (TypeError, RuntimeError):
+                view = _UNSUPPORTED
+    _views[dtype] = view
+    return view
+
+
+def _dtype_name(dtype: Any, view: str | None) -> str | None:
+    """The torch dtype to view the rebuilt tensor as (``None``: it is already right)."""
+    return None if view is None else str(dtype).removeprefix("torch.")
+
+
+def _rebuild_tensor(array: np.ndarray[Any, Any], dtype: str | None, requires_grad: bool) -> Any:
+    """A tensor sharing ``array``'s memory (the unpickling side of ``_TensorPickler``)."""
+    import torch
+
+    if not array.flags.writeable:  # from_numpy warns on read-only memory: copy instead
+        array = array.copy()
+    tensor = torch.from_numpy(array)
+    if dtype is not None:
+        tensor = tensor.view(getattr(torch, dtype))
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor

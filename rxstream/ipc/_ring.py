@@ -1,0 +1,601 @@
+"""ShmRing: one producer hands framed items to one consumer through shared-memory slots.
+
+One :class:`~multiprocessing.shared_memory.SharedMemory` segment holds a header and N slots::
+
+    [ 16 int64 words | one state byte per slot ]  padded to 64 bytes
+    [ slot 0 ][ slot 1 ] ... [ slot N-1 ]         slot_bytes each, padded to 64 bytes
+
+A slot holds one item as :func:`~rxstream.ipc.frame` made it: ``header_len, n_buffers``, an
+``(offset, length)`` pair per buffer, the pickle header, then each buffer at a 64-byte aligned
+offset. ``put`` copies every buffer once into a free slot and writes the slot's index (4
+bytes) into the *ready* pipe; ``get`` reads an index, unframes in place (arrays and tensors
+are views of the slot) and, once every view is gone, writes the index into the *free* pipe.
+The pipes carry indices, never payloads; a close writes a mark into both to wake any side.
+
+The two traps of DESIGN §6:
+
+- A view must never outlive the mapping. Leased slots keep the segment's mapping referenced;
+  ``close()`` drops this ring's own references and CPython unmaps the memory when the last
+  view of it is gone (``SharedMemory.close`` would raise ``BufferError`` instead).
+- Python 3.11's ``SharedMemory`` registers every segment it attaches to with the process's
+  resource tracker, which unlinks it when that process exits. A process with a tracker of its
+  own (not a ``multiprocessing`` child of the owner) unregisters after attaching; a spawned
+  child shares the owner's tracker, and unregistering there would cancel the owner's own
+  registration, so it does not.
+"""
+
+import contextlib
+import math
+import os
+import secrets
+import select
+import struct
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing import Pipe, resource_tracker
+from multiprocessing.connection import Connection
+from multiprocessing.shared_memory import SharedMemory
+from types import TracebackType
+from typing import Any, Self
+
+import numpy as np
+
+from rxstream._exceptions import (
+    PayloadTooLarge,
+    PipelineStateError,
+    RingClosed,
+    RingConflict,
+)
+from rxstream.ipc._framing import Buffer, frame, unframe
+
+__all__ = ["RingHandle", "RingStatistics", "ShmRing"]
+
+NAME_PREFIX = "rxs_"
+"""The prefix of the segment names :meth:`ShmRing.create` makes up."""
+MAX_SLOTS = 1024
+"""The most slots a ring takes: the pipes hold every index in flight without blocking."""
+MIN_SLOT_BYTES = 256
+"""The smallest slot a ring takes."""
+
+_ALIGN = 64
+_MAGIC = int.from_bytes(b"RXSRING1", "little")
+# the header's int64 words
+_W_MAGIC, _W_SLOTS, _W_SLOT_BYTES, _W_CLOSED = 0, 1, 2, 3
+_W_PRODUCER, _W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
+_W_ITEMS, _W_BYTES, _W_PUT_WAIT_NS, _W_GET_WAIT_NS = 6, 7, 8, 9
+_WORDS = 16
+# slot states
+_FREE, _READY, _LEASED = 0, 1, 2
+
+_INDEX = struct.Struct("<I")
+_CLOSE_MARK = 0xFFFF_FFFF
+_CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
+_SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
+_BIG_COPY = 1 << 16
+"""Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
+
+_PRODUCER, _CONSUMER = "producer", "consumer"
+
+
+def _align(n: int) -> int:
+    return (n + _ALIGN - 1) & -_ALIGN
+
+
+@dataclass(frozen=True)
+class RingStatistics:
+    """A ring's counters at one moment; the same from either side."""
+
+    items: int
+    """Items put into the ring so far."""
+    bytes: int
+    """Bytes those items took in their slots (pickle header, buffers and their alignment)."""
+    slots_in_use: int
+    """Slots written and not yet handed back: waiting for ``get``, or leased to its views."""
+    put_wait_s: float
+    """Seconds ``put`` spent blocked for want of a free slot (backpressure)."""
+    get_wait_s: float
+    """Seconds ``get`` spent blocked for want of an item."""
+
+
+@dataclass(frozen=True)
+class RingHandle:
+    """What attaching to a ring takes; pass it to a ``multiprocessing`` (spawn) child."""
+
+    name: str
+    """The shared-memory segment's name (``/dev/shm/<name>`` on Linux)."""
+    slots: int
+    """How many slots the ring has."""
+    slot_bytes: int
+    """The most bytes one framed item may take."""
+    ready: tuple[Connection, Connection]
+    """The pipe (reader, writer) that tells the consumer which slot holds the next item."""
+    free: tuple[Connection, Connection]
+    """The pipe (reader, writer) that hands slots back to the producer."""
+    owner_pid: int
+    """The process that created the segment (and unlinks it)."""
+    tracker: tuple[int, int] | None
+    """The owner's resource tracker, as (device, inode) of its pipe; ``None`` if unknown."""
+
+
+class ShmRing:
+    """A single-producer, single-consumer ring of fixed slots in one shared-memory segment.
+
+    Make one with :meth:`create` (the owner, who unlinks the segment at the end) and open the
+    other side with :meth:`attach`, in another process or thread. Whoever calls :meth:`put`
+    first is the producer and whoever calls :meth:`get` first the consumer; any other thread
+    or process doing the same raises :class:`RingConflict` (exact within a process, best
+    effort across processes: Python has no atomic compare-and-swap on shared memory).
+    Each side closes its ring; the owner also unlinks it.
+    """
+
+    def __init__(
+        self,
+        segment: "_Segment",
+        handle: RingHandle,
+        connections: tuple[Connection, Connection, Connection, Connection],
+        *,
+        owner: bool,
+    ) -> None:
+        """Use :meth:`create` or :meth:`attach`."""
+        self._name = handle.name
+        self._slots = handle.slots
+        self._slot_bytes = handle.slot_bytes
+        self._stride = _align(handle.slot_bytes)
+        self._start = _align(_WORDS * 8 + handle.slots)
+        self._segment = segment
+        self._handle = handle
+        self._owner = owner
+        buf = segment.buf
+        assert buf is not None
+        self._seg: memoryview = buf
+        self._array: np.ndarray[Any, np.dtype[np.uint8]] = np.frombuffer(buf, np.uint8)
+        self._words = buf[: _WORDS * 8].cast("q")
+        self._states = buf[_WORDS * 8 : _WORDS * 8 + handle.slots]
+        self._connections = connections
+        ready_r, ready_w, free_r, free_w = (c.fileno() for c in connections)
+        self._ready_r, self._ready_w, self._free_r, self._free_w = ready_r, ready_w, free_r, free_w
+        self._lock = threading.RLock()
+        self._closed = False  # this side called close()
+        self._released = False  # this side let go of its fds and mapping
+        self._peer_closed = False  # a close mark came through the ready pipe
+        self._busy = 0  # put/get calls in flight on this object
+        self._producer: int | None = None  # the thread (get_ident) that claimed the role here
+        self._consumer: int | None = None
+        self._free: list[int] = []  # slots the producer may write
+        self._pending: deque[int] = deque()  # slots written, not yet taken by get
+        self._final: RingStatistics | None = None
+        self._unlinked = False
+        self._read_size = _INDEX.size * (handle.slots + 8)
+
+    # --- making and opening -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, *, slots: int = 8, slot_bytes: int = 8 << 20, name: str | None = None) -> Self:
+        """A new ring of ``slots`` slots of ``slot_bytes`` each; this process owns it.
+
+        ``name`` names the segment (default: ``rxs_`` and random hex).
+        """
+        if not 1 <= slots <= MAX_SLOTS:
+            raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
+        if slot_bytes < MIN_SLOT_BYTES:
+            raise ValueError(f"slot_bytes must be >= {MIN_SLOT_BYTES}, got {slot_bytes}")
+        name = name or f"{NAME_PREFIX}{secrets.token_hex(8)}"
+        size = _align(_WORDS * 8 + slots) + slots * _align(slot_bytes)
+        segment = _Segment(name=name, create=True, size=size)
+        try:
+            ready_r, ready_w = Pipe(duplex=False)
+            free_r, free_w = Pipe(duplex=False)
+            handle = RingHandle(
+                name=name,
+                slots=slots,
+                slot_bytes=slot_bytes,
+                ready=(ready_r, ready_w),
+                free=(free_r, free_w),
+                owner_pid=os.getpid(),
+                tracker=_tracker_id(),
+            )
+            ring = cls(segment, handle, (ready_r, ready_w, free_r, free_w), owner=True)
+        except BaseException:
+            segment.release()
+            segment.unlink()
+            raise
+        words = ring._words
+        words[_W_SLOTS] = slots
+        words[_W_SLOT_BYTES] = slot_bytes
+        words[_W_MAGIC] = _MAGIC
+        return ring
+
+    @classmethod
+    def attach(cls, handle: RingHandle) -> Self:
+        """The other side of the ring ``handle`` describes (another process, or thread)."""
+        segment = _Segment.attach(handle.name, handle.owner_pid, handle.tracker)
+        try:
+            buf = segment.buf
+            assert buf is not None
+            with buf[: _WORDS * 8].cast("q") as words:
+                found = (words[_W_MAGIC], words[_W_SLOTS], words[_W_SLOT_BYTES])
+            if found != (_MAGIC, handle.slots, handle.slot_bytes):
+                raise ValueError(
+                    f"segment {handle.name!r} is not the ring its handle describes "
+                    f"({handle.slots} slots of {handle.slot_bytes} bytes)"
+                )
+            ends = (*handle.ready, *handle.free)
+            ours = tuple(
+                Connection(os.dup(c.fileno()), readable=c.readable, writable=c.writable)
+                for c in ends
+            )
+        except BaseException:
+            segment.release()
+            raise
+        return cls(segment, handle, (ours[0], ours[1], ours[2], ours[3]), owner=False)
+
+    def handle(self) -> RingHandle:
+        """What :meth:`attach` takes: pass it to the other side's process."""
+        if self._released:
+            raise RingClosed(f"ring {self._name!r} is closed")
+        return self._handle
+
+    @property
+    def name(self) -> str:
+        """The shared-memory segment's name."""
+        return self._name
+
+    # --- the producer -------------------------------------------------------------------------
+
+    def put(self, obj: object, timeout: float | None = None) -> None:
+        """Frame ``obj`` into a free slot and tell the consumer; blocks while none is free.
+
+        Raises :class:`RingClosed` once either side closed the ring, :class:`PayloadTooLarge`
+        for an item larger than a slot (nothing is written), :class:`FramingError` for an
+        object that cannot be framed, and ``TimeoutError`` when no slot came free in
+        ``timeout`` seconds.
+        """
+        self._enter(_PRODUCER)
+        try:
+            if self._words[_W_CLOSED]:
+                raise RingClosed(f"ring {self._name!r} is closed")
+            header, buffers = frame(obj)
+            raws = [_raw(b) for b in buffers]
+            count = len(raws)
+            head_at = _SLOT_HEAD.size + 16 * count
+            end = head_at + len(header)
+            table: list[int] = []
+            for raw in raws:
+                at = _align(end)
+                end = at + raw.nbytes
+                table += (at, raw.nbytes)
+            if end > self._slot_bytes:
+                raise PayloadTooLarge(
+                    f"a framed item of {end:,} bytes does not fit a ring slot of "
+                    f"{self._slot_bytes:,} bytes; create the ring with a larger slot_bytes= "
+                    f"(at least {end:,})"
+                )
+            slot = self._free.pop() if self._free else self._wait_free(timeout)
+            try:
+                base = self._start + slot * self._stride
+                seg = self._seg
+                _SLOT_HEAD.pack_into(seg, base, len(header), count)
+                if count:
+                    struct.pack_into(f"<{2 * count}Q", seg, base + _SLOT_HEAD.size, *table)
+                seg[base + head_at : base + head_at + len(header)] = header
+                for k, raw in enumerate(raws):
+                    at, size = base + table[2 * k], table[2 * k + 1]
+                    if size >= _BIG_COPY:
+                        np.copyto(self._array[at : at + size], np.frombuffer(raw, np.uint8))
+                    else:
+                        seg[at : at + size] = raw
+            except BaseException:
+                self._free.append(slot)
+                raise
+            self._states[slot] = _READY
+            words = self._words
+            words[_W_ITEMS] += 1
+            words[_W_BYTES] += end
+            os.write(self._ready_w, _INDEX.pack(slot))
+        finally:
+            self._leave()
+
+    def _wait_free(self, timeout: float | None) -> int:
+        """Block until the consumer hands a slot back; that slot."""
+        free = self._free
+        started = time.perf_counter()
+        try:
+            while not free:
+                if timeout is not None and not _readable(self._free_r, started, timeout):
+                    raise TimeoutError(
+                        f"no slot of ring {self._name!r} came free within {timeout} s "
+                        f"(all {self._slots} are written and not handed back)"
+                    )
+                closed = False
+                for (index,) in _INDEX.iter_unpack(os.read(self._free_r, self._read_size)):
+                    if index == _CLOSE_MARK:
+                        closed = True
+                    else:
+                        free.append(index)
+                if closed or self._closed or self._words[_W_CLOSED]:
+                    raise RingClosed(f"ring {self._name!r} is closed")
+        finally:
+            self._words[_W_PUT_WAIT_NS] += int((time.perf_counter() - started) * 1e9)
+        return free.pop()
+
+    # --- the consumer -------------------------------------------------------------------------
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The next item, unframed in place: its arrays and tensors are views of the slot.
+
+        The slot stays leased until every view of it has been garbage collected, then goes
+        back to the producer. Raises :class:`RingClosed` once the ring is closed and every
+        item put before the close was got (at once if this side closed it), and
+        ``TimeoutError`` when no item came in ``timeout`` seconds.
+        """
+        self._enter(_CONSUMER)
+        try:
+            if not self._pending:
+                self._wait_ready(timeout)
+            return self._take(self._pending.popleft())
+        finally:
+            self._leave()
+
+    def _wait_ready(self, timeout: float | None) -> None:
+        """Block until the producer tells of a written slot (queued in ``_pending``)."""
+        pending = self._pending
+        if self._peer_closed:
+            raise RingClosed(f"ring {self._name!r} is closed and drained")
+        started = time.perf_counter()
+        try:
+            while not pending:
+                if timeout is not None and not _readable(self._ready_r, started, timeout):
+                    raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
+                for (index,) in _INDEX.iter_unpack(os.read(self._ready_r, self._read_size)):
+                    if index == _CLOSE_MARK:
+                        self._peer_closed = True
+                    else:
+                        pending.append(index)
+                if self._closed:
+                    raise RingClosed(f"ring {self._name!r} is closed")
+                if not pending and self._peer_closed:
+                    raise RingClosed(f"ring {self._name!r} is closed and drained")
+        finally:
+            self._words[_W_GET_WAIT_NS] += int((time.perf_counter() - started) * 1e9)
+
+    def _take(self, slot: int) -> Any:
+        """Unframe the item in ``slot``; lease the slot to the views the item holds."""
+        base = self._start + slot * self._stride
+        header_len, count = _SLOT_HEAD.unpack_from(self._seg, base)
+        head_at = _SLOT_HEAD.size + 16 * count
+        self._states[slot] = _LEASED
+        if not count:  # no buffers: nothing can point into the slot once unpickled
+            try:
+                with self._seg[base + head_at : base + head_at + header_len] as header:
+                    return unframe(header, ())
+            finally:
+                self._release(slot)
+        table = struct.unpack_from(f"<{2 * count}Q", self._seg, base + _SLOT_HEAD.size)
+        owner = self._array[base : base + self._stride]  # every view of the slot keeps it
+        lease = weakref.finalize(owner, self._release, slot)
+        lease.atexit = False
+        view = owner.data
+        buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(0, 2 * count, 2)]
+        return unframe(view[head_at : head_at + header_len], buffers)
+
+    def _release(self, slot: int) -> None:
+        """Hand ``slot`` back to the producer (its last view is gone, or it had none)."""
+        with self._lock:
+            if self._released:  # closed: nobody waits for the slot
+                return
+            self._states[slot] = _FREE
+            with contextlib.suppress(OSError):
+                os.write(self._free_w, _INDEX.pack(slot))
+
+    # --- both sides ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close the ring for both sides; wakes a blocked put or get (``RingClosed``).
+
+        This side's pipes and mapping are let go once no call is in flight; memory that views
+        still point into stays mapped until the last of them is gone. Idempotent.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._words[_W_CLOSED] = 1
+            for fd in (self._ready_w, self._free_w):
+                with contextlib.suppress(OSError):
+                    os.write(fd, _CLOSE_MARK_BYTES)
+            if not self._busy:
+                self._let_go()
+
+    def unlink(self) -> None:
+        """Remove the segment's name (the owner's last step); safe to call twice.
+
+        Mappings that are still open (this side's leased views, the other process's) stay
+        valid until they go; no new side can attach.
+        """
+        if not self._owner:
+            raise PipelineStateError(
+                f"only the owner of ring {self._name!r} (pid {self._handle.owner_pid}) "
+                "unlinks it; this side attached to it"
+            )
+        if self._unlinked:
+            return
+        self._unlinked = True
+        try:
+            self._segment.unlink()
+        except FileNotFoundError:  # removed behind our back: still drop our registration
+            resource_tracker.unregister(self._segment.tracked_name, "shared_memory")
+
+    def statistics(self) -> RingStatistics:
+        """The ring's counters now (after this side closed: as they were at its close)."""
+        with self._lock:
+            if self._final is not None:
+                return self._final
+            return self._snapshot()
+
+    def _snapshot(self) -> RingStatistics:
+        words = self._words
+        return RingStatistics(
+            items=words[_W_ITEMS],
+            bytes=words[_W_BYTES],
+            slots_in_use=self._slots - bytes(self._states).count(_FREE),
+            put_wait_s=words[_W_PUT_WAIT_NS] / 1e9,
+            get_wait_s=words[_W_GET_WAIT_NS] / 1e9,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close; the owner also unlinks."""
+        self.close()
+        if self._owner:
+            self.unlink()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        side = "owner" if self._owner else "attached"
+        return (
+            f"<ShmRing {self._name!r} {self._slots} slots x {self._slot_bytes} bytes, "
+            f"{side}, {state}>"
+        )
+
+    # --- internals ----------------------------------------------------------------------------
+
+    def _enter(self, role: str) -> None:
+        """Start a put or get: refuse after close and a second producer or consumer."""
+        ident = threading.get_ident()
+        with self._lock:
+            if self._closed:
+                raise RingClosed(f"ring {self._name!r} is closed")
+            if (self._producer if role is _PRODUCER else self._consumer) != ident:
+                self._claim(role, ident)
+            self._busy += 1
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._busy -= 1
+            if self._closed and not self._busy:
+                self._let_go()
+
+    def _claim(self, role: str, ident: int) -> None:
+        """Make the calling thread this ring's producer or consumer, or raise RingConflict."""
+        word = _W_PRODUCER if role is _PRODUCER else _W_CONSUMER
+        words = self._words
+        mine = (os.getpid() << 32) | threading.get_native_id()
+        claimed = False
+        if (self._producer if role is _PRODUCER else self._consumer) is None and not words[word]:
+            words[word] = mine
+            claimed = True
+        first = words[word]
+        if not claimed or first != mine:  # another thread, process or ring object was first
+            call = "put" if role is _PRODUCER else "get"
+            where = " through another ShmRing object" if first == mine else ""
+            raise RingConflict(
+                f"ring {self._name!r} already has a {role} (pid {first >> 32}, thread "
+                f"{first & 0xFFFF_FFFF}); {call} called from pid {mine >> 32}, thread "
+                f"{mine & 0xFFFF_FFFF}{where}: a ring has one {role}"
+            )
+        if role is _PRODUCER:
+            self._producer = ident
+            self._free = [i for i in range(self._slots - 1, -1, -1) if self._states[i] == _FREE]
+        else:
+            self._consumer = ident
+
+    def _let_go(self) -> None:
+        """Close this side's pipes and drop its references to the mapping (under the lock)."""
+        if self._released:
+            return
+        self._final = self._snapshot()
+        self._released = True
+        self._pending.clear()
+        self._words.release()
+        self._states.release()
+        del self._seg, self._array
+        self._segment.release()
+        for connection in self._connections:
+            connection.close()
+
+
+def _raw(buffer: Buffer) -> memoryview:
+    """``buffer``'s bytes as a flat byte view."""
+    if isinstance(buffer, memoryview):
+        return buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
+    return buffer.raw()
+
+
+def _readable(fd: int, started: float, timeout: float) -> bool:
+    """Wait until ``fd`` has something to read, at most ``timeout`` s from ``started``."""
+    remaining = started + timeout - time.perf_counter()
+    if remaining <= 0:
+        return bool(select.select([fd], [], [], 0)[0])
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(math.ceil(remaining * 1000)))
+
+
+def _tracker_id() -> tuple[int, int] | None:
+    """This process's resource tracker, as the (device, inode) of the pipe to it."""
+    try:
+        resource_tracker.ensure_running()
+        fd = resource_tracker.getfd()
+        if fd is None:
+            return None
+        stat = os.fstat(fd)
+    except OSError:
+        return None
+    return (stat.st_dev, stat.st_ino)
+
+
+class _Segment(SharedMemory):
+    """A SharedMemory whose mapping outlives ``release()`` while views of it live.
+
+    It touches ``SharedMemory``'s private ``_buf``/``_mmap``/``_fd``/``_name`` (stable from
+    3.8 to 3.13): ``close()`` raises ``BufferError`` while a buffer is exported, and so does
+    the ``__del__`` of a segment dropped with views alive.
+    """
+
+    @classmethod
+    def attach(cls, name: str, owner_pid: int, tracker: tuple[int, int] | None) -> "_Segment":
+        """Open segment ``name``, which ``owner_pid`` created and its ``tracker`` watches.
+
+        On 3.11 opening registers it with this process's resource tracker, which would unlink
+        it when this process exits: unregister, unless that tracker is the owner's.
+        """
+        segment = cls(name=name)
+        if owner_pid != os.getpid() and _tracker_id() != tracker:
+            resource_tracker.unregister(segment.tracked_name, "shared_memory")
+        return segment
+
+    @property
+    def tracked_name(self) -> str:
+        """The name the resource tracker knows the segment by (with its leading slash)."""
+        name: str = self.__dict__["_name"]
+        return name
+
+    def release(self) -> None:
+        """Let go of this process's handle; the memory stays mapped while views of it live.
+
+        CPython unmaps it when the last view (and with it the mmap object) is collected.
+        """
+        state = self.__dict__
+        try:
+            self.close()
+        except BufferError:
+            state["_buf"] = None
+            state["_mmap"] = None
+            fd = state.get("_fd", -1)
+            if fd >= 0:
+                state["_fd"] = -1
+                os.close(fd)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at shutdown, modules may be half gone
+            self.release()

@@ -1,0 +1,140 @@
+"""Rank boundaries: where consecutive stages sit on different ranks.
+
+The upstream side (the *writer*) subscribes to the upstream stage's stream on that stage's
+thread and puts each item into a :class:`~rxstream.ipc.ShmRing`, stamped
+``<upstream>><downstream>.in``; a full ring blocks it, which is backpressure across the
+boundary. The downstream side (the *reader*) is a thread that takes items out of the ring,
+stamps ``<upstream>><downstream>.out`` and hands them to the downstream stage's inbox. The
+metadata crosses unchanged but for those two stamps, so a timing record shows the boundary
+as one hop whose compute is the transfer. Completion crosses as an end marker; a stopping run
+closes the rings, which wakes both sides.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from reactivex import Observable, abc
+from reactivex.disposable import Disposable
+
+from rxstream._exceptions import FramingError, PipelineError, RingClosed
+from rxstream.ipc import ShmRing
+from rxstream.item import PipelineItem, _stamped, now
+from rxstream.operators._core import attach
+from rxstream.runtime._stats import StageCounters
+from rxstream.typing import ItemStream
+
+__all__ = ["END", "Boundary"]
+
+
+class _End:
+    """The marker a writer puts when its upstream completed (one object per process)."""
+
+    def __reduce__(self) -> str:
+        return "END"
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
+
+_POLL_S = 0.1
+"""How often a reader waiting on an empty ring checks whether the run is stopping."""
+
+
+class Boundary:
+    """One edge across ranks, as seen from this process: its ring, writer and reader."""
+
+    def __init__(self, name: str, ring: ShmRing, *, timing: bool = True) -> None:
+        self.name = name
+        self.ring = ring
+        self._in_hop = f"{name}.in"
+        self._out_hop = f"{name}.out"
+        self._timing = timing
+        self._reader: threading.Thread | None = None
+
+    # --- the upstream side ----------------------------------------------------------------
+
+    def write(
+        self,
+        upstream: ItemStream,
+        counters: StageCounters,
+        stage: str,
+        fail: Callable[[BaseException], None],
+        on_done: Callable[[], None],
+    ) -> abc.DisposableBase:
+        """Put every item of ``upstream`` into the ring; ``on_done`` once the end marker is in.
+
+        ``counters`` (the upstream stage's) count items the ring refused because the run was
+        stopping (reason ``stopped``); a payload that cannot cross fails the run naming
+        ``stage`` and the type.
+        """
+        ring = self.ring
+        in_hop, timing = self._in_hop, self._timing
+
+        def on_next(item: PipelineItem) -> None:
+            started = now()
+            if timing:
+                item = _stamped(item, item.payload, (in_hop, started))
+            try:
+                ring.put(item)
+            except RingClosed:
+                counters.drop("stopped")
+            except FramingError as exc:
+                md = item.metadata
+                fail(PipelineError(stage, exc, pts=md.pts, input_seq=md.input_seq))
+
+        def on_completed() -> None:
+            try:
+                ring.put(END)
+            except RingClosed:
+                return
+            on_done()
+
+        return attach(upstream, on_next, fail, on_completed)
+
+    # --- the downstream side --------------------------------------------------------------
+
+    def read(self, halted: Callable[[], bool], fail: Callable[[BaseException], None]) -> ItemStream:
+        """The items coming out of the ring, pushed by a reader thread once subscribed."""
+        ring = self.ring
+        out_hop, timing = self._out_hop, self._timing
+
+        def subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            def pump() -> None:
+                try:
+                    while not halted():
+                        try:
+                            item: Any = ring.get(timeout=_POLL_S)
+                        except TimeoutError:
+                            continue
+                        if item is END or isinstance(item, _End):
+                            observer.on_completed()
+                            return
+                        if timing:
+                            item = _stamped(item, item.payload, (out_hop, now()))
+                        observer.on_next(item)
+                except RingClosed:
+                    return
+                except BaseException as exc:
+                    fail(exc)
+
+            self._reader = threading.Thread(target=pump, name=f"rxstream:{self.name}", daemon=True)
+            self._reader.start()
+            return Disposable()
+
+        return Observable(subscribe)
+
+    def close(self, timeout: float) -> bool:
+        """Close the ring (waking both sides) and join the reader; whether it ended."""
+        self.ring.close()
+        reader = self._reader
+        if reader is None or reader is threading.current_thread():
+            return True
+        reader.join(timeout)
+        return not reader.is_alive()

@@ -1,0 +1,1 @@
+"""Apps that the rank tests launch in spawned processes."""

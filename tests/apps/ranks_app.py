@@ -1,0 +1,66 @@
+"""A two-rank app for the launch tests; ``mode`` in the control doc picks a behaviour.
+
+- ``normal``: numbered frames cross from rank 0 to rank 1 and egress there.
+- ``die``: rank 1's stage kills its process at the 5th frame.
+- ``raise``: rank 1's stage raises at the 5th frame.
+- ``unpicklable``: rank 0 sends a payload that cannot cross.
+- ``steer``: rank 0's source steers the prompt at the 10th frame; rank 1 records, per frame,
+  the prompt it reads inline and the frame's generation.
+
+Rank 1 appends one JSON line per frame to the file named by ``out`` (when set).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+import rxstream
+
+
+def build(ctx: rxstream.Context) -> rxstream.Pipeline:
+    """The same graph on every rank."""
+    doc = ctx.doc("control", defaults={"mode": "normal", "out": "", "prompt": "a"})
+    mode = doc.desired.mode.value
+
+    def frames() -> Iterator[Any]:
+        for index in itertools.count():
+            if mode == "steer" and index == 10:
+                doc.steer(prompt="b")
+            if mode == "unpicklable" and index == 3:
+                yield (x for x in range(3))
+            yield np.full((4, 4), index, dtype=np.int64)
+
+    def rank1(frame: np.ndarray, item: rxstream.PipelineItem | None = None) -> np.ndarray:
+        index = int(frame[0, 0])
+        if mode == "die" and index == 5:
+            os._exit(3)
+        if mode == "raise" and index == 5:
+            raise RuntimeError("rank 1 broke on frame 5")
+        return frame
+
+    def record(item: rxstream.PipelineItem) -> rxstream.PipelineItem:
+        out = doc.desired.out.value
+        if out:
+            line = {
+                "index": int(item.payload[0, 0]),
+                "generation": item.metadata.prompt_generation,
+                "prompt": doc.desired.prompt.value,
+                "hops": [hop for hop, _ in item.metadata.timeline],
+            }
+            with open(out, "a", encoding="utf-8") as file:
+                file.write(json.dumps(line) + "\n")
+        return item
+
+    return (
+        ctx.source(frames, rank=0)
+        | ctx.pipe(lambda x: x, name="prepare", rank=0)
+        | ctx.pipe(rank1, name="work", rank=1)
+        | ctx.pipe(record, name="record", items=True)
+        | ctx.stream("video")
+    )
