@@ -54,6 +54,9 @@ class Context:
     :class:`~rxstream.transport.MemoryTransport` keeping the last 256 items per stream);
     ``harness=True`` marks a run under the CPU harness (``rxstream test``); ``timing=False``
     turns the per-hop stamps and the timing records off (for measuring what they cost).
+    ``config`` is the initial desired state of the control doc, written as the app makes it
+    (so ``build(ctx)`` already reads it); the launcher passes ``rank``, ``world`` and, on
+    ranks > 0, ``replicas`` (the controller's doc states).
     """
 
     def __init__(
@@ -64,6 +67,8 @@ class Context:
         timing: bool = True,
         rank: int = 0,
         world: int = 1,
+        config: Mapping[str, Any] | None = None,
+        replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
     ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
@@ -75,6 +80,8 @@ class Context:
         self.self_test_passed: bool | None = None
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
+        self._config = dict(config or {})
+        self._replicas = dict(replicas or {})
 
     def doc(
         self,
@@ -100,6 +107,11 @@ class Context:
             name, defaults=defaults, schema=schema, generations=self.generations, context=self
         )
         self.docs[name] = made
+        if name == "control" and self._config:  # the initial desired state, as the app starts
+            made.set(self._config)
+        replica = self._replicas.pop(name, None)
+        if replica is not None:  # on a rank > 0: the controller's state
+            made.replicate(*replica)
         return made
 
     @property

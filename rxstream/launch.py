@@ -11,7 +11,6 @@ every rank), and on any end — completion, ``frames`` egressed, an error, a sto
 ranks, joins them and unlinks every ring.
 """
 
-
 import contextlib
 import importlib
 import importlib.util
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NoReturn
 
 import structlog
 
@@ -122,17 +121,15 @@ def _rank_main(
     world: int,
     handles: Mapping[str, RingHandle],
     conn: Connection,
-    config: Mapping[str, Any],
+    docs: Mapping[str, tuple[dict[str, Any], int]],
 ) -> None:
     """The body of rank ``rank`` > 0 (in a spawned process)."""
     rings: dict[str, ShmRing] = {}
     try:
-        ctx = Context(rank=rank, world=world)
+        ctx = Context(rank=rank, world=world, replicas=docs)
         pipeline = load_app(entry)(ctx)
         plan = pipeline.plan
         rings = {name: ShmRing.attach(handle) for name, handle in handles.items()}
-        if config:
-            ctx.control.replicate(config, 1)
         run = Run(
             plan,
             mode="threads",
@@ -214,20 +211,19 @@ def launch(
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
-    ctx = Context(rank=0, world=ranks)
+    ctx = Context(rank=0, world=ranks, config=config)
     pipeline = load_app(entry)(ctx)
     plan = pipeline.plan
     if plan.world > ranks:
         raise PipelineStateError(
             f"the app places stages on {plan.world} ranks, but only {ranks} were launched"
         )
-    if config:
-        ctx.control.set(config)
     rings = {
         plan.edge_name(up, down): ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
         for up, down in plan.boundaries
     }
     handles = {name: ring.handle() for name, ring in rings.items()}
+    docs = {name: (thaw(doc.snapshot()), doc.version) for name, doc in ctx.docs.items()}
     spawn = multiprocessing.get_context("spawn")
     conns: dict[int, Connection] = {}
     procs: dict[int, Any] = {}
@@ -237,7 +233,7 @@ def launch(
             parent, child = spawn.Pipe()
             proc = spawn.Process(
                 target=_rank_main,
-                args=(entry, rank, ranks, handles, child, dict(config or {})),
+                args=(entry, rank, ranks, handles, child, docs),
                 name=f"rxstream-rank-{rank}",
                 daemon=True,
             )
@@ -333,8 +329,8 @@ def _watch(
                 continue
             try:
                 message = conn.recv()
-            except (EOFError, OSError):
-                continue
+            except (EOFError, OSError):  # its end of the pipe closed: the process is gone
+                _died(run, rank, procs[rank])
             kind = message[0]
             if kind == "egressed":
                 egressed[rank] = message[2]
@@ -348,12 +344,7 @@ def _watch(
                 raise error
         for rank, proc in procs.items():
             if rank not in finished and proc.sentinel in ready and not conns[rank].poll():
-                proc.join(0.1)
-                error = PipelineError(
-                    f"rank {rank}", RuntimeError(f"rank {rank} died (exit code {proc.exitcode})")
-                )
-                run.fail(error)
-                raise error
+                _died(run, rank, proc)
         run.raise_error()
         if len(finished) == len(conns) and (run.done.is_set() or stopping_until is not None):
             break
@@ -375,3 +366,13 @@ def _watch(
             stopping_until = time.monotonic() + JOIN_S
     stats[0] = dict(run.statistics())
     return LaunchResult(ranks, MappingProxyType(stats), sum(egressed.values()) + _egressed(run))
+
+
+def _died(run: Run, rank: int, proc: Any) -> NoReturn:
+    """A rank process ended without reporting: fail the run, naming it."""
+    proc.join(0.5)
+    error = PipelineError(
+        f"rank {rank}", RuntimeError(f"rank {rank} died (exit code {proc.exitcode})")
+    )
+    run.fail(error)
+    raise error

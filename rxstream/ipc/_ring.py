@@ -27,6 +27,7 @@ The two traps of DESIGN §6:
 import contextlib
 import math
 import os
+import pickle
 import secrets
 import select
 import struct
@@ -67,17 +68,20 @@ _W_MAGIC, _W_SLOTS, _W_SLOT_BYTES, _W_CLOSED = 0, 1, 2, 3
 _W_PRODUCER, _W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
 _W_ITEMS, _W_BYTES, _W_PUT_WAIT_NS, _W_GET_WAIT_NS = 6, 7, 8, 9
 _WORDS = 16
-# slot states
-_FREE, _READY, _LEASED = 0, 1, 2
+# slot states: written (and maybe leased) until the consumer hands the slot back
+_FREE, _READY = 0, 1
 
 _INDEX = struct.Struct("<I")
 _CLOSE_MARK = 0xFFFF_FFFF
 _CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
 _SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
+_COUNTS = struct.Struct("<qq")  # the words items, bytes
 _BIG_COPY = 1 << 16
 """Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
 
 _PRODUCER, _CONSUMER = "producer", "consumer"
+_get_ident = threading.get_ident
+_perf = time.perf_counter
 
 
 def _align(n: int) -> int:
@@ -161,11 +165,16 @@ class ShmRing:
         self._closed = False  # this side called close()
         self._released = False  # this side let go of its fds and mapping
         self._peer_closed = False  # a close mark came through the ready pipe
-        self._busy = 0  # put/get calls in flight on this object
+        self._putting = False  # a put is running (on the producer's thread)
+        self._getting = False  # a get is running (on the consumer's thread)
         self._producer: int | None = None  # the thread (get_ident) that claimed the role here
         self._consumer: int | None = None
         self._free: list[int] = []  # slots the producer may write
         self._pending: deque[int] = deque()  # slots written, not yet taken by get
+        self._items = self._bytes = self._put_wait_ns = 0  # the producer's counters
+        self._get_wait_ns = 0  # the consumer's
+        self._index_bytes = [_INDEX.pack(i) for i in range(handle.slots)]
+        self._index_of = {packed: i for i, packed in enumerate(self._index_bytes)}
         self._final: RingStatistics | None = None
         self._unlinked = False
         self._read_size = _INDEX.size * (handle.slots + 8)
@@ -253,55 +262,82 @@ class ShmRing:
         object that cannot be framed, and ``TimeoutError`` when no slot came free in
         ``timeout`` seconds.
         """
-        self._enter(_PRODUCER)
+        if self._producer != _get_ident():
+            self._claim(_PRODUCER)
+        self._putting = True  # close() lets go of the fds and mapping only between calls
         try:
-            if self._words[_W_CLOSED]:
+            if self._closed or self._words[_W_CLOSED]:
                 raise RingClosed(f"ring {self._name!r} is closed")
             header, buffers = frame(obj)
-            raws = [_raw(b) for b in buffers]
-            count = len(raws)
-            head_at = _SLOT_HEAD.size + 16 * count
-            end = head_at + len(header)
-            table: list[int] = []
-            for raw in raws:
-                at = _align(end)
-                end = at + raw.nbytes
-                table += (at, raw.nbytes)
+            if buffers:
+                self._put_buffers(header, buffers, timeout)
+                return
+            size = len(header)
+            end = _SLOT_HEAD.size + size
             if end > self._slot_bytes:
-                raise PayloadTooLarge(
-                    f"a framed item of {end:,} bytes does not fit a ring slot of "
-                    f"{self._slot_bytes:,} bytes; create the ring with a larger slot_bytes= "
-                    f"(at least {end:,})"
-                )
-            slot = self._free.pop() if self._free else self._wait_free(timeout)
-            try:
-                base = self._start + slot * self._stride
-                seg = self._seg
-                _SLOT_HEAD.pack_into(seg, base, len(header), count)
-                if count:
-                    struct.pack_into(f"<{2 * count}Q", seg, base + _SLOT_HEAD.size, *table)
-                seg[base + head_at : base + head_at + len(header)] = header
-                for k, raw in enumerate(raws):
-                    at, size = base + table[2 * k], table[2 * k + 1]
-                    if size >= _BIG_COPY:
-                        np.copyto(self._array[at : at + size], np.frombuffer(raw, np.uint8))
-                    else:
-                        seg[at : at + size] = raw
-            except BaseException:
-                self._free.append(slot)
-                raise
-            self._states[slot] = _READY
-            words = self._words
-            words[_W_ITEMS] += 1
-            words[_W_BYTES] += end
-            os.write(self._ready_w, _INDEX.pack(slot))
+                raise self._too_large(end)
+            free = self._free
+            slot = free.pop() if free else self._wait_free(timeout)
+            base = self._start + slot * self._stride
+            seg = self._seg
+            _SLOT_HEAD.pack_into(seg, base, size, 0)
+            seg[base + _SLOT_HEAD.size : base + end] = header
+            self._commit(slot, end)
         finally:
-            self._leave()
+            self._putting = False
+            if self._closed:
+                self._let_go_if_idle()
+
+    def _put_buffers(self, header: bytes, buffers: list[Buffer], timeout: float | None) -> None:
+        """``put`` for an item with out-of-band buffers: each copied once, 64-byte aligned."""
+        raws = [_raw(b) for b in buffers]
+        count = len(raws)
+        head_at = _SLOT_HEAD.size + 16 * count
+        end = head_at + len(header)
+        table: list[int] = []
+        for raw in raws:
+            at = _align(end)
+            end = at + raw.nbytes
+            table += (at, raw.nbytes)
+        if end > self._slot_bytes:
+            raise self._too_large(end)
+        slot = self._free.pop() if self._free else self._wait_free(timeout)
+        try:
+            base = self._start + slot * self._stride
+            seg = self._seg
+            _SLOT_HEAD.pack_into(seg, base, len(header), count)
+            struct.pack_into(f"<{2 * count}Q", seg, base + _SLOT_HEAD.size, *table)
+            seg[base + head_at : base + head_at + len(header)] = header
+            for k, raw in enumerate(raws):
+                at, size = base + table[2 * k], table[2 * k + 1]
+                if size >= _BIG_COPY:  # numpy lets other threads run while it copies
+                    np.copyto(self._array[at : at + size], np.frombuffer(raw, np.uint8))
+                else:
+                    seg[at : at + size] = raw
+        except BaseException:
+            self._free.append(slot)
+            raise
+        self._commit(slot, end)
+
+    def _commit(self, slot: int, size: int) -> None:
+        """Count the item written in ``slot`` and tell the consumer."""
+        self._states[slot] = _READY
+        self._items += 1
+        self._bytes += size
+        _COUNTS.pack_into(self._seg, _W_ITEMS * 8, self._items, self._bytes)
+        os.write(self._ready_w, self._index_bytes[slot])
+
+    def _too_large(self, size: int) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"a framed item of {size:,} bytes does not fit a ring slot of "
+            f"{self._slot_bytes:,} bytes; create the ring with a larger slot_bytes= "
+            f"(at least {size:,})"
+        )
 
     def _wait_free(self, timeout: float | None) -> int:
         """Block until the consumer hands a slot back; that slot."""
         free = self._free
-        started = time.perf_counter()
+        started = _perf()
         try:
             while not free:
                 if timeout is not None and not _readable(self._free_r, started, timeout):
@@ -309,16 +345,12 @@ class ShmRing:
                         f"no slot of ring {self._name!r} came free within {timeout} s "
                         f"(all {self._slots} are written and not handed back)"
                     )
-                closed = False
-                for (index,) in _INDEX.iter_unpack(os.read(self._free_r, self._read_size)):
-                    if index == _CLOSE_MARK:
-                        closed = True
-                    else:
-                        free.append(index)
+                closed = self._read_indices(self._free_r, free)
                 if closed or self._closed or self._words[_W_CLOSED]:
                     raise RingClosed(f"ring {self._name!r} is closed")
         finally:
-            self._words[_W_PUT_WAIT_NS] += int((time.perf_counter() - started) * 1e9)
+            self._put_wait_ns += int((_perf() - started) * 1e9)
+            self._words[_W_PUT_WAIT_NS] = self._put_wait_ns
         return free.pop()
 
     # --- the consumer -------------------------------------------------------------------------
@@ -331,64 +363,87 @@ class ShmRing:
         item put before the close was got (at once if this side closed it), and
         ``TimeoutError`` when no item came in ``timeout`` seconds.
         """
-        self._enter(_CONSUMER)
+        if self._consumer != _get_ident():
+            self._claim(_CONSUMER)
+        self._getting = True  # close() lets go of the fds and mapping only between calls
         try:
-            if not self._pending:
+            if self._closed:
+                raise RingClosed(f"ring {self._name!r} is closed")
+            pending = self._pending
+            if not pending:
                 self._wait_ready(timeout)
-            return self._take(self._pending.popleft())
+            slot = pending.popleft()
+            base = self._start + slot * self._stride
+            header_len, count = _SLOT_HEAD.unpack_from(self._seg, base)
+            if count:
+                return self._take_leased(slot, base, header_len, count)
+            # no buffers: nothing points into the slot once unpickled; it goes back at once
+            try:
+                at = base + _SLOT_HEAD.size
+                return pickle.loads(self._seg[at : at + header_len])
+            finally:
+                self._states[slot] = _FREE
+                os.write(self._free_w, self._index_bytes[slot])
         finally:
-            self._leave()
+            self._getting = False
+            if self._closed:
+                self._let_go_if_idle()
 
     def _wait_ready(self, timeout: float | None) -> None:
         """Block until the producer tells of a written slot (queued in ``_pending``)."""
         pending = self._pending
         if self._peer_closed:
             raise RingClosed(f"ring {self._name!r} is closed and drained")
-        started = time.perf_counter()
+        started = _perf()
         try:
-            while not pending:
+            while True:
                 if timeout is not None and not _readable(self._ready_r, started, timeout):
                     raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
-                for (index,) in _INDEX.iter_unpack(os.read(self._ready_r, self._read_size)):
-                    if index == _CLOSE_MARK:
-                        self._peer_closed = True
-                    else:
-                        pending.append(index)
+                if self._read_indices(self._ready_r, pending):
+                    self._peer_closed = True
                 if self._closed:
                     raise RingClosed(f"ring {self._name!r} is closed")
-                if not pending and self._peer_closed:
+                if pending:
+                    return
+                if self._peer_closed:
                     raise RingClosed(f"ring {self._name!r} is closed and drained")
         finally:
-            self._words[_W_GET_WAIT_NS] += int((time.perf_counter() - started) * 1e9)
+            self._get_wait_ns += int((_perf() - started) * 1e9)
+            self._words[_W_GET_WAIT_NS] = self._get_wait_ns
 
-    def _take(self, slot: int) -> Any:
-        """Unframe the item in ``slot``; lease the slot to the views the item holds."""
-        base = self._start + slot * self._stride
-        header_len, count = _SLOT_HEAD.unpack_from(self._seg, base)
-        head_at = _SLOT_HEAD.size + 16 * count
-        self._states[slot] = _LEASED
-        if not count:  # no buffers: nothing can point into the slot once unpickled
-            try:
-                with self._seg[base + head_at : base + head_at + header_len] as header:
-                    return unframe(header, ())
-            finally:
-                self._release(slot)
+    def _take_leased(self, slot: int, base: int, header_len: int, count: int) -> Any:
+        """Unframe the item in ``slot`` over views of it; the views lease the slot."""
         table = struct.unpack_from(f"<{2 * count}Q", self._seg, base + _SLOT_HEAD.size)
         owner = self._array[base : base + self._stride]  # every view of the slot keeps it
         lease = weakref.finalize(owner, self._release, slot)
         lease.atexit = False
         view = owner.data
+        head_at = _SLOT_HEAD.size + 16 * count
         buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(0, 2 * count, 2)]
         return unframe(view[head_at : head_at + header_len], buffers)
 
     def _release(self, slot: int) -> None:
-        """Hand ``slot`` back to the producer (its last view is gone, or it had none)."""
+        """Hand ``slot`` back to the producer: the last view of it is gone (any thread)."""
         with self._lock:
-            if self._released:  # closed: nobody waits for the slot
+            if self._released:  # this side closed: nobody waits for the slot
                 return
             self._states[slot] = _FREE
-            with contextlib.suppress(OSError):
-                os.write(self._free_w, _INDEX.pack(slot))
+            os.write(self._free_w, self._index_bytes[slot])
+
+    def _read_indices(self, fd: int, into: list[int] | deque[int]) -> bool:
+        """Read the slot indices waiting in pipe ``fd`` into ``into``; whether a close came."""
+        data = os.read(fd, self._read_size)
+        index = self._index_of.get(data)  # the common case: one index
+        if index is not None:
+            into.append(index)
+            return False
+        closed = False
+        for (index,) in _INDEX.iter_unpack(data):
+            if index == _CLOSE_MARK:
+                closed = True
+            else:
+                into.append(index)
+        return closed
 
     # --- both sides ---------------------------------------------------------------------------
 
@@ -406,7 +461,7 @@ class ShmRing:
             for fd in (self._ready_w, self._free_w):
                 with contextlib.suppress(OSError):
                     os.write(fd, _CLOSE_MARK_BYTES)
-            if not self._busy:
+            if not self._putting and not self._getting:
                 self._let_go()
 
     def unlink(self) -> None:
@@ -469,45 +524,48 @@ class ShmRing:
 
     # --- internals ----------------------------------------------------------------------------
 
-    def _enter(self, role: str) -> None:
-        """Start a put or get: refuse after close and a second producer or consumer."""
-        ident = threading.get_ident()
+    def _claim(self, role: str) -> None:
+        """Make the calling thread this ring's producer or consumer, or raise RingConflict.
+
+        The first caller's pid and thread id go into the segment, so the other process sees
+        them too (best effort across processes: no atomic compare-and-swap here).
+        """
         with self._lock:
-            if self._closed:
+            if self._released:
                 raise RingClosed(f"ring {self._name!r} is closed")
-            if (self._producer if role is _PRODUCER else self._consumer) != ident:
-                self._claim(role, ident)
-            self._busy += 1
+            word = _W_PRODUCER if role is _PRODUCER else _W_CONSUMER
+            words = self._words
+            mine = (os.getpid() << 32) | threading.get_native_id()
+            claimed = False
+            if (self._producer if role is _PRODUCER else self._consumer) is None and not words[
+                word
+            ]:
+                words[word] = mine
+                claimed = True
+            first = words[word]
+            if not claimed or first != mine:  # another thread, process or ring object was first
+                call = "put" if role is _PRODUCER else "get"
+                where = " through another ShmRing object" if first == mine else ""
+                raise RingConflict(
+                    f"ring {self._name!r} already has a {role} (pid {first >> 32}, thread "
+                    f"{first & 0xFFFF_FFFF}); {call} called from pid {mine >> 32}, thread "
+                    f"{mine & 0xFFFF_FFFF}{where}: a ring has one {role}"
+                )
+            if role is _PRODUCER:
+                states = self._states
+                self._free = [i for i in range(self._slots - 1, -1, -1) if states[i] == _FREE]
+                self._items, self._bytes = words[_W_ITEMS], words[_W_BYTES]
+                self._put_wait_ns = words[_W_PUT_WAIT_NS]
+                self._producer = _get_ident()
+            else:
+                self._get_wait_ns = words[_W_GET_WAIT_NS]
+                self._consumer = _get_ident()
 
-    def _leave(self) -> None:
+    def _let_go_if_idle(self) -> None:
+        """After close: let go once neither put nor get is running on this object."""
         with self._lock:
-            self._busy -= 1
-            if self._closed and not self._busy:
+            if self._closed and not self._putting and not self._getting:
                 self._let_go()
-
-    def _claim(self, role: str, ident: int) -> None:
-        """Make the calling thread this ring's producer or consumer, or raise RingConflict."""
-        word = _W_PRODUCER if role is _PRODUCER else _W_CONSUMER
-        words = self._words
-        mine = (os.getpid() << 32) | threading.get_native_id()
-        claimed = False
-        if (self._producer if role is _PRODUCER else self._consumer) is None and not words[word]:
-            words[word] = mine
-            claimed = True
-        first = words[word]
-        if not claimed or first != mine:  # another thread, process or ring object was first
-            call = "put" if role is _PRODUCER else "get"
-            where = " through another ShmRing object" if first == mine else ""
-            raise RingConflict(
-                f"ring {self._name!r} already has a {role} (pid {first >> 32}, thread "
-                f"{first & 0xFFFF_FFFF}); {call} called from pid {mine >> 32}, thread "
-                f"{mine & 0xFFFF_FFFF}{where}: a ring has one {role}"
-            )
-        if role is _PRODUCER:
-            self._producer = ident
-            self._free = [i for i in range(self._slots - 1, -1, -1) if self._states[i] == _FREE]
-        else:
-            self._consumer = ident
 
     def _let_go(self) -> None:
         """Close this side's pipes and drop its references to the mapping (under the lock)."""

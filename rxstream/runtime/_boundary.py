@@ -8,10 +8,16 @@ stamps ``<upstream>><downstream>.out`` and hands them to the downstream stage's 
 metadata crosses unchanged but for those two stamps, so a timing record shows the boundary
 as one hop whose compute is the transfer. Completion crosses as an end marker; a stopping run
 closes the rings, which wakes both sides.
+
+Zero copy has one hazard: a slot stays leased while any view of it lives, so a downstream
+that keeps items (a transport holding the last frames, a window) could lease every slot and
+stall the producer for good. When the reader takes an item while every slot is leased, it
+copies that item out of its slot (one copy, only then), and the ring keeps flowing.
 """
 
 from __future__ import annotations
 
+import pickle
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -102,6 +108,7 @@ class Boundary:
         """The items coming out of the ring, pushed by a reader thread once subscribed."""
         ring = self.ring
         out_hop, timing = self._out_hop, self._timing
+        slots = ring.handle().slots
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
@@ -116,6 +123,10 @@ class Boundary:
                         if item is END or isinstance(item, _End):
                             observer.on_completed()
                             return
+                        if ring.statistics().slots_in_use >= slots:
+                            # every slot is leased to views that downstream keeps: this item
+                            # is copied out, so its slot goes back and the producer goes on
+                            item = pickle.loads(pickle.dumps(item, protocol=5))
                         if timing:
                             item = _stamped(item, item.payload, (out_hop, now()))
                         observer.on_next(item)

@@ -1,0 +1,144 @@
+"""Ranks: in-process boundaries through the ring, and SPMD launch across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import rxstream
+from rxstream import PipelineError
+from rxstream.transport import MemoryTransport
+
+ROOT = Path(__file__).resolve().parent.parent
+APP = str(ROOT / "tests" / "apps" / "ranks_app.py")
+
+
+def shm_segments() -> set[str]:
+    """The shared-memory segments that exist now."""
+    return set(os.listdir("/dev/shm"))
+
+
+def rank_processes() -> list[str]:
+    """Live rank processes this test process spawned (their command lines)."""
+    out = subprocess.run(["ps", "-eo", "ppid=,args="], capture_output=True, text=True, check=True)
+    me = str(os.getpid())
+    return [
+        line
+        for line in out.stdout.splitlines()
+        if line.split(maxsplit=1)[0] == me and "spawn_main" in line
+    ]
+
+
+@pytest.fixture
+def clean_host() -> Iterator[None]:
+    """Fail a test that leaves a shared-memory segment or a rank process behind."""
+    before = shm_segments()
+    yield
+    deadline = time.monotonic() + 3
+    while (shm_segments() - before or rank_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shm_segments() - before == set()
+    assert rank_processes() == []
+
+
+def test_in_process_ranks_cross_a_ring_with_metadata_intact(
+    ctx: rxstream.Context, clean_host: None
+) -> None:
+    """Stages on two ranks in one process hand items over the ring, in order, stamped once."""
+    pipeline = (
+        ctx.source([np.full((3, 3), i, dtype=np.int32) for i in range(40)], name="src")
+        | ctx.pipe(lambda x: x * 2, name="a")
+        | ctx.pipe(lambda x: x + 1, name="b", rank=1)
+        | ctx.stream("out")
+    )
+    assert pipeline.plan.world == 2
+    assert [pipeline.plan.edge_name(u, d) for u, d in pipeline.plan.boundaries] == ["a>b"]
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    transport = ctx.transport
+    assert isinstance(transport, MemoryTransport)
+    items = transport.items("out")
+    assert [int(i.payload[0, 0]) for i in items] == [2 * i + 1 for i in range(40)]
+    assert [i.metadata.pts for i in items] == list(range(40))
+    hops = [hop for hop, _ in items[0].metadata.timeline]
+    assert hops == ["src.in", "src.out", "a.in", "a.out", "a>b.in", "a>b.out", "b.in", "b.out"]
+
+
+def test_drive_ignores_ranks(ctx: rxstream.Context) -> None:
+    """drive() runs every rank's stages in one thread: same outputs, no ring."""
+    pipeline = ctx.source(range(5)) | ctx.pipe(lambda x: x * 3, rank=1)
+    assert pipeline.drive(frames=5) == [0, 3, 6, 9, 12]
+
+
+def test_launch_runs_two_rank_processes(clean_host: None) -> None:
+    """launch() spawns rank 1, runs each rank's stages, stops at the frame count."""
+    result = rxstream.launch(APP, ranks=2, frames=20, timeout=60)
+    assert result.ranks == 2
+    assert result.egressed >= 20
+    assert set(result.statistics) == {0, 1}
+    assert list(result.statistics[0]) == ["frames", "prepare"]
+    assert list(result.statistics[1]) == ["work", "record", "video"]
+    assert result.statistics[1]["video"].items_out == result.egressed
+
+
+def test_launch_refuses_too_few_ranks() -> None:
+    """An app that places stages on rank 1 cannot run on one rank."""
+    with pytest.raises(rxstream.PipelineStateError, match=r"on 2 ranks, but only 1 were"):
+        rxstream.launch(APP, ranks=1, frames=5)
+
+
+def test_a_rank_that_dies_ends_the_run_naming_it(clean_host: None) -> None:
+    """A rank process that exits mid-run fails the launch naming the rank, promptly."""
+    started = time.monotonic()
+    with pytest.raises(PipelineError, match=r"^stage 'rank 1' failed: RuntimeError: rank 1 died"):
+        rxstream.launch(APP, ranks=2, config={"mode": "die"}, timeout=60)
+    assert time.monotonic() - started < 30  # far below the timeout: the death was seen
+
+
+def test_a_rank_that_raises_ends_the_run_naming_stage_and_rank(clean_host: None) -> None:
+    """A stage failing on rank 1 surfaces on the controller with the stage's own error."""
+    with pytest.raises(PipelineError, match=r"^stage 'rank 1' failed: .*stage 'work' failed"):
+        rxstream.launch(APP, ranks=2, config={"mode": "raise"}, timeout=60)
+
+
+def test_an_unpicklable_payload_names_the_stage_and_type(clean_host: None) -> None:
+    """A payload that cannot cross a boundary fails the run naming the stage and the type."""
+    with pytest.raises(PipelineError, match=r"stage 'prepare' failed .*'generator'"):
+        rxstream.launch(APP, ranks=2, config={"mode": "unpicklable"}, timeout=60)
+
+
+def test_doc_and_generations_reach_the_other_rank(tmp_path: Path, clean_host: None) -> None:
+    """A steer on rank 0 reaches rank 1: no old generation after the new one, new prompt read."""
+    out = tmp_path / "frames.jsonl"
+    rxstream.launch(APP, ranks=2, frames=40, config={"mode": "steer", "out": str(out)}, timeout=60)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    generations = [row["generation"] for row in rows]
+    assert generations == sorted(generations)
+    assert 1 in generations
+    first_new = generations.index(1)
+    assert {row["prompt"] for row in rows[first_new:]} == {"b"}
+    assert "prepare>work.in" in rows[0]["hops"]
+
+
+def test_cli_run_prints_per_rank_statistics(clean_host: None) -> None:
+    """`rxstream run APP --ranks 2 --frames N` runs and prints each rank's statistics."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", APP, "--ranks", "2", "--frames", "10"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "rank 0" in done.stdout
+    assert "rank 1" in done.stdout
+    assert "items egressed on 2 rank(s)" in done.stdout
