@@ -55,10 +55,10 @@ class PipelineItem:
         if name == "metadata":
             state = self.__dict__
             try:
-                base, flat = state["_md"], state["_st"]
+                base, chain = state["_md"], state["_st"]
             except KeyError:
                 raise AttributeError(name) from None
-            metadata = _with_stamps(base, tuple(zip(flat[::2], flat[1::2], strict=True)))
+            metadata = _with_stamps(base, _unchain(chain))
             state["metadata"] = metadata
             return metadata
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
@@ -95,23 +95,34 @@ def _with_stamps(metadata: PipelineMetadata, stamps: Timeline) -> PipelineMetada
 def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> PipelineItem:
     """``payload`` with ``item``'s metadata plus ``stamps`` (the 1:1 rule, hot path).
 
-    The metadata is not copied per hop: the new item keeps the same base metadata and the
-    stamps gathered since, flat (``hop, t, hop, t…``: one tuple a hop, not three), and builds
-    ``metadata`` only when someone reads it (measured here: ~0.4 µs a hop instead of ~1 µs
-    for a copy).
+    The metadata is not copied per hop: the new item keeps the same base metadata and a chain
+    of the stamps gathered since — one tuple a hop, ``(previous link, hop, t, hop, t…)`` — and
+    builds ``metadata`` only when someone reads it (measured here: ~0.4 µs a hop instead of
+    ~1 µs for a copy, and one object a hop for the garbage collector to count, not four).
+    ``stamps`` is flat: ``hop, t, hop, t…``.
     """
     state = item.__dict__
     base = state.get("_md")
     if base is None:
-        base = state["metadata"]
+        base, link = state["metadata"], None
     else:
-        stamps = state["_st"] + stamps
+        link = state["_st"]
     fresh = _new(PipelineItem)
     fresh_state = fresh.__dict__
     fresh_state["payload"] = payload
     fresh_state["_md"] = base
-    fresh_state["_st"] = stamps
+    fresh_state["_st"] = (link, *stamps) if stamps else link
     return fresh
+
+
+def _unchain(link: tuple[Any, ...] | None) -> Timeline:
+    """The stamps of a chain of links, oldest first, as ``(hop, t)`` pairs."""
+    links = []
+    while link is not None:
+        links.append(link)
+        link = link[0]
+    flat = [value for node in reversed(links) for value in node[1:]]
+    return tuple(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _base(item: PipelineItem) -> PipelineMetadata:

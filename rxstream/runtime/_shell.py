@@ -87,17 +87,16 @@ class StageShell:
         self.counters.items_out += 1
         # _stamped, inlined: this runs once per item per stage
         state = item.__dict__
-        stamps: tuple[Any, ...] = (self.in_hop, started, self.out_hop, now())
         base = state.get("_md")
         if base is None:
-            base = state["metadata"]
+            base, link = state["metadata"], None
         else:
-            stamps = state["_st"] + stamps
+            link = state["_st"]
         fresh = _new(PipelineItem)
         fresh_state = fresh.__dict__
         fresh_state["payload"] = payload
         fresh_state["_md"] = base
-        fresh_state["_st"] = stamps
+        fresh_state["_st"] = (link, self.in_hop, started, self.out_hop, now())
         return fresh
 
     def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
