@@ -69,6 +69,7 @@ class Context:
         world: int = 1,
         config: Mapping[str, Any] | None = None,
         replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
+        cuda_api: Any = None,
     ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
@@ -77,6 +78,9 @@ class Context:
         """This process's rank (0: the controller); the launcher sets it."""
         self.world = world
         """How many ranks the app runs on."""
+        self.cuda_api = cuda_api
+        """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
+        GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
         self.self_test_passed: bool | None = None
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}

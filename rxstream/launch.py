@@ -120,6 +120,7 @@ def _rank_main(
     rank: int,
     world: int,
     handles: Mapping[str, RingHandle],
+    releases: Mapping[str, tuple[Connection, Connection]],
     conn: Connection,
     docs: Mapping[str, tuple[dict[str, Any], int]],
 ) -> None:
@@ -138,6 +139,7 @@ def _rank_main(
             timing=ctx.timing,
             rank=rank,
             rings=rings,
+            releases=releases,
         )
         listener = threading.Thread(
             target=_listen, args=(conn, ctx, run), name="rxstream:control", daemon=True
@@ -223,8 +225,9 @@ def launch(
         for up, down in plan.boundaries
     }
     handles = {name: ring.handle() for name, ring in rings.items()}
-    docs = {name: (thaw(doc.snapshot()), doc.version) for name, doc in ctx.docs.items()}
     spawn = multiprocessing.get_context("spawn")
+    releases = {name: spawn.Pipe(duplex=False) for name in rings}  # CUDA ref ids coming back
+    docs = {name: (thaw(doc.snapshot()), doc.version) for name, doc in ctx.docs.items()}
     conns: dict[int, Connection] = {}
     procs: dict[int, Any] = {}
     run: Run | None = None
@@ -233,7 +236,7 @@ def launch(
             parent, child = spawn.Pipe()
             proc = spawn.Process(
                 target=_rank_main,
-                args=(entry, rank, ranks, handles, child, docs),
+                args=(entry, rank, ranks, handles, releases, child, docs),
                 name=f"rxstream-rank-{rank}",
                 daemon=True,
             )
@@ -248,6 +251,7 @@ def launch(
             timing=ctx.timing,
             rank=0,
             rings=rings,
+            releases=releases,
         )
         replicas = _replicate(ctx, conns)
         run.start()
@@ -269,6 +273,9 @@ def launch(
                 proc.join()
         for conn in conns.values():
             conn.close()
+        for pair in releases.values():
+            for end in pair:
+                end.close()
         for ring in rings.values():
             ring.close()
             ring.unlink()

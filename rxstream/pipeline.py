@@ -192,6 +192,7 @@ class Pipeline:
             bridge=AsyncBridge(loop),
             generations=self._context.generations,
             timing=self._context.timing,
+            cuda_api=self._context.cuda_api,
         )
         self._run = run
         self._stopped = False

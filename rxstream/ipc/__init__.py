@@ -10,6 +10,11 @@ from rxstream.ipc._framing import frame, unframe
 from rxstream.ipc._ring import RingHandle, RingStatistics, ShmRing
 
 __all__ = [
+    "CudaApi",
+    "CudaExporter",
+    "CudaImporter",
+    "CudaTensorRef",
+    "FakeCudaApi",
     "FramingError",
     "PayloadTooLarge",
     "RingClosed",
@@ -17,6 +22,7 @@ __all__ = [
     "RingHandle",
     "RingStatistics",
     "ShmRing",
+    "TorchCuda",
     "frame",
     "unframe",
 ]
@@ -24,3 +30,21 @@ __all__ = [
 for _name in ("RingHandle", "RingStatistics", "ShmRing"):
     globals()[_name].__module__ = __name__
 del _name
+
+
+_CUDA = frozenset(
+    {"CudaApi", "CudaExporter", "CudaImporter", "CudaTensorRef", "FakeCudaApi", "TorchCuda"}
+)
+
+
+def __getattr__(name: str) -> object:
+    # The CUDA bridge imports torch: load it on first use, not with the package.
+    if name in _CUDA:
+        from rxstream.ipc import _cuda
+
+        value = getattr(_cuda, name)
+        if isinstance(value, type):
+            value.__module__ = __name__
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,6 +29,7 @@ from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.ipc import ShmRing
 from rxstream.item import PipelineItem, _stamped, now
 from rxstream.operators._core import attach
+from rxstream.runtime._cudaxing import CudaCrossing
 from rxstream.runtime._stats import StageCounters
 from rxstream.typing import ItemStream
 
@@ -54,9 +55,13 @@ _POLL_S = 0.1
 class Boundary:
     """One edge across ranks, as seen from this process: its ring, writer and reader."""
 
-    def __init__(self, name: str, ring: ShmRing, *, timing: bool = True) -> None:
+    def __init__(
+        self, name: str, ring: ShmRing, *, timing: bool = True, cuda: CudaCrossing | None = None
+    ) -> None:
         self.name = name
         self.ring = ring
+        self.cuda = cuda
+        """How CUDA tensors cross (``None``: this process has no CUDA; they cannot)."""
         self._in_hop = f"{name}.in"
         self._out_hop = f"{name}.out"
         self._timing = timing
@@ -79,10 +84,12 @@ class Boundary:
         ``stage`` and the type.
         """
         ring = self.ring
-        in_hop, timing = self._in_hop, self._timing
+        in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
 
         def on_next(item: PipelineItem) -> None:
             started = now()
+            if cuda is not None:
+                item = _stamped(item, cuda.export(item.payload), ())
             if timing:
                 item = _stamped(item, item.payload, (in_hop, started))
             try:
@@ -107,7 +114,7 @@ class Boundary:
     def read(self, halted: Callable[[], bool], fail: Callable[[BaseException], None]) -> ItemStream:
         """The items coming out of the ring, pushed by a reader thread once subscribed."""
         ring = self.ring
-        out_hop, timing = self._out_hop, self._timing
+        out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
         slots = ring.handle().slots
 
         def subscribe(
@@ -127,9 +134,12 @@ class Boundary:
                             # every slot is leased to views that downstream keeps: this item
                             # is copied out, so its slot goes back and the producer goes on
                             item = pickle.loads(pickle.dumps(item, protocol=5))
+                        if cuda is not None:
+                            item = _stamped(item, cuda.open(item.payload), ())
                         if timing:
                             item = _stamped(item, item.payload, (out_hop, now()))
                         observer.on_next(item)
+                        del item  # no lease or CUDA ref outlives its stage because of us
                 except RingClosed:
                     return
                 except BaseException as exc:
@@ -144,6 +154,8 @@ class Boundary:
     def close(self, timeout: float) -> bool:
         """Close the ring (waking both sides) and join the reader; whether it ended."""
         self.ring.close()
+        if self.cuda is not None:
+            self.cuda.close()
         reader = self._reader
         if reader is None or reader is threading.current_thread():
             return True

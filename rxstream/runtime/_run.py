@@ -9,9 +9,11 @@ by actions on it, and the hop between stages is a direct call.
 
 from __future__ import annotations
 
+import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Mapping
+from multiprocessing.connection import Connection
 from typing import Any
 
 import structlog
@@ -26,6 +28,7 @@ from rxstream.operators._core import attach
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._boundary import Boundary
+from rxstream.runtime._cudaxing import CudaCrossing, default_cuda_api
 from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell
@@ -63,12 +66,16 @@ class Run:
         timing: bool = True,
         rank: int | None = None,
         rings: Mapping[str, ShmRing] | None = None,
+        releases: Mapping[str, tuple[Connection, Connection]] | None = None,
+        cuda_api: Any = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
         """The rank this process runs (``None``: every rank, in this process)."""
         self.local = tuple(n for n in plan.nodes if rank is None or plan.ranks[n] == rank)
         self._rings = dict(rings or {})
+        self._releases = dict(releases or {})
+        self._cuda_api = cuda_api if cuda_api is not None else default_cuda_api()
         self._owned_rings: list[ShmRing] = []
         self.boundaries: dict[str, Boundary] = {}
         self.generations = generations
@@ -172,7 +179,13 @@ class Run:
             if ring is None:  # every rank in this process: the run owns the ring
                 ring = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
                 self._owned_rings.append(ring)
-            boundary = self.boundaries[name] = Boundary(name, ring, timing=self.timing)
+            cuda = None
+            if self._cuda_api is not None:
+                release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
+                local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
+                cuda = CudaCrossing(self._cuda_api, release, local=local)
+            boundary = Boundary(name, ring, timing=self.timing, cuda=cuda)
+            self.boundaries[name] = boundary
         return boundary
 
     def _input(self, streams: dict[Node, ItemStream], upstream: Node, node: Node) -> ItemStream:

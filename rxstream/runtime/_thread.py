@@ -334,6 +334,9 @@ class StageThread(_ClockScheduler):
         timers = self._timers
         not_full = self._not_full
         perf = _perf
+        entry: Any = None
+        job: Any = None
+        value: Any = None
         while True:
             with lock:
                 # the common case first: an item waits, no timer, the stage takes items
@@ -358,6 +361,8 @@ class StageThread(_ClockScheduler):
                 return
             finally:
                 counters.work_s += perf() - started - (counters.stalled_s - stalled)
+                # keep no item alive while waiting for the next (leases, CUDA refs, memory)
+                entry = job = value = None
 
 
 def _run_timer(timer: _Timer) -> None:
