@@ -7,10 +7,11 @@ One :class:`~multiprocessing.shared_memory.SharedMemory` segment holds a header 
 
 A slot holds one item as :func:`~rxstream.ipc.frame` made it: ``header_len, n_buffers``, an
 ``(offset, length)`` pair per buffer, the pickle header, then each buffer at a 64-byte aligned
-offset. ``put`` copies every buffer once into a free slot and writes the slot's index (4
-bytes) into the *ready* pipe; ``get`` reads an index, unframes in place (arrays and tensors
-are views of the slot) and, once every view is gone, writes the index into the *free* pipe.
-The pipes carry indices, never payloads; a close writes a mark into both to wake any side.
+offset (a ``bytes`` item is stored as is, unpickled). ``put`` copies every buffer once into a
+free slot and writes the slot's index (4 bytes) into the *ready* pipe; ``get`` reads an
+index, unframes in place (arrays and tensors are views of the slot) and, once every view is
+gone, writes the index into the *free* pipe. The pipes carry indices, never payloads; a close
+writes a mark into both to wake any side.
 
 The two traps of DESIGN §6:
 
@@ -76,6 +77,7 @@ _CLOSE_MARK = 0xFFFF_FFFF
 _CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
 _SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
 _COUNTS = struct.Struct("<qq")  # the words items, bytes
+_RAW_BYTES = (1 << 64) - 1  # n_buffers of a ``bytes`` item, stored as is instead of pickled
 _BIG_COPY = 1 << 16
 """Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
 
@@ -268,10 +270,14 @@ class ShmRing:
         try:
             if self._closed or self._words[_W_CLOSED]:
                 raise RingClosed(f"ring {self._name!r} is closed")
-            header, buffers = frame(obj)
-            if buffers:
-                self._put_buffers(header, buffers, timeout)
-                return
+            if type(obj) is bytes:  # as is: no pickle on either side
+                header, count = obj, _RAW_BYTES
+            else:
+                header, buffers = frame(obj)
+                if buffers:
+                    self._put_buffers(header, buffers, timeout)
+                    return
+                count = 0
             size = len(header)
             end = _SLOT_HEAD.size + size
             if end > self._slot_bytes:
@@ -280,7 +286,7 @@ class ShmRing:
             slot = free.pop() if free else self._wait_free(timeout)
             base = self._start + slot * self._stride
             seg = self._seg
-            _SLOT_HEAD.pack_into(seg, base, size, 0)
+            _SLOT_HEAD.pack_into(seg, base, size, count)
             seg[base + _SLOT_HEAD.size : base + end] = header
             self._commit(slot, end)
         finally:
@@ -375,12 +381,12 @@ class ShmRing:
             slot = pending.popleft()
             base = self._start + slot * self._stride
             header_len, count = _SLOT_HEAD.unpack_from(self._seg, base)
-            if count:
+            if count and count != _RAW_BYTES:
                 return self._take_leased(slot, base, header_len, count)
-            # no buffers: nothing points into the slot once unpickled; it goes back at once
+            # no buffers: nothing points into the slot once read; it goes back at once
             try:
-                at = base + _SLOT_HEAD.size
-                return pickle.loads(self._seg[at : at + header_len])
+                header = self._seg[base + _SLOT_HEAD.size : base + _SLOT_HEAD.size + header_len]
+                return bytes(header) if count else pickle.loads(header)
             finally:
                 self._states[slot] = _FREE
                 os.write(self._free_w, self._index_bytes[slot])

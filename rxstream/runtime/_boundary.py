@@ -66,6 +66,8 @@ class Boundary:
         self._out_hop = f"{name}.out"
         self._timing = timing
         self._reader: threading.Thread | None = None
+        self._got = 0  # items (and the end marker) the reader took out of the ring
+        self._dropped: StageCounters | None = None  # the reader's stage: counts what is left
 
     # --- the upstream side ----------------------------------------------------------------
 
@@ -111,8 +113,18 @@ class Boundary:
 
     # --- the downstream side --------------------------------------------------------------
 
-    def read(self, halted: Callable[[], bool], fail: Callable[[BaseException], None]) -> ItemStream:
-        """The items coming out of the ring, pushed by a reader thread once subscribed."""
+    def read(
+        self,
+        halted: Callable[[], bool],
+        fail: Callable[[BaseException], None],
+        counters: StageCounters,
+    ) -> ItemStream:
+        """The items coming out of the ring, pushed by a reader thread once subscribed.
+
+        Items still in the ring when the run stops are counted on ``counters`` (the
+        downstream stage's) as dropped, reason ``stopped``.
+        """
+        self._dropped = counters
         ring = self.ring
         out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
         slots = ring.handle().slots
@@ -127,6 +139,7 @@ class Boundary:
                             item: Any = ring.get(timeout=_POLL_S)
                         except TimeoutError:
                             continue
+                        self._got += 1
                         if item is END or isinstance(item, _End):
                             observer.on_completed()
                             return
@@ -157,7 +170,13 @@ class Boundary:
         if self.cuda is not None:
             self.cuda.close()
         reader = self._reader
-        if reader is None or reader is threading.current_thread():
-            return True
-        reader.join(timeout)
-        return not reader.is_alive()
+        ended = True
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(timeout)
+            ended = not reader.is_alive()
+        if self._dropped is not None:  # what the reader never took is dropped here
+            unread = self.ring.statistics().items - self._got
+            if unread > 0:
+                self._dropped.drop("stopped", unread)
+            self._dropped = None
+        return ended

@@ -192,7 +192,8 @@ class Run:
         """``node``'s input from ``upstream``: its stream, or the reader of their boundary."""
         if not self._crosses(upstream, node):
             return streams[upstream]
-        return self._boundary(upstream, node).read(lambda: self._halted, self.fail)
+        counters = self.shells[node].counters
+        return self._boundary(upstream, node).read(lambda: self._halted, self.fail, counters)
 
     def _write_boundaries(self, streams: dict[Node, ItemStream]) -> None:
         """A writer for every boundary whose upstream runs here; each is an end to complete."""
