@@ -115,6 +115,27 @@ def _egressed(run: Run) -> int:
 # --- a rank process ----------------------------------------------------------------------------
 
 
+def _rank_run(
+    pipeline: Pipeline,
+    rank: int,
+    rings: Mapping[str, ShmRing],
+    releases: Mapping[str, tuple[Connection, Connection]],
+) -> Run:
+    """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings."""
+    ctx = pipeline.context
+    return Run(
+        pipeline.plan,
+        mode="threads",
+        bridge=AsyncBridge(),
+        generations=ctx.generations,
+        timing=ctx.timing,
+        rank=rank,
+        rings=rings,
+        releases=releases,
+        cuda_api=ctx.cuda_api,
+    )
+
+
 def _rank_main(
     entry: str,
     rank: int,
@@ -129,18 +150,8 @@ def _rank_main(
     try:
         ctx = Context(rank=rank, world=world, replicas=docs)
         pipeline = load_app(entry)(ctx)
-        plan = pipeline.plan
         rings = {name: ShmRing.attach(handle) for name, handle in handles.items()}
-        run = Run(
-            plan,
-            mode="threads",
-            bridge=AsyncBridge(),
-            generations=ctx.generations,
-            timing=ctx.timing,
-            rank=rank,
-            rings=rings,
-            releases=releases,
-        )
+        run = _rank_run(pipeline, rank, rings, releases)
         listener = threading.Thread(
             target=_listen, args=(conn, ctx, run), name="rxstream:control", daemon=True
         )
@@ -243,16 +254,7 @@ def launch(
             proc.start()
             child.close()
             conns[rank], procs[rank] = parent, proc
-        run = Run(
-            plan,
-            mode="threads",
-            bridge=AsyncBridge(),
-            generations=ctx.generations,
-            timing=ctx.timing,
-            rank=0,
-            rings=rings,
-            releases=releases,
-        )
+        run = _rank_run(pipeline, 0, rings, releases)
         replicas = _replicate(ctx, conns)
         run.start()
         try:

@@ -175,6 +175,8 @@ class ShmRing:
         self._pending: deque[int] = deque()  # slots written, not yet taken by get
         self._items = self._bytes = self._put_wait_ns = 0  # the producer's counters
         self._get_wait_ns = 0  # the consumer's
+        self._free_poll = select.poll()
+        self._free_poll.register(self._free_r, select.POLLIN)
         self._index_bytes = [_INDEX.pack(i) for i in range(handle.slots)]
         self._index_of = {packed: i for i, packed in enumerate(self._index_bytes)}
         self._final: RingStatistics | None = None
@@ -307,6 +309,14 @@ class ShmRing:
             table += (at, raw.nbytes)
         if end > self._slot_bytes:
             raise self._too_large(end)
+        # a big item: first take the slots handed back since, and reuse the latest one (its
+        # memory is still in cache: one frame in flight stays in one slot, not in all of them)
+        if (
+            end >= _BIG_COPY
+            and self._free_poll.poll(0)
+            and self._read_indices(self._free_r, self._free)
+        ):
+            raise RingClosed(f"ring {self._name!r} is closed")
         slot = self._free.pop() if self._free else self._wait_free(timeout)
         try:
             base = self._start + slot * self._stride

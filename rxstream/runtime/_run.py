@@ -438,14 +438,9 @@ class Run:
         for _ in range(frames):
             for entry in tuple(active) if len(active) > 1 else active:
                 puller, observer = entry
-                try:
-                    item = puller.pull()
-                except BaseException as exc:
-                    self.fail(exc)
-                    return
+                item = self._pulled(puller, observer)
                 if item is None:
                     active.remove(entry)
-                    observer.on_completed()
                 elif item is not SKIPPED:
                     observer.on_next(item)
                 if self.error is not None:
@@ -454,6 +449,19 @@ class Run:
                 return
         for _puller, observer in active:
             observer.on_completed()
+
+    def _pulled(
+        self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]
+    ) -> PipelineItem | None:
+        """One pull: the item (or SKIPPED); ``None`` once the source ended or failed."""
+        try:
+            item = puller.pull()
+        except BaseException as exc:
+            self.fail(exc)
+            return None
+        if item is None:
+            observer.on_completed()
+        return item
 
     def _schedule_pull(
         self,
@@ -468,14 +476,11 @@ class Run:
             if index >= frames:
                 observer.on_completed()
                 return
-            try:
-                item = puller.pull()
-            except BaseException as exc:
-                self.fail(exc)
-                return
+            item = self._pulled(puller, observer)
             if item is None:
-                observer.on_completed()
                 return
+            # the next pull is scheduled before this item runs: at the same virtual time it
+            # comes before the timers the item starts (a pace tick does not underflow)
             self._schedule_pull(clock, puller, observer, frames, interval, index + 1)
             if item is not SKIPPED:
                 observer.on_next(item)
