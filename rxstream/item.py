@@ -115,6 +115,16 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     return fresh
 
 
+def _chained(payload: Any, base: PipelineMetadata, stamps: tuple[Any, ...]) -> PipelineItem:
+    """A new item of ``payload`` over ``base`` whose chain starts with the flat ``stamps``."""
+    fresh = _new(PipelineItem)
+    state = fresh.__dict__
+    state["payload"] = payload
+    state["_md"] = base
+    state["_st"] = (None, *stamps)
+    return fresh
+
+
 def _unchain(link: tuple[Any, ...] | None) -> Timeline:
     """The stamps of a chain of links, oldest first, as ``(hop, t)`` pairs."""
     links = []

@@ -20,7 +20,14 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from typing import Any
 
 from rxstream._exceptions import PipelineError, StageBuildError
-from rxstream.item import PipelineItem, PipelineMetadata, Timeline, _with_stamps, now
+from rxstream.item import (
+    PipelineItem,
+    PipelineMetadata,
+    _chained,
+    _item,
+    _with_stamps,
+    now,
+)
 from rxstream.operators._input import InputFeed, InputSample
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageCounters
@@ -141,30 +148,33 @@ class SourcePuller:
             prompt = gens.prompt
             cutover = prompt > self._prompt
             input_seq = input_at_ms = 0
-            origin: Timeline = ()
+            origin: tuple[Any, ...] = ()  # flat: hop, t
             if isinstance(value, InputSample):
                 self._count_input_drops()
                 started = now()  # the wait for a sample is the input queue's, before .in
                 input_seq, input_at_ms = value.input_seq, value.input_at_ms
-                origin = (("input.recv", value.received),)
+                origin = ("input.recv", value.received)
                 value = value.payload
             elif cutover:  # a steer during this pull counts from the pull's start
-                origin = (("steer", min(gens.steered_at, started)),)
-            stamps = shell.stamps(started)
+                origin = ("steer", min(gens.steered_at, started))
             metadata = _new(PipelineMetadata)  # the frozen __init__ costs ~1.5 µs an item
             state = metadata.__dict__
-            state.update(_DEFAULTS)
+            state.update(_DEFAULTS)  # timeline (): the stamps go on the item's chain
             state["prompt_generation"] = prompt
             state["flush_generation"] = gens.flush
             state["drop_generation"] = gens.drop
             state["pts"] = self._count
-            state["timeline"] = origin + stamps if stamps else ()
             if cutover:
                 state["cutover"] = True
             if input_seq:
                 state["input_seq"] = input_seq
                 state["input_at_ms"] = input_at_ms
             self._prompt = prompt
+            self._count += 1
+            shell.counters.items_out += 1
+            if not shell.timing:
+                return _item(value, metadata)
+            return _chained(value, metadata, (*origin, shell.in_hop, started, shell.out_hop, now()))
         self._count += 1
         return shell.emit(value, metadata)
 
