@@ -9,15 +9,16 @@ bytes. Producer: this process. Consumer: a spawned process per transport, starte
 takes each item, touches it (its first and last element, in place where the transport allows)
 and drops it:
 
-- ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB); the ack comes back through a
-  second ring.
-- ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread);
-  the ack through a second queue.
+- ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB), read in place.
+- ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread).
 - ``torch.multiprocessing`` Queue, fresh tensor: each item a new CPU tensor (made before the
   clock starts), moved to shared memory by torch's reducer and mapped by the consumer.
 - ``multiprocessing.Pipe`` ``send_bytes`` / ``recv_bytes`` (1 KB only): the floor for a
-  notification between two processes; the ack is a one-byte ``send_bytes`` back.
+  message between two processes.
 - ``numpy.copyto`` in one process, one thread (frames only): the physical limit, one memcpy.
+
+Every consumer acks the same way, one byte back over a bare ``multiprocessing.Pipe``, so the
+transports differ on the forward path only.
 
 Measures, per payload and transport:
 1. latency, one in flight: put, then wait for the consumer's ack; median round trip.
@@ -31,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import multiprocessing
 import os
+import pickle
 import platform
 import statistics
 import sys
@@ -53,7 +56,7 @@ from rxstream.ipc import RingHandle, ShmRing
 SPAWN = multiprocessing.get_context("spawn")
 STOP = None
 LAT, TPUT = "latency", "throughput"
-READY_S = 120.0
+DASH = "\N{EN DASH}"
 
 FRAME, TENSOR, SMALL = "1080x1920x3 uint8 (6.2 MB)", "512x512x4 float32 (4.2 MB)", "1 KB bytes"
 MEMCPY = "numpy.copyto, one process (memcpy)"
@@ -66,8 +69,10 @@ PIPE = "multiprocessing.Pipe send_bytes"
 def make_payload(name: str) -> Any:
     """The payload ``name`` stands for (non-zero, so a lazy copy cannot cheat)."""
     if name == FRAME:
-        return (np.arange(1080 * 1920 * 3, dtype=np.uint32) % 251).astype(np.uint8).reshape(
-            1080, 1920, 3
+        return (
+            (np.arange(1080 * 1920 * 3, dtype=np.uint32) % 251)
+            .astype(np.uint8)
+            .reshape(1080, 1920, 3)
         )
     if name == TENSOR:
         return np.linspace(0, 1, 512 * 512 * 4, dtype=np.float32).reshape(512, 512, 4)
@@ -78,23 +83,22 @@ def nbytes(payload: Any) -> int:
     return payload.nbytes if isinstance(payload, np.ndarray) else len(payload)
 
 
-def touch(item: Any) -> None:
+def touch(item: Any) -> int:
     """Read the first and last element of ``item`` (array, tensor or bytes)."""
-    if isinstance(item, bytes | np.ndarray):
-        flat = item.reshape(-1) if isinstance(item, np.ndarray) else item
-        flat[0] + flat[-1]
-    else:  # a torch tensor
-        flat = item.view(-1)
-        (flat[0] + flat[-1]).item()
+    if isinstance(item, bytes):
+        return item[0] + item[-1]
+    flat = item.reshape(-1) if isinstance(item, np.ndarray) else item.view(-1)  # or a tensor
+    return int(flat[0]) + int(flat[-1])
 
 
 # --- consumers (spawned) --------------------------------------------------------------------
 
 
-def serve(get: Callable[[], Any], ack: Callable[[Any], None]) -> None:
-    """The consumer loop every transport shares: a command, then its items."""
+def serve(get: Callable[[], Any], acks: Connection) -> None:
+    """The consumer loop every transport shares: a command, then its items; acks on a Pipe."""
     gc.disable()
-    ack("ready")
+    ack = acks.send_bytes
+    ack(b"k")  # ready: imports done
     while True:
         command = get()
         if command is STOP:
@@ -105,67 +109,55 @@ def serve(get: Callable[[], Any], ack: Callable[[Any], None]) -> None:
             touch(item)
             del item
             if mode == LAT:
-                ack(0)
+                ack(b"k")
         if mode == TPUT:
-            ack(count)
+            ack(b"k")
 
 
-def ring_consumer(data: RingHandle, acks: RingHandle) -> None:
-    source, sink = ShmRing.attach(data), ShmRing.attach(acks)
+def ring_consumer(data: RingHandle, acks: Connection) -> None:
+    ring = ShmRing.attach(data)
     try:
-        serve(source.get, sink.put)
+        serve(ring.get, acks)
     finally:
-        source.close()
-        sink.close()
+        ring.close()
 
 
-def queue_consumer(data: Any, acks: Any) -> None:
-    if data.__class__.__module__.startswith("torch"):
-        import torch.multiprocessing  # noqa: F401  (the tensor reducers)
-    serve(data.get, acks.put)
+def queue_consumer(data: Any, acks: Connection) -> None:
+    serve(data.get, acks)
 
 
-def torch_consumer(data: Any, acks: Any) -> None:
+def torch_consumer(data: Any, acks: Connection) -> None:
     import torch.multiprocessing  # noqa: F401  (the tensor reducers)
 
-    serve(data.get, acks.put)
+    serve(data.get, acks)
 
 
-def pipe_consumer(connection: Connection) -> None:
-    def get() -> Any:
-        message = connection.recv_bytes()
-        return message if message[:1] != b"\x80" else _loads(message)
+def pipe_consumer(data: Connection, acks: Connection) -> None:
+    def get() -> Any:  # commands are pickles (b"\x80..."); the 1 KB payload starts with 0
+        message = data.recv_bytes()
+        return message if message[:1] != b"\x80" else pickle.loads(message)
 
-    def ack(value: Any) -> None:
-        connection.send_bytes(b"k" if value != "ready" else b"ready")
-
-    serve(get, ack)
-
-
-def _loads(message: bytes) -> Any:
-    import pickle
-
-    return pickle.loads(message)
+    serve(get, acks)
 
 
 # --- the producer's side of each transport --------------------------------------------------
 
 
 class Transport:
-    """put an item / a command, wait for an ack; the consumer process behind it."""
+    """Put an item or a command; the consumer process behind it acks over a bare Pipe."""
 
-    def __init__(self, name: str, process: multiprocessing.process.BaseProcess) -> None:
+    put: Callable[[Any], None]
+    """Hand one item (or command) to the consumer."""
+
+    def __init__(self, name: str, context: Any, target: Callable[..., None], data: Any) -> None:
         self.name = name
-        self.process = process
-
-    def put(self, item: Any) -> None:
-        raise NotImplementedError
+        self.acks, theirs = context.Pipe(duplex=False)
+        self.ack = self.acks.recv_bytes
+        """Wait for the consumer's next ack."""
+        self.process = context.Process(target=target, args=(data, theirs), daemon=True)
 
     def command(self, value: Any) -> None:
         self.put(value)
-
-    def ack(self) -> Any:
-        raise NotImplementedError
 
     def close(self) -> None:
         self.command(STOP)
@@ -173,58 +165,47 @@ class Transport:
         if self.process.is_alive():
             self.process.kill()
             self.process.join()
+        self.acks.close()
 
 
 class RingTransport(Transport):
     def __init__(self) -> None:
-        self.data = ShmRing.create(slots=8, slot_bytes=8 << 20)
-        self.acks = ShmRing.create(slots=4, slot_bytes=4096)
-        process = SPAWN.Process(
-            target=ring_consumer, args=(self.data.handle(), self.acks.handle()), daemon=True
-        )
-        super().__init__(RING, process)
-        self.put = self.data.put  # type: ignore[method-assign]
-        self.ack = self.acks.get  # type: ignore[method-assign]
+        self.ring = ShmRing.create(slots=8, slot_bytes=8 << 20)
+        super().__init__(RING, SPAWN, ring_consumer, self.ring.handle())
+        self.put = self.ring.put
 
     def close(self) -> None:
         try:
             super().close()
         finally:
-            for ring in (self.data, self.acks):
-                ring.close()
-                ring.unlink()
+            self.ring.close()
+            self.ring.unlink()
 
 
 class QueueTransport(Transport):
     def __init__(self, name: str, context: Any, target: Callable[..., None]) -> None:
-        self.data, self.acks = context.Queue(), context.Queue()
-        super().__init__(name, context.Process(target=target, args=(self.data, self.acks)))
-        self.put = self.data.put  # type: ignore[method-assign]
-        self.ack = self.acks.get  # type: ignore[method-assign]
+        self.queue = context.Queue()
+        super().__init__(name, context, target, self.queue)
+        self.put = self.queue.put
 
     def close(self) -> None:
         super().close()
-        for queue in (self.data, self.acks):
-            queue.close()
-            queue.join_thread()
+        self.queue.close()
+        self.queue.join_thread()
 
 
 class PipeTransport(Transport):
     def __init__(self) -> None:
-        import pickle
-
-        self._dumps = pickle.dumps
-        self.ours, theirs = SPAWN.Pipe()
-        super().__init__(PIPE, SPAWN.Process(target=pipe_consumer, args=(theirs,)))
-        self.put = self.ours.send_bytes  # type: ignore[method-assign]
-        self.ack = self.ours.recv_bytes  # type: ignore[method-assign]
+        theirs, self.data = SPAWN.Pipe(duplex=False)
+        super().__init__(PIPE, SPAWN, pipe_consumer, theirs)
+        self.put = self.data.send_bytes
 
     def command(self, value: Any) -> None:
-        self.ours.send_bytes(self._dumps(value))
+        self.data.send_bytes(pickle.dumps(value))
 
     def close(self) -> None:
         super().close()
-        self.ours.close()
+        self.data.close()
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -288,7 +269,6 @@ FULL = {"big": Plan(300, 300, 30, 30), "small": Plan(3_000, 20_000, 1_000, 200)}
 
 def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[float]]:
     """Every transport once per repetition, interleaved; the raw figures by key."""
-    import torch
     import torch.multiprocessing as tmp
 
     transports: list[Transport] = [
@@ -304,56 +284,60 @@ def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[fl
         for transport in transports:
             transport.ack()  # "ready": the consumer imported what it needs
         for rep in range(reps + 1):  # repetition 0 warms the slots, pages and code paths
-            for payload_name in (FRAME, TENSOR, SMALL):
-                payload = make_payload(payload_name)
-                plan = plans["small" if payload_name == SMALL else "big"]
-                fresh = torch.from_numpy(
-                    np.frombuffer(payload, np.uint8)
-                    if isinstance(payload, bytes)
-                    else payload
-                )
-
-                def add(transport: str, measure: str, value: float) -> None:
+            for name in (FRAME, TENSOR, SMALL):
+                figures = measure(name, plans["small" if name == SMALL else "big"], transports)
+                for (variant, what), value in figures.items():
                     if rep:
-                        got.setdefault((payload_name, transport, measure), []).append(value)
-
-                if isinstance(payload, np.ndarray):
-                    gc.collect()
-                    seconds = memcpy_latency(payload, plan.trips)
-                    add(MEMCPY, LAT, seconds)
-                    add(MEMCPY, TPUT, 1 / seconds)
-                for transport in transports:
-                    if transport.name == PIPE and payload_name != SMALL:
-                        continue
-                    slow = transport.name in (QUEUE, TORCH)
-                    trips = plan.slow_trips if slow else plan.trips
-                    count = plan.slow_batch if slow else plan.batch
-                    if transport.name == TORCH:
-                        items: Callable[[], Any] = fresh.clone
-                        batch = [fresh.clone() for _ in range(count)]
-                    else:
-                        items = (lambda p=payload: p)  # noqa: E731
-                        batch = [payload] * count
-                    gc.collect()
-                    gc.disable()
-                    try:
-                        add(transport.name, LAT, latency(transport, items, trips))
-                        add(transport.name, TPUT, throughput(transport, batch))
-                    finally:
-                        gc.enable()
-                    del batch
+                        got.setdefault((name, variant, what), []).append(value)
     finally:
         for transport in transports:
             transport.close()
     return got
 
 
+def measure(name: str, plan: Plan, transports: list[Transport]) -> dict[tuple[str, str], float]:
+    """Latency and throughput of payload ``name`` through every transport (and memcpy)."""
+    import torch
+
+    payload = make_payload(name)
+    as_array = payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, np.uint8)
+    fresh = torch.from_numpy(as_array.copy())
+    figures: dict[tuple[str, str], float] = {}
+    if isinstance(payload, np.ndarray):
+        gc.collect()
+        seconds = memcpy_latency(payload, plan.trips)
+        figures[MEMCPY, LAT] = seconds
+        figures[MEMCPY, TPUT] = 1 / seconds
+    for transport in transports:
+        if transport.name == PIPE and name != SMALL:
+            continue
+        slow = transport.name in (QUEUE, TORCH)
+        trips = plan.slow_trips if slow else plan.trips
+        count = plan.slow_batch if slow else plan.batch
+        if transport.name == TORCH:
+            items: Callable[[], Any] = fresh.clone
+            batch = [fresh.clone() for _ in range(count)]
+        else:
+            items = itertools.repeat(payload).__next__
+            batch = [payload] * count
+        gc.collect()
+        gc.disable()
+        try:
+            figures[transport.name, LAT] = latency(transport, items, trips)
+            figures[transport.name, TPUT] = throughput(transport, batch)
+        finally:
+            gc.enable()
+        del batch
+    return figures
+
+
 # --- reporting ------------------------------------------------------------------------------
 
 
 def _span(values: Sequence[float], scale: float, digits: int) -> str:
-    median = statistics.median(values) * scale
-    return f"{median:,.{digits}f} ({min(values) * scale:,.{digits}f}–{max(values) * scale:,.{digits}f})"
+    """``median (min-max)`` of ``values`` times ``scale`` (an en dash between min and max)."""
+    low, median, high = (v * scale for v in (min(values), statistics.median(values), max(values)))
+    return f"{median:,.{digits}f} ({low:,.{digits}f}{DASH}{high:,.{digits}f})"
 
 
 def _ratio(values: Sequence[float], base: Sequence[float]) -> float:
@@ -364,8 +348,8 @@ def _ratio(values: Sequence[float], base: Sequence[float]) -> float:
 def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], list[str]]:
     """The markdown table and the target lines."""
     lines = [
-        "| payload | transport | latency median µs (min–max) | latency vs baseline "
-        "| throughput /s median (min–max) | GB/s | throughput vs baseline |",
+        f"| payload | transport | latency median µs (min{DASH}max) | latency vs baseline "
+        f"| throughput /s median (min{DASH}max) | GB/s | throughput vs baseline |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for payload_name in (FRAME, TENSOR, SMALL):

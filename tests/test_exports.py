@@ -11,6 +11,7 @@ import pytest
 PACKAGES = [
     "rxstream",
     "rxstream.doc",
+    "rxstream.ipc",
     "rxstream.operators",
     "rxstream.runtime",
     "rxstream.testing",

@@ -80,7 +80,9 @@ def segment_range(ring: ShmRing) -> tuple[int, int]:
 
 def framed_size(obj: object) -> int:
     """Bytes ``obj`` takes in a slot: (header_len, n) + (offset, length) per buffer + header,
-    then each buffer at a 64-byte aligned offset."""
+    then each buffer at a 64-byte aligned offset; ``bytes`` go as is, without pickle."""
+    if type(obj) is bytes:
+        return 16 + len(obj)
     header, buffers = frame(obj)
     end = 16 + 16 * len(buffers) + len(header)
     for buffer in buffers:
@@ -230,6 +232,19 @@ def test_slot_is_leased_until_every_view_is_gone(pair: tuple[ShmRing, ShmRing]) 
     assert row[0] == 24.0
     del row
     assert other.statistics().slots_in_use == 0
+
+
+def test_one_big_item_in_flight_keeps_reusing_one_slot(pair: tuple[ShmRing, ShmRing]) -> None:
+    """A big item goes into the slot handed back last (cache-hot), not round the ring."""
+    owner, other = pair
+    addresses = set()
+    for i in range(6):
+        owner.put(np.full(1 << 17, i, np.uint8))
+        got = other.get(timeout=5)
+        assert got[0] == i
+        addresses.add(got.ctypes.data)
+        del got
+    assert len(addresses) == 1
 
 
 def test_items_without_buffers_are_not_leased(pair: tuple[ShmRing, ShmRing]) -> None:

@@ -43,8 +43,6 @@ def __getattr__(name: str) -> object:
         from rxstream.ipc import _cuda
 
         value = getattr(_cuda, name)
-        if isinstance(value, type):
-            value.__module__ = __name__
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

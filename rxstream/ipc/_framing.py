@@ -150,7 +150,7 @@ def _numpy_view(torch: ModuleType, dtype: Any) -> str | None:
     try:
         torch.empty(0, dtype=dtype).numpy()
         view = None
-    except TypeError:
+    except (TypeError, RuntimeError):  # "unsupported ScalarType": view it as integers
         view = _INT_OF_WIDTH.get(dtype.itemsize, _UNSUPPORTED)
         if view != _UNSUPPORTED:
             try:
@@ -167,7 +167,7 @@ def _dtype_name(dtype: Any, view: str | None) -> str | None:
 
 
 def _rebuild_tensor(array: np.ndarray[Any, Any], dtype: str | None, requires_grad: bool) -> Any:
-    """A tensor sharing ``array``'s memory (the unpickling side of ``_TensorPickler``)."""
+    """A tensor sharing ``array``'s memory (the unpickling side of ``_Pickler``)."""
     import torch
 
     if not array.flags.writeable:  # from_numpy warns on read-only memory: copy instead

@@ -108,7 +108,10 @@ class RingStatistics:
 
 @dataclass(frozen=True)
 class RingHandle:
-    """What attaching to a ring takes; pass it to a ``multiprocessing`` (spawn) child."""
+    """What attaching to a ring takes; pass it to a ``multiprocessing`` (spawn) child.
+
+    It pickles when a child is started with it (the pipe ends travel as file descriptors).
+    """
 
     name: str
     """The shared-memory segment's name (``/dev/shm/<name>`` on Linux)."""
@@ -453,6 +456,8 @@ class ShmRing:
         if index is not None:
             into.append(index)
             return False
+        if not data:  # every writer gone (cannot happen while this side holds its own)
+            return True
         closed = False
         for (index,) in _INDEX.iter_unpack(data):
             if index == _CLOSE_MARK:
@@ -498,6 +503,11 @@ class ShmRing:
             self._segment.unlink()
         except FileNotFoundError:  # removed behind our back: still drop our registration
             resource_tracker.unregister(self._segment.tracked_name, "shared_memory")
+
+    @property
+    def all_in_use(self) -> bool:
+        """Whether no slot is free (each waits for ``get`` or is leased): a cheap check."""
+        return _FREE not in bytes(self._states)
 
     def statistics(self) -> RingStatistics:
         """The ring's counters now (after this side closed: as they were at its close)."""

@@ -127,7 +127,6 @@ class Boundary:
         self._dropped = counters
         ring = self.ring
         out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
-        slots = ring.handle().slots
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
@@ -143,7 +142,7 @@ class Boundary:
                         if item is END or isinstance(item, _End):
                             observer.on_completed()
                             return
-                        if ring.statistics().slots_in_use >= slots:
+                        if ring.all_in_use:
                             # every slot is leased to views that downstream keeps: this item
                             # is copied out, so its slot goes back and the producer goes on
                             item = pickle.loads(pickle.dumps(item, protocol=5))
