@@ -41,7 +41,6 @@ import os
 import platform
 import queue
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -58,6 +57,8 @@ from reactivex.scheduler import EventLoopScheduler
 # `python bench/hop.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from _report import STOP, ignore, noop, p99, pulled, revision, spread
+
 import rxstream
 
 STAGES = ("p1", "p2", "p3", "p4")
@@ -67,25 +68,11 @@ JOIN_S = 10.0
 Timeline = tuple[tuple[str, float], ...]
 Message = tuple[Any, Timeline]
 
-_STOP: Any = object()
 _monotonic = time.monotonic
 _perf = time.perf_counter
 
 
-def noop(payload: Any) -> Any:
-    return payload
-
-
 # --- the hand-written chain -----------------------------------------------------------------
-
-
-def _pulled(pull: Callable[[], Any]) -> Iterator[Any]:
-    """The source both chains iterate: ``pull()`` until it returns the stop marker."""
-    while True:
-        value = pull()
-        if value is _STOP:
-            return
-        yield value
 
 
 def _hand_source(
@@ -96,12 +83,12 @@ def _hand_source(
     put = outbox.put
 
     def body() -> None:
-        values = _pulled(pull)
+        values = pulled(pull)
         while True:
             started = _monotonic()
-            value = next(values, _STOP)
-            if value is _STOP:
-                put(_STOP)
+            value = next(values, STOP)
+            if value is STOP:
+                put(STOP)
                 return
             put((value, ((in_hop, started), (out_hop, _monotonic()))))
 
@@ -117,13 +104,13 @@ def _hand_stage(
     """A stage thread body: take, stamp ``.in``, call ``fn``, stamp ``.out``, put on."""
     in_hop, out_hop = f"{name}.in", f"{name}.out"
     get = inbox.get
-    put: Callable[[Any], None] = outbox.put if outbox is not None else _ignore
+    put: Callable[[Any], None] = outbox.put if outbox is not None else ignore
 
     def body() -> None:
         while True:
             message = get()
-            if message is _STOP:
-                put(_STOP)
+            if message is STOP:
+                put(STOP)
                 return
             started = _monotonic()
             payload, timeline = message
@@ -132,10 +119,6 @@ def _hand_stage(
             put((out, timeline + ((in_hop, started), (out_hop, _monotonic()))))  # noqa: RUF005
 
     return body
-
-
-def _ignore(_message: Any) -> None:
-    pass
 
 
 class HandChain:
@@ -184,7 +167,7 @@ class RxsChain:
     """The rxstream chain over ``pull``, run threaded (``start()``/``wait()``)."""
 
     def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
-        self.pipeline = rxs_pipeline(lambda: _pulled(pull), last, capacity)
+        self.pipeline = rxs_pipeline(lambda: pulled(pull), last, capacity)
 
     def start(self) -> None:
         self.pipeline.start()
@@ -225,7 +208,7 @@ def latency(chain: Chain, trips: int, warmup: int = 20) -> list[float]:
             if index >= warmup:
                 samples.append(elapsed / LATENCY_HOPS)
     finally:
-        put(_STOP)
+        put(STOP)
         run.wait()
     return samples
 
@@ -254,7 +237,7 @@ def throughput(chain: Chain, items: int, capacity: int) -> float:
     def pull() -> Any:
         if not gate.is_set():
             gate.wait()
-        return next(values, _STOP)
+        return next(values, STOP)
 
     run = chain(pull, _countdown(items, finished), capacity)
     run.start()
@@ -297,7 +280,7 @@ def rx_observe_on_throughput(items: int) -> float:
     source: reactivex.Observable[Any] = reactivex.from_iterable(range(items))
     stream: reactivex.Observable[Any] = source.pipe(*steps)
     started = _perf()
-    subscription = stream.subscribe(_ignore)
+    subscription = stream.subscribe(ignore)
     if not finished.wait(JOIN_S * 6):
         raise RuntimeError("observe_on run did not finish")
     elapsed = _perf() - started
@@ -353,14 +336,6 @@ class Row:
     check: Callable[[float], bool] | None
 
 
-def _spread(values: Sequence[float], digits: int | None = None, unit: str = "") -> str:
-    median = statistics.median(values)
-    if digits is None:
-        digits = 0 if median >= 100 else 1 if median >= 10 else 2
-    low, high = min(values), max(values)
-    return f"{median:.{digits}f}{unit} [{low:.{digits}f}-{high:.{digits}f}]"
-
-
 def table(rows: Sequence[Row]) -> str:
     """The markdown table: medians [min-max]; the ratio of each repetition's pair."""
     lines = [
@@ -373,39 +348,11 @@ def table(rows: Sequence[Row]) -> str:
         ratio = statistics.median(ratios)
         result = "info" if row.check is None else "PASS" if row.check(ratio) else "FAIL"
         lines.append(
-            f"| {row.measure} ({row.unit}) | {_spread(row.value)} "
-            f"| {row.baseline_name} | {_spread(row.baseline)} "
-            f"| {_spread(ratios, 2, 'x')} | {row.target} | {result} |"
+            f"| {row.measure} ({row.unit}) | {spread(row.value)} "
+            f"| {row.baseline_name} | {spread(row.baseline)} "
+            f"| {spread(ratios, 2, 'x')} | {row.target} | {result} |"
         )
     return "\n".join(lines)
-
-
-def _p99(samples: Sequence[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
-def _revision() -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes), or ``?`` without git."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "-uno", "--", "rxstream"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    return commit + ("+dirty" if dirty else "")
 
 
 def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
@@ -421,7 +368,7 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
             gc.collect()
             samples = latency(chain, trips)
             add(f"{key} p50", statistics.median(samples) * 1e6)
-            add(f"{key} p99", _p99(samples) * 1e6)
+            add(f"{key} p99", p99(samples) * 1e6)
         for capacity in (2, big):
             for key, chain in (("rxs", RxsChain), ("hand", HandChain)):
                 gc.collect()
@@ -489,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
-        f"rxstream {rxstream.__version__} at {_revision()}, {os.cpu_count()} CPUs"
+        f"rxstream {rxstream.__version__} at {revision()}, {os.cpu_count()} CPUs"
     )
     print()
     print(table(rows))

@@ -51,7 +51,6 @@ import os
 import platform
 import queue
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -68,6 +67,8 @@ import structlog
 # `python bench/timing_overhead.py` from a checkout where the package is not installed
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from _report import STOP, ignore, noop, p99, pulled, revision, spread
+
 import rxstream
 from rxstream.item import PipelineItem
 from rxstream.timing import configure_logging
@@ -78,13 +79,8 @@ LATENCY_HOPS = len(STAGES) + 3  # main→src, src→p1, p1→p2, p2→p3, p3→p
 BIG = 256
 JOIN_S = 10.0
 
-_STOP: Any = object()
 _perf = time.perf_counter
 SIDES = (("on", True), ("off", False))
-
-
-def noop(payload: Any) -> Any:
-    return payload
 
 
 class Egress(Transport):
@@ -99,19 +95,6 @@ class Egress(Transport):
 
     def send(self, stream: str, item: PipelineItem) -> None:
         self._on_payload(item.payload)
-
-
-def _ignore(_payload: Any) -> None:
-    pass
-
-
-def _pulled(pull: Callable[[], Any]) -> Iterator[Any]:
-    """``pull()`` until it returns the stop marker."""
-    while True:
-        value = pull()
-        if value is _STOP:
-            return
-        yield value
 
 
 def chain(
@@ -129,7 +112,7 @@ def threaded(
 ) -> rxstream.Pipeline:
     """The threaded pipeline of measures 1 and 2: ``src`` pulls ``pull()``, the sink signals."""
     ctx = rxstream.Context(transport=Egress(on_payload), timing=timing)
-    return chain(ctx, ctx.source(lambda: _pulled(pull), name="src"), len(STAGES), capacity)
+    return chain(ctx, ctx.source(lambda: pulled(pull), name="src"), len(STAGES), capacity)
 
 
 def _finish(pipeline: rxstream.Pipeline) -> None:
@@ -160,7 +143,7 @@ def latency(timing: bool, trips: int, warmup: int = 20) -> list[float]:
             if index >= warmup:
                 samples.append(elapsed / LATENCY_HOPS)
     finally:
-        put(_STOP)
+        put(STOP)
         _finish(pipeline)
     return samples
 
@@ -181,7 +164,7 @@ def throughput(timing: bool, items: int, capacity: int, collect: bool = True) ->
     def pull() -> Any:
         if not gate.is_set():
             gate.wait()
-        return next(values, _STOP)
+        return next(values, STOP)
 
     def count(_payload: Any) -> None:
         left[0] -= 1
@@ -215,7 +198,7 @@ def drive_s(timing: bool, items: int, pipes: int, best_of: int = 3) -> float:
     The best of ``best_of`` drives of the same pipeline: a drive is short (tens of ms), and the
     least disturbed of a few is the one that measures the code.
     """
-    ctx = rxstream.Context(transport=Egress(_ignore), timing=timing)
+    ctx = rxstream.Context(transport=Egress(ignore), timing=timing)
     pipeline = chain(ctx, ctx.source(range(items), name="src"), pipes)
     pipeline.plan  # noqa: B018 - compiled here, not inside the timed drive
     best = float("inf")
@@ -234,7 +217,7 @@ def drive_s(timing: bool, items: int, pipes: int, best_of: int = 3) -> float:
 
 def records_s(timing: bool, items: int) -> float:
     """Seconds of ``drive(frames=items)`` over ``input | 4 pipes | stream``, fed ``items``."""
-    ctx = rxstream.Context(transport=Egress(_ignore), timing=timing)
+    ctx = rxstream.Context(transport=Egress(ignore), timing=timing)
     pipeline = chain(ctx, ctx.input("mouse", capacity=items), len(STAGES))
     for sample in range(items):
         pipeline.feed("mouse", sample)
@@ -280,15 +263,6 @@ class Row:
     check: Callable[[float], bool] | None
 
 
-def _spread(values: Sequence[float], digits: int | None = None, unit: str = "") -> str:
-    median = statistics.median(values)
-    if digits is None:
-        size = abs(median)
-        digits = 0 if size >= 100 else 1 if size >= 10 else 2
-    low, high = min(values), max(values)
-    return f"{median:.{digits}f}{unit} [{low:.{digits}f}-{high:.{digits}f}]"
-
-
 def table(rows: Sequence[Row]) -> str:
     """The markdown table: medians [min-max]; the ratio and difference of each pair."""
     lines = [
@@ -301,39 +275,11 @@ def table(rows: Sequence[Row]) -> str:
         ratio = statistics.median(ratios)
         result = "info" if row.check is None else "PASS" if row.check(ratio) else "FAIL"
         lines.append(
-            f"| {row.measure} ({row.unit}) | {_spread(row.on)} | {_spread(row.off)} "
-            f"| {_spread(ratios, 3, 'x')} | {_spread(row.added)} {row.added_unit} "
+            f"| {row.measure} ({row.unit}) | {spread(row.on)} | {spread(row.off)} "
+            f"| {spread(ratios, 3, 'x')} | {spread(row.added)} {row.added_unit} "
             f"| {row.target} | {result} |"
         )
     return "\n".join(lines)
-
-
-def _p99(samples: Sequence[float]) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
-
-
-def _revision() -> str:
-    """The checkout's commit (``+dirty`` with uncommitted changes), or ``?`` without git."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "-uno", "--", "rxstream"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=5,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "?"
-    return commit + ("+dirty" if dirty else "")
 
 
 def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> list[Row]:
@@ -349,7 +295,7 @@ def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> l
             gc.collect()
             samples = latency(timing, trips)
             add(f"{side} p50", statistics.median(samples) * 1e6)
-            add(f"{side} p99", _p99(samples) * 1e6)
+            add(f"{side} p99", p99(samples) * 1e6)
         for side, timing in sides:
             gc.collect()
             add(f"{side} tput", throughput(timing, items, BIG) / 1e3)
@@ -426,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
-        f"structlog {version('structlog')}, rxstream {rxstream.__version__} at {_revision()}, "
+        f"structlog {version('structlog')}, rxstream {rxstream.__version__} at {revision()}, "
         f"{os.cpu_count()} CPUs"
     )
     print()
