@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP", "ignore", "noop", "p99", "pulled", "revision", "spread"]
+__all__ = ["STOP", "ignore", "noop", "p99", "pulled", "revision", "spread", "verdict"]
 
 STOP: Any = object()
 """What a ``pull`` returns to end :func:`pulled`."""
@@ -69,3 +69,12 @@ def revision() -> str:
     except (OSError, subprocess.SubprocessError):
         return "?"
     return commit + ("+dirty" if dirty else "")
+
+
+def verdict(
+    values: Sequence[float], baseline: Sequence[float], check: Callable[[float], bool] | None
+) -> tuple[list[float], str]:
+    """The per-repetition ratios, and ``PASS``/``FAIL`` of their median (``info``: no target)."""
+    ratios = [v / b for v, b in zip(values, baseline, strict=True)]
+    result = "info" if check is None else "PASS" if check(statistics.median(ratios)) else "FAIL"
+    return ratios, result

@@ -57,7 +57,7 @@ from reactivex.scheduler import EventLoopScheduler
 # `python bench/hop.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _report import STOP, ignore, noop, p99, pulled, revision, spread
+from _report import STOP, ignore, noop, p99, pulled, revision, spread, verdict
 
 import rxstream
 
@@ -344,9 +344,7 @@ def table(rows: Sequence[Row]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        ratios = [v / b for v, b in zip(row.value, row.baseline, strict=True)]
-        ratio = statistics.median(ratios)
-        result = "info" if row.check is None else "PASS" if row.check(ratio) else "FAIL"
+        ratios, result = verdict(row.value, row.baseline, row.check)
         lines.append(
             f"| {row.measure} ({row.unit}) | {spread(row.value)} "
             f"| {row.baseline_name} | {spread(row.baseline)} "

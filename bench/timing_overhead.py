@@ -67,7 +67,7 @@ import structlog
 # `python bench/timing_overhead.py` from a checkout where the package is not installed
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _report import STOP, ignore, noop, p99, pulled, revision, spread
+from _report import STOP, ignore, noop, p99, pulled, revision, spread, verdict
 
 import rxstream
 from rxstream.item import PipelineItem
@@ -271,9 +271,7 @@ def table(rows: Sequence[Row]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in rows:
-        ratios = [a / b for a, b in zip(row.on, row.off, strict=True)]
-        ratio = statistics.median(ratios)
-        result = "info" if row.check is None else "PASS" if row.check(ratio) else "FAIL"
+        ratios, result = verdict(row.on, row.off, row.check)
         lines.append(
             f"| {row.measure} ({row.unit}) | {spread(row.on)} | {spread(row.off)} "
             f"| {spread(ratios, 3, 'x')} | {spread(row.added)} {row.added_unit} "
