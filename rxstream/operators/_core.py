@@ -10,13 +10,16 @@ about 0.3 µs per item per stage. User-facing ``subscribe`` calls are untouched.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar, cast
 
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-__all__ = ["attach"]
+from rxstream.item import PipelineItem
+from rxstream.typing import ItemStream, Operator
+
+__all__ = ["attach", "per_item"]
 
 _T = TypeVar("_T")
 
@@ -50,3 +53,27 @@ def attach(
     if isinstance(subscriber, abc.DisposableBase) or hasattr(subscriber, "dispose"):
         return subscriber  # type: ignore[no-any-return]
     return Disposable(subscriber)
+
+
+OnNext = Callable[[PipelineItem], None]
+
+
+def per_item(make_on_next: Callable[[abc.ObserverBase[PipelineItem]], OnNext]) -> Operator:
+    """An operator over the stage's one input whose work is per item.
+
+    ``make_on_next(observer)`` returns the ``on_next`` for one subscription (it emits to
+    ``observer``); errors and completion pass through.
+    """
+
+    def operator(ports: Sequence[ItemStream]) -> ItemStream:
+        source = ports[0]
+
+        def subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            on_next = make_on_next(observer)
+            return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
+
+        return Observable(subscribe)
+
+    return operator

@@ -9,7 +9,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, now
-from rxstream.operators._core import attach
+from rxstream.operators._core import OnNext, attach, per_item
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, StageFn
@@ -79,27 +79,19 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
         call = caller(fn, shell)
         counters = shell.counters
 
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
+            def on_next(item: PipelineItem) -> None:
+                started = now()
+                counters.items_in += 1
+                try:
+                    call(item.payload)
+                except Exception as exc:
+                    shell.failed(observer, item, exc)
+                    return
+                observer.on_next(shell.forward(item, item.payload, started))
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                def on_next(item: PipelineItem) -> None:
-                    started = now()
-                    counters.items_in += 1
-                    try:
-                        call(item.payload)
-                    except Exception as exc:
-                        shell.failed(observer, item, exc)
-                        return
-                    observer.on_next(shell.forward(item, item.payload, started))
+            return on_next
 
-                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
-
-            return Observable(subscribe)
-
-        return operator
+        return per_item(make_on_next)
 
     return build

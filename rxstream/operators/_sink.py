@@ -10,17 +10,17 @@ an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_ti
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-from reactivex import Observable, abc
+from reactivex import abc
 
 from rxstream.item import PipelineItem, _base, now
-from rxstream.operators._core import attach
+from rxstream.operators._core import OnNext, per_item
 from rxstream.runtime._shell import StageShell
 from rxstream.timing._emit import emit
 from rxstream.timing._record import TimingRecord, fold
 from rxstream.transport import Transport
-from rxstream.typing import ItemStream, Operator
+from rxstream.typing import Operator
 
 __all__ = ["sink_operator"]
 
@@ -38,38 +38,30 @@ def sink_operator(
         forward = shell.forward
         timing = shell.timing
 
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
+            reported = [0]
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                reported = [0]
-
-                def on_next(item: PipelineItem) -> None:
-                    started = now()
-                    counters.items_in += 1
+            def on_next(item: PipelineItem) -> None:
+                started = now()
+                counters.items_in += 1
+                try:
+                    send(stream, item)
+                except Exception as exc:
+                    shell.failed(observer, item, exc)
+                    return
+                out = forward(item, item.payload, started)
+                md = _base(out)
+                if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
+                    reported[0] = max(reported[0], md.input_seq)
                     try:
-                        send(stream, item)
+                        emit(fold(stream, out.metadata, time.time() * 1000), on_timing)
                     except Exception as exc:
-                        shell.failed(observer, item, exc)
+                        shell.failed(observer, out, exc)
                         return
-                    out = forward(item, item.payload, started)
-                    md = _base(out)
-                    if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
-                        reported[0] = max(reported[0], md.input_seq)
-                        try:
-                            emit(fold(stream, out.metadata, time.time() * 1000), on_timing)
-                        except Exception as exc:
-                            shell.failed(observer, out, exc)
-                            return
-                    observer.on_next(out)
+                observer.on_next(out)
 
-                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
+            return on_next
 
-            return Observable(subscribe)
-
-        return operator
+        return per_item(make_on_next)
 
     return build

@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from reactivex import Observable, abc
+from reactivex import abc
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
-from rxstream.operators._core import attach
+from rxstream.operators._core import OnNext, per_item
 from rxstream.runtime._shell import StageShell
-from rxstream.typing import ItemStream, Operator
+from rxstream.typing import Operator
 
 __all__ = ["split_batch", "unbatch_operator"]
 
@@ -40,33 +40,25 @@ def unbatch_operator(pts_step: int | None) -> Callable[[StageShell], Operator]:
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
 
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
+            def on_next(item: PipelineItem) -> None:
+                started = now()
+                counters.items_in += 1
+                try:
+                    children = split_batch(item.payload)
+                except Exception as exc:
+                    shell.failed(observer, item, exc)
+                    return
+                base = item.metadata
+                for index, child in enumerate(children):
+                    md = base
+                    if pts_step is not None:
+                        md = evolve_metadata(base, pts=base.pts + index * pts_step)
+                    md = _with_stamps(md, shell.stamps(started))
+                    observer.on_next(shell.emit(child, md))
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                def on_next(item: PipelineItem) -> None:
-                    started = now()
-                    counters.items_in += 1
-                    try:
-                        children = split_batch(item.payload)
-                    except Exception as exc:
-                        shell.failed(observer, item, exc)
-                        return
-                    base = item.metadata
-                    for index, child in enumerate(children):
-                        md = base
-                        if pts_step is not None:
-                            md = evolve_metadata(base, pts=base.pts + index * pts_step)
-                        md = _with_stamps(md, shell.stamps(started))
-                        observer.on_next(shell.emit(child, md))
+            return on_next
 
-                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
-
-            return Observable(subscribe)
-
-        return operator
+        return per_item(make_on_next)
 
     return build
