@@ -1,7 +1,7 @@
 """``Context``: the stage builders, the session transport, and ``self_test``.
 
 Scripts, tests and notebooks make one with ``rxstream.Context()``; the CLI hands one to the
-app's ``main(ctx)``/``build(ctx)``.
+app's ``build(ctx)``.
 """
 
 from __future__ import annotations

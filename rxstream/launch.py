@@ -2,13 +2,13 @@
 
 ``launch("app.py", ranks=2)`` runs rank 0 — the controller — in this process and spawns ranks
 1..N-1 (``spawn``, never ``fork``: CUDA cannot be re-initialised in a forked child). Every
-rank imports the app and calls its ``build(ctx)`` (an ``async def main(ctx)`` app is run by
-the CLI, not here), so every rank builds the same graph with the same stage names; each runs
-only the stages placed on it. The controller creates a shared-memory ring per boundary and
-hands the rings to the ranks; it replicates every doc write and generation change to them,
-watches them (a rank that dies ends the run with an error naming it, within a second on
-every rank), and on any end — completion, ``frames`` egressed, an error, a stop — stops all
-ranks, joins them and unlinks every ring.
+rank imports the app and calls its ``build(ctx)`` (apps written as ``async def main(ctx)``
+are not launched yet), so every rank builds the same graph with the same stage names; each
+runs only the stages placed on it. The controller creates a shared-memory ring per boundary
+and hands the rings to the ranks; it replicates every doc write and generation change to
+them, watches them (a rank that dies ends the run with an error naming it, within a second
+on every rank), and waits until every rank completed — or stops them all at ``frames``
+egressed, the ``timeout``, or an error — then joins them and unlinks every ring.
 """
 
 import contextlib
@@ -362,10 +362,9 @@ def _watch(
                 break  # a rank that does not report in time is killed by the caller
             continue
         total = sum(egressed.values()) + _egressed(run)
-        ended = (
-            (frames is not None and total >= frames)
-            or (deadline is not None and time.monotonic() > deadline)
-            or run.done.is_set()
+        # a finite run ends by itself: every rank completes once the end reaches it
+        ended = (frames is not None and total >= frames) or (
+            deadline is not None and time.monotonic() > deadline
         )
         if ended:  # stop every rank, then collect their final statistics
             run.halt()

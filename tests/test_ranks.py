@@ -89,6 +89,14 @@ def test_launch_runs_two_rank_processes(clean_host: None) -> None:
     assert result.statistics[1]["video"].items_out == result.egressed
 
 
+def test_a_finite_launch_delivers_everything_before_it_ends(clean_host: None) -> None:
+    """When the source ends, every rank finishes its items before the launch returns."""
+    result = rxstream.launch(APP, ranks=2, config={"mode": "finite"}, timeout=60)
+    assert result.egressed == 30
+    assert result.statistics[1]["video"].items_out == 30
+    assert all(s.dropped_total == 0 for r in result.statistics.values() for s in r.values())
+
+
 def test_launch_refuses_too_few_ranks() -> None:
     """An app that places stages on rank 1 cannot run on one rank."""
     with pytest.raises(rxstream.PipelineStateError, match=r"on 2 ranks, but only 1 were"):

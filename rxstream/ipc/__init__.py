@@ -5,15 +5,28 @@ CPU tensor memory, not copied) and back; :class:`ShmRing` moves framed items fro
 to one consumer through fixed slots of one shared-memory segment, read in place.
 """
 
-from rxstream._exceptions import FramingError, PayloadTooLarge, RingClosed, RingConflict
+from rxstream._exceptions import (
+    CudaDeviceError,
+    CudaIpcError,
+    CudaRefError,
+    CudaUnavailableError,
+    FramingError,
+    PayloadTooLarge,
+    RingClosed,
+    RingConflict,
+)
 from rxstream.ipc._framing import frame, unframe
 from rxstream.ipc._ring import RingHandle, RingStatistics, ShmRing
 
 __all__ = [
     "CudaApi",
+    "CudaDeviceError",
     "CudaExporter",
     "CudaImporter",
+    "CudaIpcError",
+    "CudaRefError",
     "CudaTensorRef",
+    "CudaUnavailableError",
     "FakeCudaApi",
     "FramingError",
     "PayloadTooLarge",

@@ -505,6 +505,11 @@ class ShmRing:
             resource_tracker.unregister(self._segment.tracked_name, "shared_memory")
 
     @property
+    def put_wait_ns(self) -> int:
+        """Nanoseconds ``put`` has spent blocked for want of a free slot (a cheap read)."""
+        return int(self._words[_W_PUT_WAIT_NS])
+
+    @property
     def all_in_use(self) -> bool:
         """Whether no slot is free (each waits for ``get`` or is leased): a cheap check."""
         return _FREE not in bytes(self._states)

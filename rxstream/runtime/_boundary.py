@@ -95,7 +95,10 @@ class Boundary:
             if timing:
                 item = _stamped(item, item.payload, (in_hop, started))
             try:
+                waited = ring.put_wait_ns
                 ring.put(item)
+                # a full ring is backpressure: its wait is the upstream stage's stall, not work
+                counters.stalled_s += (ring.put_wait_ns - waited) / 1e9
             except RingClosed:
                 counters.drop("stopped")
             except FramingError as exc:

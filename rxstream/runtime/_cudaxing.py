@@ -82,6 +82,7 @@ class CudaCrossing:
         self._exporter: CudaExporter[Any, Any] = CudaExporter(api)
         self._importer: CudaImporter[Any, Any] = CudaImporter(api)
         self._send_lock = threading.Lock()
+        self._parked: set[int] = set()  # tensors of ours in the local table, not taken yet
 
     def _is_cuda(self, value: Any) -> bool:
         return isinstance(value, self._tensor) and self._api.device(value).type == "cuda"
@@ -100,6 +101,7 @@ class CudaCrossing:
             with _local_lock:
                 token = next(_local_ids)
                 _local[token] = tensor
+                self._parked.add(token)
             return LocalRef((token,))
         return self._exporter.export(tensor)
 
@@ -127,6 +129,7 @@ class CudaCrossing:
     def _open_one(self, ref: Any) -> Any:
         if isinstance(ref, LocalRef):
             with _local_lock:
+                self._parked.discard(ref[0])
                 return _local.pop(ref[0])
         tensor = self._importer.open(ref)
         weakref.finalize(tensor, self._give_back, ref)
@@ -140,6 +143,10 @@ class CudaCrossing:
 
     def close(self) -> None:
         """Drop every hold and close the release pipe (at the end of the run)."""
+        with _local_lock:  # tensors parked for a reader that stopped: let them go
+            for token in self._parked:
+                _local.pop(token, None)
+            self._parked.clear()
         self._exporter.close()
         self._importer.close()
         self._release_r.close()

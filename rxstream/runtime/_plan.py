@@ -89,7 +89,7 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
         if not node.inputs and not stage.is_source:
             raise StageBuildError(
                 f"stage {names[node]!r} ({stage.kind}) has no input: "
-                "a runnable pipeline starts with ctx.source(...)"
+                "a runnable pipeline starts with ctx.source(...) or ctx.input(...)"
             )
         if stage.is_sink and consumers.get(node):
             follower = next(n for n in order if node in n.inputs)

@@ -4,6 +4,7 @@
 - ``die``: rank 1's stage kills its process at the 5th frame.
 - ``raise``: rank 1's stage raises at the 5th frame.
 - ``unpicklable``: rank 0 sends a payload that cannot cross.
+- ``finite``: 30 frames, then the source ends; rank 1 is slow, so the end must wait for it.
 - ``steer``: rank 0's source steers the prompt at the 10th frame; rank 1 records, per frame,
   the prompt it reads inline and the frame's generation.
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -29,7 +31,7 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     mode = doc.desired.mode.value
 
     def frames() -> Iterator[Any]:
-        for index in itertools.count():
+        for index in range(30) if mode == "finite" else itertools.count():
             if mode == "steer" and index == 10:
                 doc.steer(prompt="b")
             if mode == "unpicklable" and index == 3:
@@ -42,6 +44,8 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
             os._exit(3)
         if mode == "raise" and index == 5:
             raise RuntimeError("rank 1 broke on frame 5")
+        if mode == "finite":
+            time.sleep(0.005)
         return frame
 
     def record(item: rxstream.PipelineItem) -> rxstream.PipelineItem:
