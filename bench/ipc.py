@@ -10,6 +10,9 @@ takes each item, touches it (its first and last element, in place where the tran
 and drops it:
 
 - ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB), read in place.
+- rxstream boundary: the same ring carrying what a rank boundary carries: a ``PipelineItem``
+  (metadata, a stamp chain of three hops and the boundary's own stamp) encoded as the
+  boundary encodes it, and decoded back into an item on the consumer.
 - ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread).
 - ``torch.multiprocessing`` Queue, fresh tensor: each item a new CPU tensor (made before the
   clock starts), moved to shared memory by torch's reducer and mapped by the consumer.
@@ -52,6 +55,8 @@ import numpy as np
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from rxstream.ipc import RingHandle, ShmRing
+from rxstream.item import PipelineItem, PipelineMetadata, _stamped
+from rxstream.runtime._boundary import decode, encode
 
 SPAWN = multiprocessing.get_context("spawn")
 STOP = None
@@ -61,6 +66,7 @@ DASH = "\N{EN DASH}"
 FRAME, TENSOR, SMALL = "1080x1920x3 uint8 (6.2 MB)", "512x512x4 float32 (4.2 MB)", "1 KB bytes"
 MEMCPY = "numpy.copyto, one process (memcpy)"
 RING = "ShmRing, read in place"
+BOUNDARY = "rxstream boundary: PipelineItem in ShmRing"
 QUEUE = "multiprocessing.Queue"
 TORCH = "torch.multiprocessing Queue, fresh tensor"
 PIPE = "multiprocessing.Pipe send_bytes"
@@ -118,6 +124,20 @@ def ring_consumer(data: RingHandle, acks: Connection) -> None:
     ring = ShmRing.attach(data)
     try:
         serve(ring.get, acks)
+    finally:
+        ring.close()
+
+
+def boundary_consumer(data: RingHandle, acks: Connection) -> None:
+    ring = ShmRing.attach(data)
+
+    def get() -> Any:
+        value = ring.get()
+        wire = isinstance(value, tuple) and len(value) == 11  # commands are 2-tuples
+        return decode(value).payload if wire else value
+
+    try:
+        serve(get, acks)
     finally:
         ring.close()
 
@@ -180,6 +200,27 @@ class RingTransport(Transport):
         finally:
             self.ring.close()
             self.ring.unlink()
+
+
+class BoundaryTransport(RingTransport):
+    """The ring with items framed as a boundary frames them (commands go as they are)."""
+
+    def __init__(self) -> None:
+        self.ring = ShmRing.create(slots=8, slot_bytes=8 << 20)
+        Transport.__init__(self, BOUNDARY, SPAWN, boundary_consumer, self.ring.handle())
+        t = time.monotonic()
+        head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
+        for stage in ("src", "a", "b"):
+            head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
+        put = self.ring.put
+
+        def put_item(payload: Any) -> None:
+            put(encode(_stamped(head, payload, ("b>c.in", time.monotonic()))))
+
+        self.put = put_item
+
+    def command(self, value: Any) -> None:
+        self.ring.put(value)
 
 
 class QueueTransport(Transport):
@@ -273,6 +314,7 @@ def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[fl
 
     transports: list[Transport] = [
         RingTransport(),
+        BoundaryTransport(),
         QueueTransport(QUEUE, SPAWN, queue_consumer),
         QueueTransport(TORCH, tmp.get_context("spawn"), torch_consumer),
         PipeTransport(),
@@ -355,7 +397,7 @@ def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], lis
     for payload_name in (FRAME, TENSOR, SMALL):
         size = nbytes(make_payload(payload_name))
         base = PIPE if payload_name == SMALL else MEMCPY
-        order = [base] + [t for t in (RING, QUEUE, TORCH) if t != base]
+        order = [base] + [t for t in (RING, BOUNDARY, QUEUE, TORCH) if t != base]
         base_lat, base_tput = got[(payload_name, base, LAT)], got[(payload_name, base, TPUT)]
         for transport in order:
             lat, tput = got[(payload_name, transport, LAT)], got[(payload_name, transport, TPUT)]
@@ -376,6 +418,9 @@ def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], lis
     frame_lat = _ratio(got[(FRAME, RING, LAT)], got[(FRAME, MEMCPY, LAT)])
     frame_tput = _ratio(got[(FRAME, RING, TPUT)], got[(FRAME, MEMCPY, TPUT)])
     small_lat = _ratio(got[(SMALL, RING, LAT)], got[(SMALL, PIPE, LAT)])
+    b_frame_lat = _ratio(got[(FRAME, BOUNDARY, LAT)], got[(FRAME, MEMCPY, LAT)])
+    b_frame_tput = _ratio(got[(FRAME, BOUNDARY, TPUT)], got[(FRAME, MEMCPY, TPUT)])
+    b_small_lat = _ratio(got[(SMALL, BOUNDARY, LAT)], got[(SMALL, PIPE, LAT)])
     targets = [
         _target("6.2 MB frame latency, ring / one memcpy", f"{frame_lat:.2f}x", "< 2x",
                 frame_lat < 2.0),
@@ -383,6 +428,12 @@ def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], lis
                 "≥ 70%", frame_tput >= 0.7),
         _target("1 KB latency, ring / bare Pipe round trip", f"{small_lat:.2f}x", "≤ 1.2x",
                 small_lat <= 1.2),
+        _target("6.2 MB frame latency, boundary / one memcpy", f"{b_frame_lat:.2f}x", "< 2x",
+                b_frame_lat < 2.0),
+        _target("6.2 MB frame throughput, boundary / memcpy bandwidth", f"{b_frame_tput:.0%}",
+                "≥ 70%", b_frame_tput >= 0.7),
+        _target("1 KB latency, boundary / bare Pipe round trip", f"{b_small_lat:.2f}x",
+                "≤ 1.2x", b_small_lat <= 1.2),
     ]  # fmt: skip
     return lines, targets
 

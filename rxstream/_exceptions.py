@@ -14,6 +14,9 @@
     ├── PayloadTooLarge          a framed item larger than a ring slot (also a ValueError)
     ├── RingClosed               put or get on a closed shared-memory ring (get: once drained)
     ├── RingConflict             a second producer or consumer on a ring (also a RuntimeError)
+    ├── TopologyError            a partition topology declared against a rule (also a ValueError)
+    │   └── DeploymentError      a serving config the model's topology refuses, every problem listed
+    ├── StreamBufferClosed       an item put into a closed StreamBuffer (also a RuntimeError)
     └── CudaIpcError             the CUDA IPC bridge refused a call (``rxstream.ipc``)
         ├── CudaDeviceError      export of a tensor that is not on a CUDA device (also a ValueError)
         ├── CudaUnavailableError a CUDA tensor in a process without CUDA (also a RuntimeError)
@@ -22,11 +25,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 __all__ = [
     "CudaDeviceError",
     "CudaIpcError",
     "CudaRefError",
     "CudaUnavailableError",
+    "DeploymentError",
     "DocPathError",
     "DocValidationError",
     "FramingError",
@@ -39,6 +45,8 @@ __all__ = [
     "SelfTestError",
     "StageBuildError",
     "StageReuseError",
+    "StreamBufferClosed",
+    "TopologyError",
 ]
 
 
@@ -121,6 +129,29 @@ class RingClosed(RxStreamError):
 
 class RingConflict(RxStreamError, RuntimeError):
     """A second thread or process used a ring as producer (or consumer) beside the first one."""
+
+
+class TopologyError(RxStreamError, ValueError):
+    """A partition topology declared against a rule; names the connection, the rule, the value."""
+
+
+class DeploymentError(TopologyError):
+    """A serving config (or topology) that cannot be deployed; ``problems`` lists every one."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        count = len(self.problems)
+        lines = "".join(f"\n- {problem}" for problem in self.problems)
+        super().__init__(
+            f"the deployment has {count} problem{'s' if count != 1 else ''}:{lines}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.problems,))
+
+
+class StreamBufferClosed(RxStreamError, RuntimeError):
+    """An item put into a :class:`~rxstream.topology.StreamBuffer` after ``close()``."""
 
 
 class CudaIpcError(RxStreamError):

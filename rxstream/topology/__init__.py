@@ -1,8 +1,73 @@
-"""The partition-topology API (so far: client stream limits, enforced at ``ctx.input``)."""
+"""The partition-topology API: partitions, walks, connections, chunk policies, client streams.
 
+Client stream limits are enforced at ``ctx.input``; ``pipeline.topology()`` derives the
+:class:`PartitionTopology` of a composed pipeline. See ``docs/topology.md``.
+"""
+
+from rxstream._exceptions import DeploymentError, StreamBufferClosed, TopologyError
+from rxstream.topology._chunks import (
+    ChunkPolicy,
+    EveryItem,
+    FixedSize,
+    Sliding,
+    StreamBuffer,
+    UntilFinal,
+)
+from rxstream.topology._derive import model_of, topology_of
 from rxstream.topology._limits import ClientStreamLimitExceeded, ClientStreamLimits
+from rxstream.topology._model import (
+    CLIENT,
+    ClientStream,
+    Connection,
+    GraphEdge,
+    GraphSection,
+    PartitionDefinition,
+    PartitionTopology,
+    ProducerWalkCtx,
+    StreamingGraphEdge,
+    TopologyModel,
+    find_client_stream,
+    find_client_streams,
+)
+from rxstream.topology._validate import (
+    client_stream_limits,
+    load_serving_config,
+    validate_deployment,
+)
 
-__all__ = ["ClientStreamLimitExceeded", "ClientStreamLimits"]
+__all__ = [
+    "CLIENT",
+    "ChunkPolicy",
+    "ClientStream",
+    "ClientStreamLimitExceeded",
+    "ClientStreamLimits",
+    "Connection",
+    "DeploymentError",
+    "EveryItem",
+    "FixedSize",
+    "GraphEdge",
+    "GraphSection",
+    "PartitionDefinition",
+    "PartitionTopology",
+    "ProducerWalkCtx",
+    "Sliding",
+    "StreamBuffer",
+    "StreamBufferClosed",
+    "StreamingGraphEdge",
+    "TopologyError",
+    "TopologyModel",
+    "UntilFinal",
+    "client_stream_limits",
+    "find_client_stream",
+    "find_client_streams",
+    "load_serving_config",
+    "model_of",
+    "topology_of",
+    "validate_deployment",
+]
 
 for _name in __all__:
-    globals()[_name].__module__ = __name__
+    _obj = globals()[_name]
+    if isinstance(_obj, type) and _obj.__module__.startswith("rxstream.topology."):
+        _obj.__module__ = __name__
+del _name, _obj
