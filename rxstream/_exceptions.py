@@ -142,9 +142,7 @@ class DeploymentError(TopologyError):
         self.problems = tuple(problems)
         count = len(self.problems)
         lines = "".join(f"\n- {problem}" for problem in self.problems)
-        super().__init__(
-            f"the deployment has {count} problem{'s' if count != 1 else ''}:{lines}"
-        )
+        super().__init__(f"the deployment has {count} problem{'s' if count != 1 else ''}:{lines}")
 
     def __reduce__(self) -> tuple[object, ...]:
         return (type(self), (self.problems,))

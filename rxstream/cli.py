@@ -6,6 +6,9 @@
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME]`` summarises a timing log
   per hop (count, p50/p95/p99 of queue-wait and compute), end to end, and names the slowest
   inputs; malformed lines are reported with their line numbers.
+- ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
+  and client streams, checks its walk-driving connections and, with ``--config``, validates
+  the serving config against it; exits 1 listing every problem.
 """
 
 from __future__ import annotations
@@ -41,9 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     timing.add_argument("--plot", metavar="PNG", help="also draw per-hop bars and the CDF")
     timing.add_argument("--json", action="store_true", help="print the summary as JSON")
     timing.add_argument("--stream", help="only this stream's records")
+    topology = commands.add_parser("topology", help="print an app's partition topology")
+    topology.add_argument("app", help="path/to/app.py[:build] or module:build")
+    topology.add_argument("--config", metavar="YAML", help="a serving config to validate")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)
+    if args.command == "topology":
+        return _topology(args)
 
     try:
         log = load(args.log, stream=args.stream)
@@ -90,4 +98,36 @@ def _run(args: argparse.Namespace) -> int:
     for rank, stats in sorted(result.statistics.items()):
         print(f"\nrank {rank}")
         print(format_statistics(stats))
+    return 0
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from rxstream.context import Context
+    from rxstream.launch import load_app
+    from rxstream.topology import (
+        DeploymentError,
+        find_client_streams,
+        format_topology,
+        load_serving_config,
+        model_of,
+        validate_deployment,
+    )
+
+    try:
+        model = model_of(load_app(args.app)(Context()))
+        streams = find_client_streams(model)
+    except Exception as exc:
+        print(f"rxstream topology: {exc}", file=sys.stderr)
+        return 1
+    print(format_topology(model.topology, streams))
+    try:
+        config = None if args.config is None else load_serving_config(args.config)
+        validate_deployment(model.topology, config)
+    except OSError as exc:
+        print(f"rxstream topology: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except DeploymentError as exc:
+        print(f"rxstream topology: {exc}", file=sys.stderr)
+        return 1
+    print("checks: ok" if args.config is None else f"checks: ok (serving config {args.config})")
     return 0

@@ -19,6 +19,7 @@ from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics
 from rxstream.stage import Node, Stage
+from rxstream.topology import PartitionTopology, topology_of
 
 if TYPE_CHECKING:
     from rxstream.context import Context
@@ -139,6 +140,11 @@ class Pipeline:
         if self._plan is None:
             self._plan = compile_plan(self._tails)
         return self._plan
+
+    def topology(self) -> PartitionTopology:
+        """The partitions (ranks), connections (rank boundaries) and client streams (inputs)
+        of this pipeline; see :func:`rxstream.topology.topology_of`."""
+        return topology_of(self)
 
     @property
     def stages(self) -> Mapping[str, Stage]:

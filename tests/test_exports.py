@@ -15,6 +15,8 @@ PACKAGES = [
     "rxstream.operators",
     "rxstream.runtime",
     "rxstream.testing",
+    "rxstream.timing",
+    "rxstream.topology",
     "rxstream.transport",
 ]
 

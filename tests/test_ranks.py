@@ -107,7 +107,7 @@ def test_a_rank_that_dies_ends_the_run_naming_it(tmp_path: Path, clean_host: Non
     """A rank process that exits mid-run fails the launch naming the rank within 1 s."""
     died = tmp_path / "died"
     with pytest.raises(PipelineError, match=r"^stage 'rank 1' failed: RuntimeError: rank 1 died"):
-        rxstream.launch(APP, ranks=2, config={"mode": "die", "out": str(died)}, timeout=60)
+        rxstream.launch(APP, ranks=2, config={"mode": "die", "died": str(died)}, timeout=60)
     noticed = time.monotonic()
     assert noticed - float(died.read_text()) < 1.0  # the bound the design sets
 

@@ -506,13 +506,25 @@ class ShmRing:
 
     @property
     def put_wait_ns(self) -> int:
-        """Nanoseconds ``put`` has spent blocked for want of a free slot (a cheap read)."""
-        return int(self._words[_W_PUT_WAIT_NS])
+        """Nanoseconds ``put`` has spent blocked for want of a free slot (a cheap read).
+
+        0 once this side let go of the ring (a close from another thread may come any time).
+        """
+        try:
+            return int(self._words[_W_PUT_WAIT_NS])
+        except ValueError:  # the mapping was let go: released memoryview
+            return 0
 
     @property
     def all_in_use(self) -> bool:
-        """Whether no slot is free (each waits for ``get`` or is leased): a cheap check."""
-        return _FREE not in bytes(self._states)
+        """Whether no slot is free (each waits for ``get`` or is leased): a cheap check.
+
+        False once this side let go of the ring.
+        """
+        try:
+            return _FREE not in bytes(self._states)
+        except ValueError:  # the mapping was let go: released memoryview
+            return False
 
     def statistics(self) -> RingStatistics:
         """The ring's counters now (after this side closed: as they were at its close)."""

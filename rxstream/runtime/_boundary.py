@@ -160,7 +160,7 @@ class Boundary:
                 waited = ring.put_wait_ns
                 ring.put(encode(item))
                 # a full ring is backpressure: its wait is the upstream stage's stall, not work
-                counters.stalled_s += (ring.put_wait_ns - waited) / 1e9
+                counters.stalled_s += max(0, ring.put_wait_ns - waited) / 1e9
             except RingClosed:
                 counters.drop("stopped")
             except FramingError as exc:

@@ -13,7 +13,7 @@ from rxstream.topology._chunks import (
     StreamBuffer,
     UntilFinal,
 )
-from rxstream.topology._derive import model_of, topology_of
+from rxstream.topology._derive import format_topology, model_of, topology_of
 from rxstream.topology._limits import ClientStreamLimitExceeded, ClientStreamLimits
 from rxstream.topology._model import (
     CLIENT,
@@ -60,6 +60,7 @@ __all__ = [
     "client_stream_limits",
     "find_client_stream",
     "find_client_streams",
+    "format_topology",
     "load_serving_config",
     "model_of",
     "topology_of",
@@ -68,6 +69,6 @@ __all__ = [
 
 for _name in __all__:
     _obj = globals()[_name]
-    if isinstance(_obj, type) and _obj.__module__.startswith("rxstream.topology."):
+    if getattr(_obj, "__module__", "").startswith("rxstream.topology."):
         _obj.__module__ = __name__
 del _name, _obj

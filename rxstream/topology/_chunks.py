@@ -8,8 +8,6 @@ next, overlapping chunk). At the end of the stream (``close()``) the policy is a
 ``final=True`` so it can release what is left.
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
 
@@ -84,9 +82,7 @@ class Sliding:
         if isinstance(size, bool) or not isinstance(size, int) or size < 1:
             raise TopologyError(f"Sliding size must be an int >= 1, got {size!r}")
         if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= size:
-            raise TopologyError(
-                f"Sliding step must be an int in 1..size ({size}), got {step!r}"
-            )
+            raise TopologyError(f"Sliding step must be an int in 1..size ({size}), got {step!r}")
         self.size = size
         self.step = step
         self._released = 0

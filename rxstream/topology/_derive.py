@@ -8,11 +8,13 @@ Each rank the plan places stages on is a partition named ``rank<N>`` with one wa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from rxstream.topology._chunks import EveryItem
 from rxstream.topology._model import (
     CLIENT,
+    ClientStream,
     Connection,
     GraphSection,
     PartitionDefinition,
@@ -23,7 +25,7 @@ from rxstream.topology._model import (
 if TYPE_CHECKING:
     from rxstream.pipeline import Pipeline
 
-__all__ = ["model_of", "topology_of"]
+__all__ = ["format_topology", "model_of", "topology_of"]
 
 
 def partition_name(rank: int) -> str:
@@ -81,3 +83,34 @@ def model_of(pipeline: Pipeline) -> TopologyModel:
     }
     topology = PartitionTopology([partition_name(rank) for rank in ranks], connections)
     return TopologyModel(topology, walks, partitions)
+
+
+def format_topology(
+    topology: PartitionTopology, streams: Mapping[str, ClientStream] | None = None
+) -> str:
+    """A readable listing: the partitions, each connection (edge, partitions, chunk policy),
+    and each client stream with its limits and, from ``streams``, its consumer."""
+    lines = [f"partitions: {', '.join(topology.partitions) or 'none'}", "connections:"]
+    between = [conn for conn in topology.connections if not conn.is_client_stream]
+    lines += [
+        f"  {conn.edge_name}: {conn.from_partition} -> {conn.to_partition}, "
+        f"chunks {conn.chunk_policy_factory()!r}"
+        + ("" if conn.consumer_walk is None else ", drives the walk")
+        for conn in between
+    ] or ["  none"]
+    lines.append("client streams:")
+    for conn in topology.client_connections():
+        limits = conn.limits
+        bound = (
+            "unbounded"
+            if limits is None or limits.max_items is None
+            else f"max {limits.max_items} {limits.unit}"
+        )
+        line = f"  {conn.edge_name}: client -> {conn.to_partition}, {bound}"
+        stream = None if streams is None else streams.get(conn.edge_name)
+        if stream is not None:
+            line += f", consumed by {stream.node!r} (walk {stream.graph_walk})"
+        lines.append(line)
+    if not topology.client_connections():
+        lines.append("  none")
+    return "\n".join(lines)

@@ -8,8 +8,6 @@ nodes that one pass runs; the conductor picks the walk per pass, except in a
 two partitions, or from :data:`CLIENT` into one (a client stream, the engine's ``ctx.input``).
 """
 
-from __future__ import annotations
-
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -70,7 +68,7 @@ class ProducerWalkCtx:
         node: str,
         loop_iters: Mapping[str, int] | None = None,
         fwd_info: object | None = None,
-    ) -> ProducerWalkCtx:
+    ) -> "ProducerWalkCtx":
         """Overwrite every field for the next call; returns this same object."""
         self.producer_walk = producer_walk
         self.node = node
@@ -171,8 +169,7 @@ class PartitionTopology:
         for name in self.partitions:
             if not isinstance(name, str) or not name or name == CLIENT:
                 raise TopologyError(
-                    f"a partition name must be a non-empty str other than {CLIENT!r}, "
-                    f"got {name!r}"
+                    f"a partition name must be a non-empty str other than {CLIENT!r}, got {name!r}"
                 )
             if name in seen:
                 raise TopologyError(f"partition names must be unique, got {name!r} twice")
@@ -189,9 +186,7 @@ class PartitionTopology:
                         f"got {value!r} for connection {conn.edge_name!r}"
                     )
             if conn.edge_name in edges:
-                raise TopologyError(
-                    f"edge names must be unique, got {conn.edge_name!r} twice"
-                )
+                raise TopologyError(f"edge names must be unique, got {conn.edge_name!r} twice")
             edges.add(conn.edge_name)
 
     def client_connections(self) -> list[Connection]:

@@ -30,7 +30,10 @@ _SETTINGS = ("max_items",)
 def load_serving_config(path: str | Path) -> Mapping[str, Any] | None:
     """The serving config in the YAML file at ``path`` (``None`` for an empty file)."""
     with open(path, encoding="utf-8") as file:
-        loaded = yaml.safe_load(file)
+        try:
+            loaded = yaml.safe_load(file)
+        except yaml.YAMLError as exc:
+            raise DeploymentError([f"the serving config {path} is not valid YAML: {exc}"]) from None
     if loaded is not None and not isinstance(loaded, Mapping):
         raise DeploymentError(
             [f"the serving config must be a mapping, got {type(loaded).__name__} in {path}"]

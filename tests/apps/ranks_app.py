@@ -27,7 +27,7 @@ import rxstream
 
 def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     """The same graph on every rank."""
-    doc = ctx.doc("control", defaults={"mode": "normal", "out": "", "prompt": "a"})
+    doc = ctx.doc("control", defaults={"mode": "normal", "out": "", "died": "", "prompt": "a"})
     mode = doc.desired.mode.value
 
     def frames() -> Iterator[Any]:
@@ -41,9 +41,9 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     def rank1(frame: np.ndarray, item: rxstream.PipelineItem | None = None) -> np.ndarray:
         index = int(frame[0, 0])
         if mode == "die" and index == 5:
-            out = doc.desired.out.value
-            if out:  # when it died, on the host's monotonic clock
-                with open(out, "w", encoding="utf-8") as file:
+            died = doc.desired.died.value
+            if died:  # when it died, on the host's monotonic clock
+                with open(died, "w", encoding="utf-8") as file:
                     file.write(repr(time.monotonic()))
             os._exit(3)
         if mode == "raise" and index == 5:
