@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
+from typing import Any
 
+from rxstream.item import PipelineItem
+from rxstream.pipeline import Pipeline
 from rxstream.timing import TimingRecord
 from rxstream.timing._emit import listen
 from rxstream.transport import MemoryTransport
 
-__all__ = ["MemoryTransport", "capture_timing", "live_threads"]
+__all__ = ["MemoryTransport", "capture_timing", "drive", "drive_items", "live_threads"]
 
 
 def live_threads() -> list[threading.Thread]:
@@ -30,3 +33,19 @@ def capture_timing() -> Iterator[list[TimingRecord]]:
 
     with listen(keep):
         yield records
+
+
+def drive(pipeline: Pipeline, frames: int, interval: float = 0.0) -> list[Any]:
+    """``pipeline.drive(frames)`` for a pipeline with one end: its payloads, typed as a list."""
+    out = pipeline.drive(frames=frames, interval=interval)
+    if not isinstance(out, list):
+        raise TypeError(f"drive() of a pipeline with several ends gives a dict, got {out!r}")
+    return out
+
+
+def drive_items(pipeline: Pipeline, frames: int, interval: float = 0.0) -> list[PipelineItem]:
+    """``pipeline.drive(frames, items=True)`` for a pipeline with one end: its items."""
+    out = pipeline.drive(frames=frames, items=True, interval=interval)
+    if not isinstance(out, list):
+        raise TypeError(f"drive() of a pipeline with several ends gives a dict, got {out!r}")
+    return out

@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 
 from rxstream import Context, Pipeline, PipelineError, PipelineItem, PipelineMetadata
-
-
-def drive(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[Any]:
-    out = pipeline.drive(frames=n, interval=interval)
-    assert isinstance(out, list)
-    return out
-
-
-def drive_items(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[PipelineItem]:
-    out = pipeline.drive(frames=n, items=True, interval=interval)
-    assert isinstance(out, list)
-    return out
+from rxstream.testing import drive, drive_items
 
 
 def mouse() -> Iterator[PipelineItem]:

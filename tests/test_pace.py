@@ -14,18 +14,13 @@ from typing import Any
 
 import pytest
 
-from rxstream import Context, Pipeline, PipelineItem, PipelineMetadata, StageBuildError
+from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
+from rxstream.testing import drive_items
 
 
 def frames(out: list[PipelineItem]) -> list[tuple[Any, int, bool]]:
     """(payload, pts, idle) of every item a drive returned."""
     return [(item.payload, item.metadata.pts, item.metadata.idle) for item in out]
-
-
-def drive_items(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[PipelineItem]:
-    out = pipeline.drive(frames=n, items=True, interval=interval)
-    assert isinstance(out, list)
-    return out
 
 
 def test_pts_counts_frames_in_the_default_time_base(ctx: Context) -> None:

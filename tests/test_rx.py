@@ -16,22 +16,11 @@ from reactivex import operators as ops
 from reactivex.notification import OnCompleted, OnNext
 from reactivex.testing import ReactiveTest, TestScheduler
 
-from rxstream import Context, Pipeline, PipelineError, PipelineItem, PipelineMetadata
+from rxstream import Context, PipelineError, PipelineItem, PipelineMetadata
 from rxstream.item import evolve_metadata
+from rxstream.testing import drive, drive_items
 
 RxOp = Callable[[reactivex.Observable[Any]], reactivex.Observable[Any]]
-
-
-def drive(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[Any]:
-    out = pipeline.drive(frames=n, interval=interval)
-    assert isinstance(out, list)
-    return out
-
-
-def drive_items(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[PipelineItem]:
-    out = pipeline.drive(frames=n, items=True, interval=interval)
-    assert isinstance(out, list)
-    return out
 
 
 def ticks() -> Iterator[PipelineItem]:

@@ -13,24 +13,12 @@ from hypothesis import strategies as st
 
 from rxstream import (
     Context,
-    Pipeline,
     PipelineError,
     PipelineItem,
     PipelineMetadata,
     StageBuildError,
 )
-
-
-def drive(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[Any]:
-    out = pipeline.drive(frames=n, interval=interval)
-    assert isinstance(out, list)
-    return out
-
-
-def drive_items(pipeline: Pipeline, n: int) -> list[PipelineItem]:
-    out = pipeline.drive(frames=n, items=True)
-    assert isinstance(out, list)
-    return out
+from rxstream.testing import drive, drive_items
 
 
 def test_numpy_batch_yields_its_rows(ctx: Context) -> None:

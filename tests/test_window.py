@@ -11,19 +11,8 @@ from typing import Any
 
 import pytest
 
-from rxstream import Context, Pipeline, PipelineItem, PipelineMetadata, StageBuildError
-
-
-def drive(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[Any]:
-    out = pipeline.drive(frames=n, interval=interval)
-    assert isinstance(out, list)
-    return out
-
-
-def drive_items(pipeline: Pipeline, n: int, interval: float = 0.0) -> list[PipelineItem]:
-    out = pipeline.drive(frames=n, items=True, interval=interval)
-    assert isinstance(out, list)
-    return out
+from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
+from rxstream.testing import drive, drive_items
 
 
 def test_count_windows_group_consecutive_items(ctx: Context) -> None:
