@@ -17,13 +17,14 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from reactivex import Observable, abc, operators
+from reactivex import abc, operators
 from reactivex.disposable import CompositeDisposable, Disposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import StageBuildError
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
 from rxstream.item import PipelineItem, evolve_metadata
+from rxstream.operators._core import one_input
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -56,19 +57,15 @@ def bind_stage(
     paths = tuple(ref.path for ref in refs)
 
     def build(shell: StageShell) -> Operator:
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def subscribe(
+            source: ItemStream,
+            observer: abc.ObserverBase[PipelineItem],
+            scheduler: abc.SchedulerBase | None,
+        ) -> abc.DisposableBase:
+            binder = _Binder(doc, ctx, construct, paths, shell, observer)
+            return binder.attach(source, scheduler)
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                binder = _Binder(doc, ctx, construct, paths, shell, observer)
-                return binder.attach(source, scheduler)
-
-            return Observable(subscribe)
-
-        return operator
+        return one_input(subscribe)
 
     return ctx._stage("bind", name, label, build=build, options={"deps": paths})
 

@@ -19,7 +19,7 @@ from reactivex.disposable import Disposable
 from rxstream.item import PipelineItem
 from rxstream.typing import ItemStream, Operator
 
-__all__ = ["attach", "per_item"]
+__all__ = ["OnNext", "Subscribe", "attach", "one_input", "per_item"]
 
 _T = TypeVar("_T")
 
@@ -56,6 +56,25 @@ def attach(
 
 
 OnNext = Callable[[PipelineItem], None]
+Subscribe = Callable[
+    [ItemStream, abc.ObserverBase[PipelineItem], abc.SchedulerBase | None], abc.DisposableBase
+]
+
+
+def one_input(subscribe: Subscribe) -> Operator:
+    """An operator over the stage's one input: ``subscribe(source, observer, scheduler)``."""
+
+    def operator(ports: Sequence[ItemStream]) -> ItemStream:
+        source = ports[0]
+
+        def on_subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            return subscribe(source, observer, scheduler)
+
+        return Observable(on_subscribe)
+
+    return operator
 
 
 def per_item(make_on_next: Callable[[abc.ObserverBase[PipelineItem]], OnNext]) -> Operator:
@@ -65,15 +84,12 @@ def per_item(make_on_next: Callable[[abc.ObserverBase[PipelineItem]], OnNext]) -
     ``observer``); errors and completion pass through.
     """
 
-    def operator(ports: Sequence[ItemStream]) -> ItemStream:
-        source = ports[0]
+    def subscribe(
+        source: ItemStream,
+        observer: abc.ObserverBase[PipelineItem],
+        scheduler: abc.SchedulerBase | None,
+    ) -> abc.DisposableBase:
+        on_next = make_on_next(observer)
+        return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
-        def subscribe(
-            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
-        ) -> abc.DisposableBase:
-            on_next = make_on_next(observer)
-            return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
-
-        return Observable(subscribe)
-
-    return operator
+    return one_input(subscribe)

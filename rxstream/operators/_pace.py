@@ -14,14 +14,14 @@ of a stale generation (after a steer) is never repeated: that tick emits nothing
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from reactivex import Observable, abc
+from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
-from rxstream.operators._core import attach
+from rxstream.operators._core import attach, one_input
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, PaceOverflow
 
@@ -34,20 +34,16 @@ def pace_operator(
     """Emit one buffered frame every ``period`` seconds, ``pts`` advancing by ``step``."""
 
     def build(shell: StageShell) -> Operator:
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def subscribe(
+            source: ItemStream,
+            observer: abc.ObserverBase[PipelineItem],
+            scheduler: abc.SchedulerBase | None,
+        ) -> abc.DisposableBase:
+            return _Pacer(shell, observer, period, step, capacity, overflow).attach(
+                source, scheduler
+            )
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                return _Pacer(shell, observer, period, step, capacity, overflow).attach(
-                    source, scheduler
-                )
-
-            return Observable(subscribe)
-
-        return operator
+        return one_input(subscribe)
 
     return build
 

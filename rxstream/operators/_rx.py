@@ -12,12 +12,13 @@ stage's scheduler (its thread, or the drive's virtual clock).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, now
+from rxstream.operators._core import one_input
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -35,55 +36,51 @@ def rx_operator(
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
 
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def subscribe(
+            source: ItemStream,
+            observer: abc.ObserverBase[PipelineItem],
+            scheduler: abc.SchedulerBase | None,
+        ) -> abc.DisposableBase:
+            seen: OrderedDict[int, tuple[PipelineItem, float]] = OrderedDict()
+            latest: list[tuple[PipelineItem, float]] = []
+            pushing: list[tuple[PipelineItem, float] | None] = [None]
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                seen: OrderedDict[int, tuple[PipelineItem, float]] = OrderedDict()
-                latest: list[tuple[PipelineItem, float]] = []
-                pushing: list[tuple[PipelineItem, float] | None] = [None]
+            def remember(item: PipelineItem) -> Any:
+                started = now()
+                counters.items_in += 1
+                entry = (item, started)
+                if items:
+                    return item
+                key = id(item.payload)
+                seen[key] = entry
+                seen.move_to_end(key)
+                if len(seen) > _REMEMBERED:
+                    seen.popitem(last=False)
+                latest[:] = [entry]
+                pushing[0] = entry
+                return item.payload
 
-                def remember(item: PipelineItem) -> Any:
-                    started = now()
-                    counters.items_in += 1
-                    entry = (item, started)
-                    if items:
-                        return item
-                    key = id(item.payload)
-                    seen[key] = entry
-                    seen.move_to_end(key)
-                    if len(seen) > _REMEMBERED:
-                        seen.popitem(last=False)
-                    latest[:] = [entry]
-                    pushing[0] = entry
-                    return item.payload
+            def on_next(value: Any) -> None:
+                if isinstance(value, PipelineItem):
+                    origin, started, payload = value, now(), value.payload
+                else:
+                    cause = pushing[0] or seen.get(id(value)) or latest[0]
+                    origin, started = cause
+                    payload = value
+                observer.on_next(shell.forward(origin, payload, started))
 
-                def on_next(value: Any) -> None:
-                    if isinstance(value, PipelineItem):
-                        origin, started, payload = value, now(), value.payload
-                    else:
-                        cause = pushing[0] or seen.get(id(value)) or latest[0]
-                        origin, started = cause
-                        payload = value
-                    observer.on_next(shell.forward(origin, payload, started))
+            def on_error(error: Exception) -> None:
+                shell.failed(observer, latest[0][0] if latest else None, error)
 
-                def on_error(error: Exception) -> None:
-                    shell.failed(observer, latest[0][0] if latest else None, error)
+            def done_pushing(_item: PipelineItem) -> None:
+                pushing[0] = None
 
-                def done_pushing(_item: PipelineItem) -> None:
-                    pushing[0] = None
+            lifted = op(source.pipe(_map(remember), _after(done_pushing)))
+            return lifted.subscribe(
+                on_next, on_error, observer.on_completed, scheduler=shell.scheduler
+            )
 
-                lifted = op(source.pipe(_map(remember), _after(done_pushing)))
-                return lifted.subscribe(
-                    on_next, on_error, observer.on_completed, scheduler=shell.scheduler
-                )
-
-            return Observable(subscribe)
-
-        return operator
+        return one_input(subscribe)
 
     return build
 

@@ -8,14 +8,14 @@ correlation travels on. The time runs on the stage's scheduler (virtual under ``
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
-from reactivex import Observable, abc
+from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream.item import PipelineItem, merge_metadata, now
-from rxstream.operators._core import attach
+from rxstream.operators._core import attach, one_input
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -27,59 +27,55 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
     span = None if ms is None else ms / 1000.0
 
     def build(shell: StageShell) -> Operator:
-        def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = ports[0]
+        def subscribe(
+            source: ItemStream,
+            observer: abc.ObserverBase[PipelineItem],
+            scheduler: abc.SchedulerBase | None,
+        ) -> abc.DisposableBase:
+            window: list[PipelineItem] = []
+            arrived = [0.0]
+            timer = SerialDisposable()
+            opened = [0]  # which window a timer belongs to
 
-            def subscribe(
-                observer: abc.ObserverBase[PipelineItem],
-                scheduler: abc.SchedulerBase | None = None,
-            ) -> abc.DisposableBase:
-                window: list[PipelineItem] = []
-                arrived = [0.0]
-                timer = SerialDisposable()
-                opened = [0]  # which window a timer belongs to
+            def flush() -> None:
+                if not window:
+                    return
+                items = list(window)
+                window.clear()
+                opened[0] += 1
+                timer.disposable = None
+                metadata = merge_metadata(
+                    [item.metadata for item in items], shell.stamps(arrived[0])
+                )
+                observer.on_next(shell.emit([item.payload for item in items], metadata))
 
-                def flush() -> None:
-                    if not window:
-                        return
-                    items = list(window)
-                    window.clear()
-                    opened[0] += 1
-                    timer.disposable = None
-                    metadata = merge_metadata(
-                        [item.metadata for item in items], shell.stamps(arrived[0])
-                    )
-                    observer.on_next(shell.emit([item.payload for item in items], metadata))
-
-                def on_timeout(_s: abc.SchedulerBase, which: Any = None) -> None:
-                    if which == opened[0]:
-                        flush()
-
-                def on_next(item: PipelineItem) -> None:
-                    arrived[0] = now()
-                    shell.counters.items_in += 1
-                    window.append(item)
-                    if span is not None and len(window) == 1:
-                        timer.disposable = shell.scheduler.schedule_relative(
-                            span, on_timeout, opened[0]
-                        )
-                    if count is not None and len(window) >= count:
-                        flush()
-
-                def on_completed() -> None:
+            def on_timeout(_s: abc.SchedulerBase, which: Any = None) -> None:
+                if which == opened[0]:
                     flush()
-                    observer.on_completed()
 
-                def on_dispose() -> None:
-                    if window:  # items of an open window when the run ends
-                        shell.counters.drop("stopped", len(window))
-                        window.clear()
+            def on_next(item: PipelineItem) -> None:
+                arrived[0] = now()
+                shell.counters.items_in += 1
+                window.append(item)
+                if span is not None and len(window) == 1:
+                    timer.disposable = shell.scheduler.schedule_relative(
+                        span, on_timeout, opened[0]
+                    )
+                if count is not None and len(window) >= count:
+                    flush()
 
-                upstream = attach(source, on_next, observer.on_error, on_completed, scheduler)
-                return CompositeDisposable(upstream, timer, Disposable(on_dispose))
+            def on_completed() -> None:
+                flush()
+                observer.on_completed()
 
-            return Observable(subscribe)
+            def on_dispose() -> None:
+                if window:  # items of an open window when the run ends
+                    shell.counters.drop("stopped", len(window))
+                    window.clear()
 
-        return operator
+            upstream = attach(source, on_next, observer.on_error, on_completed, scheduler)
+            return CompositeDisposable(upstream, timer, Disposable(on_dispose))
+
+        return one_input(subscribe)
 
     return build
