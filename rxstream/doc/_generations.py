@@ -28,13 +28,15 @@ class GenerationState:
 class Generations:
     """The live generation counters of one context (one writer lock, lock-free reads)."""
 
-    __slots__ = ("_lock", "drop", "flush", "listeners", "prompt", "steered_at")
+    __slots__ = ("_lock", "drop", "epoch", "flush", "listeners", "prompt", "steered_at")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.prompt = 0
         self.flush = 0
         self.drop = 0
+        self.epoch = 0
+        """Counts every change (steer, flush, replica): one compare tells "nothing changed"."""
         self.steered_at = 0.0
         """When the last steer happened (``time.monotonic``): the origin of cutover timing."""
         self.listeners: list[Callable[[GenerationState], None]] = []
@@ -44,6 +46,7 @@ class Generations:
         """Start a new prompt generation; unless ``drop_stale=False`` older items go stale."""
         with self._lock:
             self.steered_at = time.monotonic()
+            self.epoch += 1
             self.prompt += 1
             if drop_stale:
                 self.drop = self.prompt
@@ -55,6 +58,7 @@ class Generations:
         """Start a new flush generation."""
         with self._lock:
             self.flush += 1
+            self.epoch += 1
             flush = self.flush
         self._tell()
         return flush
@@ -69,6 +73,7 @@ class Generations:
         """Take the controller's generations (on another rank of the same host)."""
         with self._lock:
             self.steered_at = steered_at
+            self.epoch += 1
             self.prompt = max(self.prompt, state.prompt)
             self.flush = max(self.flush, state.flush)
             self.drop = max(self.drop, state.drop)

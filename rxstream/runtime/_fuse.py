@@ -61,6 +61,11 @@ def fused_chain(
     members: list[tuple[StageShell, Callable[..., Any]]] = [
         (shell, caller(shell.target_fn, shell)) for shell in shells
     ]
+    # what the per-item loop reads, looked up once
+    steps = [
+        (index, shell, call, shell.counters, shell.in_hop, shell.out_hop)
+        for index, (shell, call) in enumerate(members)
+    ]
     timing = shells[0].timing
 
     def subscribe(
@@ -87,20 +92,21 @@ def fused_chain(
             base = item.__dict__.get("_md") or item.metadata
             # the checks every member would make on arrival, made at once: only a function
             # that steers or flushes mid-chain changes their outcome, and that is re-checked
-            drop, flush = generations.drop, generations.flush
+            epoch = generations.epoch
             if (
-                base.cutover or base.prompt_generation < drop or base.flush_generation > flushed[0]
+                base.cutover
+                or base.prompt_generation < generations.drop
+                or base.flush_generation > flushed[0]
             ) and not admit(0, base):
                 return
             payload = item.payload
             stamps: list[Any] = []  # flat: hop, t, hop, t…
             started = now()
-            for index, (shell, call) in enumerate(members):
-                if generations.drop != drop or generations.flush != flush:
-                    drop, flush = generations.drop, generations.flush
+            for index, shell, call, counters, in_hop, out_hop in steps:
+                if generations.epoch != epoch:  # a function steered or flushed mid-chain
+                    epoch = generations.epoch
                     if not admit(index, base):
                         return
-                counters = shell.counters
                 counters.items_in += 1
                 try:
                     payload = call(payload)
@@ -114,7 +120,7 @@ def fused_chain(
                     base = item.__dict__.get("_md") or item.metadata
                 if timing:
                     done = now()
-                    stamps += (shell.in_hop, started, shell.out_hop, done)
+                    stamps += (in_hop, started, out_hop, done)
                     started = done
             observer.on_next(_stamped(item, payload, tuple(stamps)))
 
