@@ -130,11 +130,6 @@ class VirtualClock(_ClockScheduler):
             self._now = due
             timer.run()
 
-    @property
-    def pending(self) -> int:
-        """Actions still scheduled."""
-        return len(self._heap)
-
 
 # Inbox entries: ``(deliver, value)`` for data, ``(deliver, value, None)`` for control.
 
