@@ -13,7 +13,14 @@ from rxstream.timing import TimingRecord
 from rxstream.timing._emit import listen
 from rxstream.transport import MemoryTransport
 
-__all__ = ["MemoryTransport", "capture_timing", "drive", "drive_items", "live_threads"]
+__all__ = [
+    "MemoryTransport",
+    "assert_same",
+    "capture_timing",
+    "drive",
+    "drive_items",
+    "live_threads",
+]
 
 
 def live_threads() -> list[threading.Thread]:
@@ -49,3 +56,34 @@ def drive_items(pipeline: Pipeline, frames: int, interval: float = 0.0) -> list[
     if not isinstance(out, list):
         raise TypeError(f"drive() of a pipeline with several ends gives a dict, got {out!r}")
     return out
+
+
+def assert_same(got: Any, want: Any) -> None:
+    """Deep equality for payloads: arrays and tensors by dtype, shape and values (and a
+    tensor's ``requires_grad``), containers element by element, items by metadata and payload.
+    """
+    import numpy as np
+
+    assert type(got) is type(want), (type(got), type(want))
+    if isinstance(want, np.ndarray):
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        np.testing.assert_array_equal(got, want)
+    elif type(want).__module__ == "torch":  # a tensor, without importing torch for others
+        import torch
+
+        assert (got.dtype, got.shape) == (want.dtype, want.shape)
+        assert got.requires_grad == want.requires_grad
+        assert torch.equal(got.detach(), want.detach())
+    elif isinstance(want, dict):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert_same(got[key], want[key])
+    elif isinstance(want, list | tuple):
+        assert len(got) == len(want)
+        for g, w in zip(got, want, strict=True):
+            assert_same(g, w)
+    elif isinstance(want, PipelineItem):
+        assert got.metadata == want.metadata
+        assert_same(got.payload, want.payload)
+    else:
+        assert got == want

@@ -20,36 +20,13 @@ import rxstream.ipc
 from rxstream import PipelineItem, PipelineMetadata
 from rxstream.ipc import FramingError, frame, unframe
 from rxstream.item import _stamped
+from rxstream.testing import assert_same
 
 
 def round_trip(obj: object) -> Any:
     """``obj`` framed and unframed over the very buffers frame handed out."""
     header, buffers = frame(obj)
     return unframe(header, buffers)
-
-
-def assert_same(got: Any, want: Any) -> None:
-    """Deep equality that compares arrays and tensors by dtype, shape and values."""
-    assert type(got) is type(want)
-    if isinstance(want, np.ndarray):
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        np.testing.assert_array_equal(got, want)
-    elif isinstance(want, torch.Tensor):
-        assert got.dtype == want.dtype
-        assert got.shape == want.shape
-        assert got.requires_grad == want.requires_grad
-        assert torch.equal(got.detach(), want.detach())
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys()
-        for key in want:
-            assert_same(got[key], want[key])
-    elif isinstance(want, list | tuple):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            assert_same(g, w)
-    else:
-        assert got == want
 
 
 def data_address(buffer: pickle.PickleBuffer | memoryview) -> int:

@@ -34,6 +34,7 @@ from rxstream.ipc import (
     frame,
 )
 from rxstream.item import _stamped
+from rxstream.testing import assert_same
 
 PREFIX = f"rxs_test{os.getpid()}_"
 _names = itertools.count()
@@ -88,32 +89,6 @@ def framed_size(obj: object) -> int:
     for buffer in buffers:
         end = -(-end // 64) * 64 + memoryview(buffer).nbytes
     return end
-
-
-def assert_same(got: Any, want: Any) -> None:
-    """Deep equality that compares arrays and tensors by dtype, shape and values."""
-    assert type(got) is type(want)
-    if isinstance(want, np.ndarray):
-        assert (got.dtype, got.shape) == (want.dtype, want.shape)
-        np.testing.assert_array_equal(got, want)
-    elif type(want).__module__ == "torch":
-        import torch
-
-        assert (got.dtype, got.shape) == (want.dtype, want.shape)
-        assert torch.equal(got, want)
-    elif isinstance(want, dict):
-        assert got.keys() == want.keys()
-        for key in want:
-            assert_same(got[key], want[key])
-    elif isinstance(want, list | tuple):
-        assert len(got) == len(want)
-        for g, w in zip(got, want, strict=True):
-            assert_same(g, w)
-    elif isinstance(want, PipelineItem):
-        assert got.metadata == want.metadata
-        assert_same(got.payload, want.payload)
-    else:
-        assert got == want
 
 
 # --- payloads -------------------------------------------------------------------------------
