@@ -37,13 +37,12 @@ from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ClientStreamLimits
-from rxstream.transport import MemoryTransport, Transport
+from rxstream.transport import CODECS, MemoryTransport, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, StageFn
 
 __all__ = ["Context"]
 
 _log = structlog.get_logger("rxstream")
-_CODECS = (None, "raw")
 _OVERFLOWS = get_args(PaceOverflow)
 
 
@@ -379,9 +378,9 @@ class Context:
         It also folds per-hop timing into one ``[timing:<name>]`` record per input (per
         ``input_seq``) or cutover, logged and handed to ``on_timing(record)``.
         """
-        if codec not in _CODECS:
+        if codec is not None and codec not in CODECS:
             raise StageBuildError(
-                f"codec must be one of raw or None with the in-memory transport, "
+                f"codec must be one of {', '.join(CODECS)} (or None: raw), "
                 f"got {codec!r} for stream {name!r}"
             )
         if on_timing is not None and not callable(on_timing):
@@ -399,7 +398,7 @@ class Context:
             ),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
-            options={"codec": codec},
+            options={"codec": codec or "raw"},
         )
 
     def merge(self, *, name: str | None = None, capacity: int = DEFAULT_CAPACITY) -> Stage:

@@ -20,6 +20,7 @@ from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics
 from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
+from rxstream.transport import Session
 
 if TYPE_CHECKING:
     from rxstream.context import Context
@@ -202,8 +203,28 @@ class Pipeline:
         )
         self._run = run
         self._stopped = False
-        run.start()
+        self._context.transport.open(self.session())
+        try:
+            run.start()
+        except BaseException:
+            self._stopped = True
+            self._context.transport.close()
+            raise
         return run
+
+    def session(self) -> Session:
+        """What this pipeline offers a session transport: its streams, inputs, docs, feed."""
+        stages = self.stages
+        return Session(
+            streams={
+                name: str(stage.options.get("codec") or "raw")
+                for name, stage in stages.items()
+                if stage.kind == "stream"
+            },
+            inputs=tuple(name for name, stage in stages.items() if stage.kind == "input"),
+            docs=MappingProxyType(self._context.docs),
+            feed=self.feed,
+        )
 
     def update(self, **changes: Any) -> int:
         """Steer: write ``changes`` to the control doc and start a new generation.
@@ -267,7 +288,11 @@ class Pipeline:
         if run is None or self._stopped:
             return
         self._stopped = True
-        stuck = run.stop(STOP_TIMEOUT)
+        try:
+            stuck = run.stop(STOP_TIMEOUT)
+        finally:
+            if run.mode == "threads":
+                self._context.transport.close()
         if stuck:
             _log.warning("pipeline_stop_left_threads", threads=stuck)
 

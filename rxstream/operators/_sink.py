@@ -4,7 +4,8 @@ The sink stamps ``<name>.in``/``<name>.out`` around the hand-off to the transpor
 every item on, so the run can count what egressed and ``drive()`` can return it. It folds
 the timeline of each conditioned window into one :class:`~rxstream.timing.TimingRecord`:
 the first frame of every new ``input_seq``, and every cutover (a steer or a rebuild), never
-an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_timing``.
+an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_timing`` and
+to the transport's ``on_timing``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def sink_operator(
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
-        send = transport().send
+        chosen = transport()
+        send = chosen.send
         forward = shell.forward
         timing = shell.timing
 
@@ -54,7 +56,9 @@ def sink_operator(
                 if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
                     reported[0] = max(reported[0], md.input_seq)
                     try:
-                        emit(fold(stream, out.metadata, time.time() * 1000), on_timing)
+                        record = fold(stream, out.metadata, time.time() * 1000)
+                        emit(record, on_timing)
+                        chosen.on_timing(record)
                     except Exception as exc:
                         shell.failed(observer, out, exc)
                         return

@@ -8,21 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from rxstream.item import PipelineItem
+from rxstream.transport._base import Transport
 
-__all__ = ["MemoryTransport", "Transport"]
-
-
-class Transport:
-    """Where ``ctx.stream`` sinks send their items; ``connected`` holds ``run()`` alive."""
-
-    @property
-    def connected(self) -> bool:
-        """Whether a client is attached; ``run()`` stops when this turns false."""
-        raise NotImplementedError
-
-    def send(self, stream: str, item: PipelineItem) -> None:
-        """Egress one item of ``stream``; called on the sink stage's thread."""
-        raise NotImplementedError
+__all__ = ["MemoryTransport"]
 
 
 class MemoryTransport(Transport):
