@@ -55,6 +55,8 @@ class Doc:
         context: Context | None = None,
     ) -> None:
         self.name = name
+        self.schema = schema
+        """The schema the doc validates with (a dataclass, a callable, or ``None``)."""
         base = thaw(defaults) if defaults is not None else defaults_from_schema(name, schema)
         self._validate = make_validator(name, base, schema)
         self._validate(base, base)

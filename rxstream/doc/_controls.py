@@ -1,0 +1,111 @@
+"""What a UI needs to edit a doc: one :class:`Control` per leaf of its desired state.
+
+A control's kind follows the leaf's current value and, with a dataclass schema, its
+annotation: ``Literal[...]`` → ``choice``, ``bool`` → ``toggle``, ``int``/``float`` →
+``number``, ``str`` → ``text``; anything else (lists, ``None``) → ``json``. A number's range
+comes from the schema field's ``metadata`` (``field(default=0.5, metadata={"min": 0, "max":
+1, "step": 0.05})``) or, without one, from its default: ``[0, 1]`` for a default inside it,
+else ``[0, 2 * |default|]`` (at least ``[0, 10]``). The web page and the notebook widgets
+both build from this list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, get_args, get_origin
+
+from rxstream.doc._doc import Doc
+from rxstream.doc._snapshot import thaw
+
+__all__ = ["Control", "controls"]
+
+
+@dataclass(frozen=True)
+class Control:
+    """One editable leaf of a doc."""
+
+    path: str
+    """The dotted path (``vae.model``)."""
+    kind: Literal["number", "toggle", "choice", "text", "json"]
+    """Which widget edits it."""
+    value: Any
+    """Its value now."""
+    integer: bool = False
+    """A number that must stay an int."""
+    minimum: float | None = None
+    """A number's lower bound (for a slider)."""
+    maximum: float | None = None
+    """A number's upper bound."""
+    step: float | None = None
+    """A number's slider step."""
+    choices: tuple[Any, ...] = ()
+    """A choice's options."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The control as plain JSON-able data."""
+        return {
+            "path": self.path,
+            "kind": self.kind,
+            "value": self.value,
+            "integer": self.integer,
+            "min": self.minimum,
+            "max": self.maximum,
+            "step": self.step,
+            "choices": list(self.choices),
+        }
+
+
+def controls(doc: Doc) -> list[Control]:
+    """The controls of ``doc``'s current state, leaves in document order."""
+    schema = doc.schema if isinstance(doc.schema, type) else None
+    out: list[Control] = []
+    _walk(thaw(doc.snapshot()), (), schema, out)
+    return out
+
+
+def _walk(
+    state: Mapping[str, Any], path: tuple[str, ...], schema: type | None, out: list[Control]
+) -> None:
+    hints: dict[str, Any] = {}
+    meta: dict[str, Mapping[str, Any]] = {}
+    if schema is not None and dataclasses.is_dataclass(schema):
+        hints = typing.get_type_hints(schema)
+        meta = {f.name: f.metadata for f in dataclasses.fields(schema)}
+    for key, value in state.items():
+        here = (*path, key)
+        hint = hints.get(key)
+        if isinstance(value, Mapping):
+            sub = hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+            _walk(value, here, sub, out)
+            continue
+        out.append(_control(".".join(here), value, hint, meta.get(key, {})))
+
+
+def _control(path: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Control:
+    if get_origin(hint) is Literal:
+        return Control(path, "choice", value, choices=get_args(hint))
+    if "choices" in meta:
+        return Control(path, "choice", value, choices=tuple(meta["choices"]))
+    if isinstance(value, bool):
+        return Control(path, "toggle", value)
+    if isinstance(value, int | float):
+        integer = isinstance(value, int) and hint is not float
+        low, high = _range(float(value))
+        low = float(meta.get("min", low))
+        high = float(meta.get("max", high))
+        step = meta.get("step", 1 if integer else (high - low) / 100)
+        return Control(path, "number", value, integer, low, high, float(step))
+    if isinstance(value, str):
+        return Control(path, "text", value)
+    return Control(path, "json", value)
+
+
+def _range(default: float) -> tuple[float, float]:
+    if 0.0 <= default <= 1.0:
+        return 0.0, 1.0
+    if default < 0:
+        return 2 * default, -2 * default
+    return 0.0, max(10.0, 2 * default)
