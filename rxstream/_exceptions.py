@@ -17,6 +17,7 @@
     ├── TopologyError            a partition topology declared against a rule (also a ValueError)
     │   └── DeploymentError      a serving config the model's topology refuses, every problem listed
     ├── StreamBufferClosed       an item put into a closed StreamBuffer (also a RuntimeError)
+    ├── CodecError               a payload an egress codec cannot encode (also a ValueError)
     └── CudaIpcError             the CUDA IPC bridge refused a call (``rxstream.ipc``)
         ├── CudaDeviceError      export of a tensor that is not on a CUDA device (also a ValueError)
         ├── CudaUnavailableError a CUDA tensor in a process without CUDA (also a RuntimeError)
@@ -28,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
+    "CodecError",
     "CudaDeviceError",
     "CudaIpcError",
     "CudaRefError",
@@ -150,6 +152,10 @@ class DeploymentError(TopologyError):
 
 class StreamBufferClosed(RxStreamError, RuntimeError):
     """An item put into a :class:`~rxstream.topology.StreamBuffer` after ``close()``."""
+
+
+class CodecError(RxStreamError, ValueError):
+    """A payload an egress codec cannot encode; names the stream, the rule and the value."""
 
 
 class CudaIpcError(RxStreamError):

@@ -1,9 +1,49 @@
 """Session transports: where egress goes and what keeps a session alive."""
 
+from rxstream._exceptions import CodecError
 from rxstream.transport._base import CODECS, Session, Transport
+from rxstream.transport._codecs import (
+    Encoder,
+    H264Fragments,
+    JpegEncoder,
+    RawEncoder,
+    decode_raw,
+    encoder,
+    to_rgb24,
+)
+from rxstream.transport._file import FileTransport
 from rxstream.transport._memory import MemoryTransport
+from rxstream.transport._tee import Tee
 
-__all__ = ["CODECS", "MemoryTransport", "Session", "Transport"]
+__all__ = [
+    "CODECS",
+    "CodecError",
+    "Encoder",
+    "FileTransport",
+    "H264Fragments",
+    "JpegEncoder",
+    "MemoryTransport",
+    "RawEncoder",
+    "Session",
+    "Tee",
+    "Transport",
+    "decode_raw",
+    "encoder",
+    "to_rgb24",
+]
 
-for _name in ("MemoryTransport", "Transport"):
+for _name in (
+    "CodecError",
+    "Encoder",
+    "FileTransport",
+    "H264Fragments",
+    "JpegEncoder",
+    "MemoryTransport",
+    "RawEncoder",
+    "Tee",
+    "Transport",
+    "decode_raw",
+    "encoder",
+    "to_rgb24",
+):
     globals()[_name].__module__ = __name__

@@ -1,0 +1,520 @@
+"""Egress codecs: a frame payload to the bytes a client receives (``raw``, ``jpeg``, ``h264``).
+
+Every encoder first reads its payload with :func:`to_rgb24`, so a stage may egress numpy or
+torch frames in the layouts models produce. :func:`encoder` makes the encoder of a
+``ctx.stream(name, codec=…)``; each :meth:`Encoder.encode` call returns the bytes of one frame
+for that codec:
+
+- ``raw``: :attr:`RawEncoder.HEADER` (little-endian ``uint16`` width, ``uint16`` height, ``uint8``
+  channels = 3, three zero bytes: 8 bytes) then the ``height * width * 3`` RGB bytes, row by
+  row; :func:`decode_raw` reads it back.
+- ``jpeg``: one baseline JPEG image per frame (Pillow).
+- ``h264``: :class:`H264Fragments`, fragmented MP4 that a browser's ``MediaSource`` appends.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import sys
+from collections.abc import Iterator
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from rxstream._exceptions import CodecError
+from rxstream.transport._base import CODECS
+
+__all__ = [
+    "Encoder",
+    "H264Fragments",
+    "JpegEncoder",
+    "RawEncoder",
+    "decode_raw",
+    "encoder",
+    "to_rgb24",
+]
+
+_RAW_HEADER = struct.Struct("<HHB3x")
+
+_CHANNELS = (1, 3, 4)
+
+
+def _torch_to_numpy(tensor: Any, stream: str) -> np.ndarray:
+    """A CPU numpy view of a torch tensor; floats become uint8 on the tensor's own device."""
+    torch = sys.modules["torch"]
+    tensor = tensor.detach()
+    if tensor.is_floating_point():
+        tensor = _float_to_uint8_torch(tensor, torch)
+    elif tensor.dtype != torch.uint8:
+        raise CodecError(
+            f"stream {stream!r}: a frame's dtype must be uint8 or floating point "
+            f"(read as [0, 1]), got torch.{str(tensor.dtype).removeprefix('torch.')}"
+        )
+    return np.asarray(tensor.cpu().numpy())
+
+
+def _float_to_uint8_torch(tensor: Any, torch: Any) -> Any:
+    # On a GPU this moves a quarter of the bytes a float frame would.
+    scaled = torch.nan_to_num(tensor.float(), nan=0.0, posinf=1.0, neginf=0.0)
+    return scaled.clamp_(0.0, 1.0).mul_(255.0).add_(0.5).to(torch.uint8)
+
+
+def _float_to_uint8(array: np.ndarray) -> np.ndarray:
+    scaled = array.astype(np.float32)  # a copy: the payload is never written
+    np.nan_to_num(scaled, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
+    np.clip(scaled, 0.0, 1.0, out=scaled)
+    scaled *= 255.0
+    scaled += 0.5
+    return scaled.astype(np.uint8)
+
+
+def to_rgb24(payload: object, *, stream: str) -> np.ndarray:
+    """``payload`` as a C-contiguous ``(H, W, 3)`` uint8 RGB array.
+
+    Takes a numpy array or a torch tensor (a CUDA tensor is copied to the CPU): ``HW``
+    grayscale, ``HWC`` or ``CHW`` with 1, 3 or 4 channels (the last axis holds the channels
+    when it has 1, 3 or 4 entries, else the first). One channel is gray, expanded to three; a
+    fourth (alpha) is dropped. uint8 is taken as is; floating point is read as [0, 1],
+    clamped, scaled by 255 and rounded (NaN reads as 0). Anything else raises
+    :class:`~rxstream.transport.CodecError` naming ``stream``, the rule and what it got.
+    An array already in that form is returned as is, not copied.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(payload, torch.Tensor):
+        array = _torch_to_numpy(payload, stream)
+    elif isinstance(payload, np.ndarray):
+        array = payload
+    else:
+        raise CodecError(
+            f"stream {stream!r}: a frame must be a numpy array or a torch tensor, "
+            f"got {type(payload).__name__}"
+        )
+    shape = tuple(array.shape)
+    if array.ndim == 2:
+        array = array[:, :, None]
+    elif array.ndim == 3 and shape[-1] not in _CHANNELS and shape[0] in _CHANNELS:
+        array = array.transpose(1, 2, 0)
+    if array.ndim != 3 or array.shape[-1] not in _CHANNELS or 0 in array.shape:
+        raise CodecError(
+            f"stream {stream!r}: a frame must be HW, HWC or CHW with 1, 3 or 4 channels "
+            f"and no empty axis, got shape {shape}"
+        )
+    if array.dtype.kind == "f":
+        array = _float_to_uint8(array)
+    elif array.dtype != np.uint8:
+        raise CodecError(
+            f"stream {stream!r}: a frame's dtype must be uint8 or floating point "
+            f"(read as [0, 1]), got {array.dtype}"
+        )
+    channels = array.shape[-1]
+    if channels == 1:
+        array = np.repeat(array, 3, axis=2)
+    elif channels == 4:
+        array = array[:, :, :3]
+    return np.ascontiguousarray(array)
+
+
+def decode_raw(data: bytes | bytearray | memoryview) -> np.ndarray:
+    """The ``(H, W, 3)`` uint8 frame of one ``raw`` message (a copy of its pixel bytes)."""
+    view = memoryview(data).cast("B")
+    if len(view) < _RAW_HEADER.size:
+        raise CodecError(
+            f"a raw frame starts with a {_RAW_HEADER.size}-byte header, got {len(view)} bytes"
+        )
+    width, height, channels = _RAW_HEADER.unpack_from(view)
+    expected = _RAW_HEADER.size + width * height * channels
+    if channels != 3 or len(view) != expected:
+        raise CodecError(
+            f"a raw frame must be its header then width*height*3 bytes: header says "
+            f"{width}x{height}x{channels} ({expected} bytes in all), got {len(view)} bytes"
+        )
+    pixels = np.frombuffer(view, dtype=np.uint8, offset=_RAW_HEADER.size)
+    return pixels.reshape(height, width, 3).copy()
+
+
+class Encoder:
+    """Turns the frames of one egress stream into the bytes its codec sends, frame by frame."""
+
+    codec: str = ""
+    """``raw``, ``jpeg`` or ``h264``."""
+
+    def __init__(self, *, stream: str) -> None:
+        self.stream = stream
+        """The stream's name, which the encoder's errors name."""
+
+    def encode(self, frame: object) -> bytes:
+        """The bytes of one frame (any payload :func:`to_rgb24` takes)."""
+        raise NotImplementedError
+
+    def close(self) -> bytes:
+        """End the stream: the bytes still held, if any (``b""`` for ``raw`` and ``jpeg``)."""
+        return b""
+
+
+class RawEncoder(Encoder):
+    """``raw``: :attr:`HEADER` then the frame's RGB bytes (see :func:`decode_raw`)."""
+
+    codec = "raw"
+    HEADER = _RAW_HEADER
+    """The 8-byte header: width, height (``uint16``), channels (``uint8``, 3), 3 zero bytes."""
+
+    def encode(self, frame: object) -> bytes:
+        rgb = to_rgb24(frame, stream=self.stream)
+        height, width = rgb.shape[:2]
+        if width > 0xFFFF or height > 0xFFFF:
+            raise CodecError(
+                f"stream {self.stream!r}: a raw frame's width and height must be at most 65535 "
+                f"(its header holds uint16s), got {width}x{height}"
+            )
+        return _RAW_HEADER.pack(width, height, 3) + rgb.tobytes()
+
+
+class JpegEncoder(Encoder):
+    """``jpeg``: one JPEG image per frame, at ``quality`` (1-100, Pillow's scale)."""
+
+    codec = "jpeg"
+
+    def __init__(self, *, stream: str, quality: int = 85) -> None:
+        super().__init__(stream=stream)
+        if not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise CodecError(
+                f"stream {stream!r}: jpeg quality must be an int from 1 to 100, got {quality!r}"
+            )
+        self.quality = quality
+
+    def encode(self, frame: object) -> bytes:
+        from PIL import Image
+
+        image = Image.fromarray(to_rgb24(frame, stream=self.stream))
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=self.quality)
+        return out.getvalue()
+
+
+# --- h264 -------------------------------------------------------------------------------------
+
+_X264_OPTIONS = {"preset": "ultrafast", "tune": "zerolatency", "forced-idr": "1"}
+
+
+def _pad_even(rgb: np.ndarray) -> np.ndarray:
+    """yuv420p needs even sides: an odd one gains a copy of its last row or column."""
+    height, width = rgb.shape[:2]
+    if height % 2 == 0 and width % 2 == 0:
+        return rgb
+    return np.pad(rgb, ((0, height % 2), (0, width % 2), (0, 0)), mode="edge")
+
+
+def _rate(fps: float, where: str) -> Fraction:
+    if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps <= 1000:
+        raise CodecError(f"{where}: fps must be > 0 and <= 1000, got {fps!r}")
+    return Fraction(fps).limit_denominator(1001)
+
+
+def _keyframe_interval(interval: int | None, rate: Fraction, where: str) -> int:
+    if interval is None:
+        return max(1, round(rate))
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise CodecError(
+            f"{where}: keyframe_interval must be an int >= 1 (frames), got {interval!r}"
+        )
+    return interval
+
+
+def _check_size(stream: str, expected: tuple[int, int], rgb: np.ndarray) -> None:
+    height, width = rgb.shape[:2]
+    if (width, height) != expected:
+        raise CodecError(
+            f"stream {stream!r}: every h264 frame must have the first frame's size "
+            f"{expected[0]}x{expected[1]} (WxH), got {width}x{height}"
+        )
+
+
+def _open_h264(container: Any, *, width: int, height: int, rate: Fraction, gop: int) -> Any:
+    """Add a libx264 yuv420p stream of the (even) size to an output container."""
+    video = container.add_stream("libx264", rate=rate, options=dict(_X264_OPTIONS))
+    video.width = width
+    video.height = height
+    video.pix_fmt = "yuv420p"
+    video.codec_context.gop_size = gop
+    return video
+
+
+def _video_frame(rgb: np.ndarray, index: int, keyframe: bool) -> Any:
+    import av
+    from av.video.frame import PictureType
+
+    frame = av.VideoFrame.from_ndarray(_pad_even(rgb), format="rgb24")
+    frame.pts = index
+    if keyframe:
+        frame.pict_type = PictureType.I
+    return frame
+
+
+def _boxes(data: bytes) -> Iterator[tuple[bytes, bytes]]:
+    """The ``(type, payload)`` of each ISO BMFF box laid end to end in ``data``."""
+    at = 0
+    while at + 8 <= len(data):
+        size, kind = struct.unpack_from(">I4s", data, at)
+        if size < 8:
+            return
+        yield kind, data[at + 8 : at + size]
+        at += size
+
+
+def _child(data: bytes, *path: bytes) -> bytes:
+    for kind in path:
+        data = next(payload for name, payload in _boxes(data) if name == kind)
+    return data
+
+
+def _box(kind: bytes, *parts: bytes) -> bytes:
+    body = b"".join(parts)
+    return struct.pack(">I4s", 8 + len(body), kind) + body
+
+
+def _full_box(kind: bytes, version: int, flags: int, *parts: bytes) -> bytes:
+    return _box(kind, struct.pack(">I", version << 24 | flags), *parts)
+
+
+def _length_prefixed(annex_b: bytes) -> bytes:
+    """Annex B NAL units (start codes) as the 4-byte length-prefixed units MP4 samples hold."""
+    out = bytearray()
+    for unit in annex_b.split(b"\x00\x00\x01"):
+        unit = unit.rstrip(b"\x00")  # a 4-byte start code leaves a zero on the unit before
+        if unit:
+            out += struct.pack(">I", len(unit)) + unit
+    return bytes(out)
+
+
+_KEY_SAMPLE = 0x02000000  # sample_depends_on = 2: an IDR picture
+_DELTA_SAMPLE = 0x01010000  # sample_depends_on = 1, sample_is_non_sync_sample
+_TRUN_FLAGS = 0x000001 | 0x000100 | 0x000200 | 0x000400  # offset, duration, size, flags
+_DEFAULT_BASE_IS_MOOF = 0x020000
+
+
+class H264Fragments(Encoder):
+    """``h264``: fragmented MP4 in memory, one fragment per frame, for a browser's MediaSource.
+
+    libx264 (yuv420p, preset ultrafast, tune zerolatency: no B-frames, no lookahead) encodes
+    each frame at once, and :meth:`encode` returns that frame's fragment (``moof`` + ``mdat``,
+    ``default-base-is-moof``) in the same call: the stream adds no frame of latency. The first
+    call returns the init segment (``ftyp`` + ``moov``, the muxer's ``empty_moov``) before its
+    fragment; it is also kept as :attr:`init_segment` for a client that joins later. Every
+    ``keyframe_interval`` frames (default: one second's worth) is an IDR frame, and
+    :meth:`request_keyframe` makes the next one an IDR too, so a late joiner appends the init
+    segment and then the fragments from a keyframe on (:attr:`keyframe` says which).
+
+    The size is the first frame's; a later frame of another size raises
+    :class:`~rxstream.transport.CodecError`. An odd width or height is padded to even with a
+    copy of the last column or row (yuv420p needs even sides), so a decoder shows the frame one
+    pixel wider or taller.
+    """
+
+    codec = "h264"
+
+    def __init__(self, *, fps: float, stream: str, keyframe_interval: int | None = None) -> None:
+        super().__init__(stream=stream)
+        self._rate = _rate(fps, f"stream {stream!r}")
+        self.keyframe_interval = _keyframe_interval(
+            keyframe_interval, self._rate, f"stream {stream!r}"
+        )
+        """An IDR frame every this many frames (x264's keyint; a scene cut may add one)."""
+        self._container: Any = None
+        self._video: Any = None
+        self._size: tuple[int, int] | None = None
+        self._init: bytes | None = None
+        self._codec_string: str | None = None
+        self._track_id = 1
+        self._timescale = 1
+        self._sequence = 0
+        self._frames = 0
+        self._keyframe = False
+        self._force_keyframe = False
+        self._closed = False
+
+    @property
+    def init_segment(self) -> bytes | None:
+        """``ftyp`` + ``moov``: what a client appends first; ``None`` before the first frame."""
+        return self._init
+
+    @property
+    def codec_string(self) -> str | None:
+        """The RFC 6381 codec, e.g. ``avc1.42C01E``; ``None`` before the first frame."""
+        return self._codec_string
+
+    @property
+    def mime_type(self) -> str | None:
+        """``video/mp4; codecs="avc1.…"``, for ``MediaSource.isTypeSupported``."""
+        codec = self._codec_string
+        return None if codec is None else f'video/mp4; codecs="{codec}"'
+
+    @property
+    def size(self) -> tuple[int, int] | None:
+        """``(width, height)`` of the frames taken (before padding); ``None`` before the first."""
+        return self._size
+
+    @property
+    def frames(self) -> int:
+        """Frames encoded so far."""
+        return self._frames
+
+    @property
+    def keyframe(self) -> bool:
+        """Whether the fragment the last :meth:`encode` returned holds an IDR frame."""
+        return self._keyframe
+
+    def request_keyframe(self) -> None:
+        """Make the next frame an IDR frame (for a client that joins now); any thread."""
+        self._force_keyframe = True
+
+    def encode(self, frame: object) -> bytes:
+        if self._closed:
+            raise CodecError(f"stream {self.stream!r}: encode() after close() on its h264 encoder")
+        rgb = to_rgb24(frame, stream=self.stream)
+        head = b""
+        if self._size is None:
+            head = self._open(rgb)
+        else:
+            _check_size(self.stream, self._size, rgb)
+        force, self._force_keyframe = self._force_keyframe, False
+        packets = self._video.encode(_video_frame(rgb, self._frames, force))
+        self._frames += 1
+        return head + self._fragments(packets)
+
+    def close(self) -> bytes:
+        """Flush the encoder (its fragments, if any, are returned) and free it; idempotent."""
+        if self._closed:
+            return b""
+        self._closed = True
+        if self._container is None:
+            return b""
+        try:
+            return self._fragments(self._video.encode(None))
+        finally:
+            self._container.close()  # its trailer goes nowhere: fragments are written here
+
+    def _open(self, rgb: np.ndarray) -> bytes:
+        import av
+
+        height, width = rgb.shape[:2]
+        header = _Collect()
+        container = av.open(
+            header,
+            mode="w",
+            format="mp4",
+            options={"movflags": "empty_moov+default_base_moof+frag_keyframe"},
+        )
+        try:
+            even = _pad_even(rgb).shape
+            video = _open_h264(
+                container,
+                width=even[1],
+                height=even[0],
+                rate=self._rate,
+                gop=self.keyframe_interval,
+            )
+            video.codec_context.open()  # the muxer's avcC needs libx264's SPS and PPS
+            container.start_encoding()
+        except BaseException:
+            container.close()
+            raise
+        init = header.take()
+        header.discard = True
+        moov = _child(init, b"moov")
+        trak = _child(moov, b"trak")
+        tkhd = _child(trak, b"tkhd")
+        mdhd = _child(trak, b"mdia", b"mdhd")
+        wide = 8 if tkhd[0] == 1 else 0  # version 1 boxes hold 64-bit times
+        (self._track_id,) = struct.unpack_from(">I", tkhd, 12 + 2 * wide)
+        (self._timescale,) = struct.unpack_from(">I", mdhd, 12 + 2 * (8 if mdhd[0] == 1 else 0))
+        stsd = _child(trak, b"mdia", b"minf", b"stbl", b"stsd")
+        avc1 = _child(stsd[8:], b"avc1")  # after stsd's version, flags and entry count
+        self._codec_string = _avc1_codec(_child(avc1[78:], b"avcC"))  # after VisualSampleEntry
+        self._container, self._video = container, video
+        self._size = (width, height)
+        self._init = init
+        return init
+
+    def _fragments(self, packets: list[Any]) -> bytes:
+        parts = [self._fragment(packet) for packet in packets]
+        if parts:
+            self._keyframe = packets[-1].is_keyframe
+        return b"".join(parts)
+
+    def _fragment(self, packet: Any) -> bytes:
+        # tune=zerolatency leaves no B-frames: pts == dts, so no composition offsets.
+        dts = int(packet.dts)
+        start = self._media_time(dts)
+        duration = self._media_time(dts + 1) - start
+        sample = _length_prefixed(bytes(packet))
+        flags = _KEY_SAMPLE if packet.is_keyframe else _DELTA_SAMPLE
+        self._sequence += 1
+
+        def moof(data_offset: int) -> bytes:
+            trun = struct.pack(">IiIII", 1, data_offset, duration, len(sample), flags)
+            return _box(
+                b"moof",
+                _full_box(b"mfhd", 0, 0, struct.pack(">I", self._sequence)),
+                _box(
+                    b"traf",
+                    _full_box(b"tfhd", 0, _DEFAULT_BASE_IS_MOOF, struct.pack(">I", self._track_id)),
+                    _full_box(b"tfdt", 1, 0, struct.pack(">Q", start)),
+                    _full_box(b"trun", 0, _TRUN_FLAGS, trun),
+                ),
+            )
+
+        head = moof(len(moof(0)) + 8)  # the sample starts after the moof and mdat's header
+        return head + _box(b"mdat", sample)
+
+    def _media_time(self, frame: int) -> int:
+        """Frame ``frame``'s start in the track's timescale."""
+        return int(frame * self._timescale / self._rate)
+
+
+def _avc1_codec(avcc: bytes) -> str:
+    """``avc1.PPCCLL`` from an ``AVCDecoderConfigurationRecord`` (profile, flags, level)."""
+    return "avc1." + avcc[1:4].hex().upper()
+
+
+class _Collect:
+    """A write-only file for PyAV: keeps what the muxer writes until :meth:`take`."""
+
+    def __init__(self) -> None:
+        self._chunks: list[bytes] = []
+        self.discard = False
+
+    def write(self, data: bytes) -> int:
+        if not self.discard:
+            self._chunks.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        data = b"".join(self._chunks)
+        self._chunks.clear()
+        return data
+
+
+def encoder(
+    codec: str | None,
+    *,
+    fps: float,
+    stream: str,
+    quality: int = 85,
+    keyframe_interval: int | None = None,
+) -> Encoder:
+    """The encoder of ``codec`` (``None`` is ``raw``) for ``stream``.
+
+    ``fps`` paces h264 timestamps (frame ``i`` at ``i / fps`` s); ``quality`` is the jpeg
+    quality; ``keyframe_interval`` the h264 IDR period in frames (default: ``round(fps)``).
+    """
+    if codec is None or codec == "raw":
+        return RawEncoder(stream=stream)
+    if codec == "jpeg":
+        return JpegEncoder(stream=stream, quality=quality)
+    if codec == "h264":
+        return H264Fragments(fps=fps, stream=stream, keyframe_interval=keyframe_interval)
+    raise CodecError(
+        f"stream {stream!r}: codec must be one of {', '.join(CODECS)} (or None: raw), got {codec!r}"
+    )
