@@ -1,51 +1,57 @@
-"""The main job of ``make demo``: a synthetic interactive "world", steered while it runs.
+"""The demo app, the main job of ``make demo``: an interactive synthetic "world".
 
-A pointer stream (``ctx.input``, fed here by a simulated mouse circling at 120 Hz) is
-windowed to the frame rate; ``render`` turns each window into the world's next torch frame,
-whose palette follows the prompt (an inline read of the control doc) and whose bright spot
-follows the pointer. A decoder bound to the doc with ``doc.bind`` turns
-frames into uint8 images and is rebuilt when ``vae.model`` changes; ``pace`` holds 24 fps and
-the ``video`` sink egresses. The app checks itself with ``drive()`` first, then runs threaded:
-after a third of the time it steers to a new prompt (stale frames are dropped, the first new
-one is the cutover), after two thirds it swaps the decoder (built off the hot path, switched
-between two frames). It prints per-stage statistics and writes the timing log (one
-``[timing:video]`` line per pointer window), which ``rxstream timing`` summarises.
+A pointer stream (``ctx.input("pointer")``, fed by the page — or by the autopilot's simulated
+mouse) is windowed to the frame rate; ``render`` turns each window into the world's next
+torch frame: a drifting pattern in the prompt's colours (an inline read of the control doc),
+moving at ``speed``, lit where the pointer is with a spot of size ``spot``. A decoder bound to
+the doc with ``doc.bind`` turns frames into uint8 images and is rebuilt when ``vae.model``
+changes; ``pace`` holds 24 fps and the ``video`` stream egresses h264. With two ranks,
+``render`` and ``decode`` run on rank 1 (the worker) and the session stays on rank 0.
 
-    python examples/demo.py [--seconds 3] [--log out/timing.jsonl]
+    rxstream run examples/demo.py --serve                 # open the printed URL, move the mouse
+    rxstream run examples/demo.py --ranks 2 --serve       # the same on two rank processes
+    rxstream run examples/demo.py --frames 96 --set autopilot=true \\
+        --out out/demo.mp4 --log out/timing.jsonl         # headless (what make demo runs)
+    rxstream test examples/demo.py                        # the app's self test
+
+With ``autopilot`` on, the app moves the mouse itself (a circle, 120 samples a second),
+steers to a new prompt after two seconds (stale frames are dropped, the first new one is the
+cutover) and swaps the decoder after four (built off the hot path, switched between frames).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import math
-import threading
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 import torch
 
 import rxstream
-from rxstream import timing
 from rxstream.doc import Snapshot
-from rxstream.transport import MemoryTransport
 
 HEIGHT, WIDTH = 144, 256
-DEFAULTS = {"prompt": "a calm sea at dawn", "vae": {"model": "smooth"}}
+DEFAULTS = {
+    "prompt": "a calm sea at dawn",
+    "speed": 1.0,
+    "spot": 0.1,
+    "vae": {"model": "smooth"},
+    "autopilot": False,
+}
 YS = torch.linspace(0, 1, HEIGHT).view(HEIGHT, 1)
 XS = torch.linspace(0, 1, WIDTH).view(1, WIDTH)
 
 
-def render(t: int, pointer: list[tuple[float, float]], prompt: str) -> torch.Tensor:
+def render(t: float, pointer: list[tuple[float, float]], prompt: str, spot: float) -> torch.Tensor:
     """A CHW float frame: a drifting pattern in the prompt's colours, lit at the pointer."""
     hue = (zlib.crc32(prompt.encode()) % 360) / 360.0
-    wave = 0.5 + 0.5 * torch.sin(6.28 * (XS + YS / 2 + t / 24.0))
+    wave = 0.5 + 0.5 * torch.sin(6.28 * (XS + YS / 2 + t))
     x, y = pointer[-1] if pointer else (0.5, 0.5)
-    spot = torch.exp(-((XS - x) ** 2 + (YS - y) ** 2) / 0.01)
+    light = torch.exp(-((XS - x) ** 2 + (YS - y) ** 2) / max(spot, 1e-3) ** 2)
     channels = [
-        (0.5 + 0.5 * torch.cos(6.28 * (wave + hue + offset))) * 0.8 + spot
+        (0.5 + 0.5 * torch.cos(6.28 * (wave + hue + offset))) * 0.8 + light
         for offset in (0.0, 1 / 3, 2 / 3)
     ]
     return torch.stack(channels) + 0.03 * torch.randn(3, HEIGHT, WIDTH)
@@ -70,17 +76,18 @@ class Decoder:
 
     def close(self) -> None:
         """Called by doc.bind when a newer decoder replaces this one."""
-        print(f"  decoder {self.model!r} closed")
+        print(f"  decoder {self.model!r} closed", flush=True)
 
 
 def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     """The demo pipeline (its doc is ``ctx.doc("control")``)."""
     doc = ctx.doc("control", defaults=DEFAULTS)
-    clock = [0]
+    worker = 1 if ctx.world > 1 else None  # render and decode on the worker rank
+    phase = [0.0]
 
     def world(pointer: list[tuple[float, float]]) -> torch.Tensor:
-        clock[0] += 1
-        return render(clock[0], pointer, doc.desired.prompt.value)
+        phase[0] += doc.desired.speed.value / 24.0
+        return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value)
 
     def make_decoder(d: Snapshot) -> rxstream.Stage:
         return ctx.pipe(Decoder(d.vae.model.value), name="decode")
@@ -88,66 +95,46 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     return (
         ctx.input("pointer")
         | ctx.window(ms=1000 / 24)
-        | ctx.pipe(world, name="render")
-        | doc.bind(make_decoder, [doc.desired.vae.model], name="decode")
+        | ctx.pipe(world, name="render", rank=worker)
+        | doc.bind(make_decoder, [doc.desired.vae.model], name="decode", rank=worker)
         | ctx.pace(fps=24)
-        | ctx.stream("video")
+        | ctx.stream("video", codec="h264")
     )
 
 
-def move_mouse(pipeline: rxstream.Pipeline, stop: threading.Event) -> None:
-    """A simulated user: the pointer circles the frame, 120 samples a second."""
+async def autopilot(pipeline: rxstream.Pipeline, ctx: rxstream.Context) -> None:
+    """A simulated user: circles the mouse, steers the prompt at 2 s, swaps the decoder at 4 s."""
     start = time.monotonic()
-    while not stop.wait(1 / 120):
-        angle = (time.monotonic() - start) * 2.0
+    steered = swapped = False
+    while True:
+        await asyncio.sleep(1 / 120)
+        elapsed = time.monotonic() - start
+        angle = elapsed * 2.0
         pipeline.feed("pointer", (0.5 + 0.3 * math.cos(angle), 0.5 + 0.3 * math.sin(angle)))
+        if elapsed > 2 and not steered:
+            steered = True
+            print("  autopilot: steer prompt -> 'a storm over the mountains'", flush=True)
+            pipeline.update(prompt="a storm over the mountains")
+        if elapsed > 4 and not swapped:
+            swapped = True
+            print("  autopilot: set vae.model -> 'sharp' (doc.bind rebuilds it)", flush=True)
+            ctx.control.set(vae={"model": "sharp"})
 
 
-async def main(seconds: float, log: Path) -> None:
-    transport = MemoryTransport(keep=8)
-    ctx = rxstream.Context(transport=transport)
+async def main(ctx: rxstream.Context) -> None:
+    """Check the app with drive(), then run it threaded until the session ends."""
     pipeline = build(ctx)
     with ctx.self_test():
         pipeline.feed("pointer", (0.5, 0.5))
         (image,) = pipeline.drive(frames=1)
         assert image.shape == (HEIGHT, WIDTH, 3), image.shape
         assert image.dtype == np.uint8, image.dtype
-    stages = " | ".join(pipeline.stages)
-    print(f"self test passed: one {image.shape} {image.dtype} frame through {stages}")
-
-    async def steer_and_leave() -> None:
-        await asyncio.sleep(seconds / 3)
-        print("  steer: prompt -> 'a storm over the mountains'")
-        pipeline.update(prompt="a storm over the mountains")
-        await asyncio.sleep(seconds / 3)
-        print("  set: vae.model -> 'sharp' (doc.bind rebuilds the decoder)")
-        ctx.control.set(vae={"model": "sharp"})
-        await asyncio.sleep(seconds / 3)
-        transport.disconnect()
-
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.unlink(missing_ok=True)
-    timing.configure_logging(log)  # the live run's records go to the log
-    print(f"running {seconds:g} s at 24 fps with a simulated mouse at 120 Hz")
-    stop = threading.Event()
-    mouse = threading.Thread(target=move_mouse, args=(pipeline, stop), daemon=True)
-    mouse.start()
-    driver = asyncio.create_task(steer_and_leave())
+    print(f"self test passed: one {image.shape} frame through {' | '.join(pipeline.stages)}")
+    pilot = None
+    if ctx.control.desired.autopilot.value:
+        pilot = asyncio.ensure_future(autopilot(pipeline, ctx))
     try:
         await pipeline.run()
-        await driver
     finally:
-        stop.set()
-        mouse.join()
-    sent = pipeline.statistics()["video"].items_out
-    print(f"{sent} frames egressed on 'video'\n")
-    print(rxstream.format_statistics(pipeline.statistics()))
-    print(f"\ntiming log: {log} (summarise it with: rxstream timing {log})")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="how long to run")
-    parser.add_argument("--log", type=Path, default=Path("out/timing.jsonl"), help="timing log")
-    args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.log))
+        if pilot is not None:
+            pilot.cancel()

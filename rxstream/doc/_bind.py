@@ -39,7 +39,12 @@ Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]
 
 
 def bind_stage(
-    doc: Doc, ctx: Context, construct: Construct, deps: Sequence[Ref], name: str | None
+    doc: Doc,
+    ctx: Context,
+    construct: Construct,
+    deps: Sequence[Ref],
+    name: str | None,
+    rank: int | None = None,
 ) -> Stage:
     """The bound stage (see the module docstring)."""
     label = getattr(construct, "__name__", "")
@@ -67,7 +72,7 @@ def bind_stage(
 
         return one_input(subscribe)
 
-    return ctx._stage("bind", name, label, build=build, options={"deps": paths})
+    return ctx._stage("bind", name, label, build=build, rank=rank, options={"deps": paths})
 
 
 class _Inner:

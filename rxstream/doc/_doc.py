@@ -152,13 +152,17 @@ class Doc:
         deps: Sequence[Ref],
         *,
         name: str | None = None,
+        rank: int | None = None,
     ) -> Stage:
-        """A stage whose inner stage is ``construct(snapshot)``, rebuilt when a dep changes."""
+        """A stage whose inner stage is ``construct(snapshot)``, rebuilt when a dep changes.
+
+        ``rank`` places it like any builder's ``rank=`` (the doc is replicated there).
+        """
         from rxstream.doc._bind import bind_stage
 
         if self.context is None:
             raise TypeError(f"doc {self.name!r} has no context: make it with ctx.doc(...)")
-        return bind_stage(self, self.context, construct, deps, name)
+        return bind_stage(self, self.context, construct, deps, name, rank)
 
     def _record_failure(self, failure: BindFailure) -> None:
         with self._lock:

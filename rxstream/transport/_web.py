@@ -1,0 +1,532 @@
+"""The web session transport: one local page that shows the stream and steers the pipeline.
+
+``WebTransport`` serves a page (``GET /``) and a WebSocket (``/ws``) from its own thread and
+event loop, so the pipeline's threads never wait on the network:
+
+- egress: every item of every ``ctx.stream`` goes to each attached page as one binary
+  message — ``b"F"``, a 4-byte big-endian header length, a JSON header (stream, codec,
+  width, height, seq, pts, input_seq, generation, cutover, idle), then the encoded frame — in
+  the stream's codec when the page can play it (it lists what it can in its ``hello``), else
+  as JPEG. A page that falls behind loses its oldest frames (counted in
+  :attr:`WebTransport.dropped`), never the pipeline's time.
+- control: the page sends JSON messages — ``hello``, ``input`` (a sample for a
+  ``ctx.input`` stream), ``set`` and ``steer`` (doc writes). Each is validated; an unknown
+  type, a malformed or oversized message, a write the doc's schema refuses, an unknown
+  stream or an over-limit client stream is answered with ``{"type": "error", "code": …,
+  "error": …}`` on that socket, and the session goes on.
+- state: on attach the page gets a ``session`` message (streams, inputs, each doc's
+  controls); then every doc change (``doc``), every timing record (``timing``) and an
+  ``ack`` for each message that carried an ``id``.
+
+``connected`` is true while a page is attached — and before the first one came, so a
+session waits for its page — and turns false ``grace_s`` after the last page left, so
+``pipeline.run()`` stops when the page is closed (a reload within the grace keeps it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+import structlog
+from aiohttp import WSMsgType, web
+
+from rxstream._exceptions import DocValidationError
+from rxstream.doc import controls
+from rxstream.doc._snapshot import thaw
+from rxstream.item import PipelineItem
+from rxstream.timing import TimingRecord
+from rxstream.topology import ClientStreamLimitExceeded
+from rxstream.transport._base import Session, Transport
+from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
+
+__all__ = ["MESSAGE_TYPES", "WebTransport"]
+
+_log = structlog.get_logger("rxstream.web")
+
+MESSAGE_TYPES = ("hello", "input", "set", "steer")
+"""The message types a page may send."""
+
+_FRAME = b"F"
+_START_S = 10.0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Client:
+    """One attached page: what it can play and what waits to be sent to it."""
+
+    def __init__(self, ws: web.WebSocketResponse, frames: int) -> None:
+        self.ws = ws
+        self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
+        self.frames: deque[bytes] = deque()
+        self.texts: deque[str] = deque(maxlen=256)
+        self.max_frames = frames
+        self.ready = asyncio.Event()
+        self.dropped = 0
+        self.live: set[str] = set()
+        """h264 streams this page is decoding: it had the init segment and a keyframe since
+        it joined (or since its last dropped fragment)."""
+
+    def push_frame(self, stream: str, codec: str, data: bytes) -> None:
+        if len(self.frames) >= self.max_frames:
+            self.frames.popleft()
+            self.dropped += 1
+            if codec == "h264":  # a gap in the fragments: wait for the next keyframe
+                self.live.discard(stream)
+                return
+        self.frames.append(data)
+        self.ready.set()
+
+    def push_text(self, text: str) -> None:
+        self.texts.append(text)
+        self.ready.set()
+
+
+class WebTransport(Transport):
+    """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
+
+    ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
+    how long ``connected`` stays true after the last page left; ``max_message_bytes`` bounds
+    one message from a page; ``client_frames`` how many frames may wait for a slow page;
+    ``fps`` is the frame rate written into h264 fragments; ``jpeg_quality`` 1..95.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        allow_remote: bool = False,
+        grace_s: float = 2.0,
+        max_message_bytes: int = 64 * 1024,
+        client_frames: int = 4,
+        jpeg_quality: int = 80,
+        fps: float = 24.0,
+    ) -> None:
+        if not _is_loopback(host) and not allow_remote:
+            raise ValueError(
+                f"host must be a loopback address (127.0.0.1, ::1, localhost) unless "
+                f"allow_remote=True (--allow-remote), got {host!r}"
+            )
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+        if grace_s < 0:
+            raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s}")
+        if max_message_bytes < 256:
+            raise ValueError(f"max_message_bytes must be >= 256, got {max_message_bytes}")
+        if client_frames < 1:
+            raise ValueError(f"client_frames must be >= 1, got {client_frames}")
+        self.host = host
+        self.port = port
+        self.grace_s = grace_s
+        self.max_message_bytes = max_message_bytes
+        self.client_frames = client_frames
+        self.jpeg_quality = jpeg_quality
+        self.fps = fps
+        self._session = Session()
+        self._clients: set[_Client] = set()
+        self._lock = threading.Lock()
+        self._ever_attached = False
+        self._left_at = 0.0
+        self._open = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._bound_port: int | None = None
+        self._shared: dict[tuple[str, str], Encoder] = {}
+        self._seq: dict[str, int] = {}
+        self._subscriptions: list[Any] = []
+        self._dropped_closed = 0
+        self.attached = 0
+        """Pages attached so far (reloads count)."""
+
+    # --- the Transport contract -----------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The page's address (the bound port once the server runs)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._bound_port or self.port}/"
+
+    @property
+    def connected(self) -> bool:
+        if not self._open:
+            return False
+        with self._lock:
+            if self._clients or not self._ever_attached:
+                return True
+            return time.monotonic() - self._left_at < self.grace_s
+
+    @property
+    def pages(self) -> int:
+        """Pages attached now."""
+        with self._lock:
+            return len(self._clients)
+
+    @property
+    def dropped(self) -> int:
+        """Frames dropped because a page was too slow to take them."""
+        with self._lock:
+            return self._dropped_closed + sum(c.dropped for c in self._clients)
+
+    def open(self, session: Session) -> None:
+        self._session = session
+        self._seq = dict.fromkeys(session.streams, 0)
+        if self._thread is None:
+            self._serve()
+        self._open = True
+        for name, doc in session.docs.items():
+            self._subscriptions.append(doc.snapshots.subscribe(self._doc_listener(name)))
+        self._broadcast_text(self._session_message())
+
+    def send(self, stream: str, item: PipelineItem) -> None:
+        seq = self._seq.get(stream, 0) + 1
+        self._seq[stream] = seq
+        with self._lock:
+            clients = tuple(self._clients)
+        if not clients or self._loop is None:
+            return
+        codec = self._session.streams.get(stream, "raw")
+        frame = to_rgb24(item.payload, stream=stream)
+        md = item.metadata
+        header = {
+            "stream": stream,
+            "width": int(frame.shape[1]),
+            "height": int(frame.shape[0]),
+            "seq": seq,
+            "pts": md.pts,
+            "input_seq": md.input_seq,
+            "generation": md.prompt_generation,
+            "cutover": md.cutover,
+            "idle": md.idle,
+        }
+        payloads: dict[str, bytes] = {}
+        packed: dict[str, bytes] = {}
+        h264: H264Fragments | None = None
+        for client in clients:
+            chosen = codec if codec in client.accept else "jpeg"
+            if chosen not in payloads:
+                made = self._encoder(stream, chosen)
+                payloads[chosen] = made.encode(frame)
+                packed[chosen] = _pack({**header, "codec": chosen}, payloads[chosen])
+                if isinstance(made, H264Fragments):
+                    h264 = made
+            data = packed[chosen]
+            if h264 is not None and chosen == "h264" and stream not in client.live:
+                if not h264.keyframe:  # the page joins at the next keyframe
+                    h264.request_keyframe()
+                    continue
+                client.live.add(stream)
+                init = h264.init_segment or b""
+                body = payloads[chosen]
+                data = _pack(
+                    {**header, "codec": chosen, "init": True, "mime": h264.mime_type},
+                    body if body.startswith(init) else init + body,
+                )
+            self._loop.call_soon_threadsafe(client.push_frame, stream, chosen, data)
+
+    def on_timing(self, record: TimingRecord) -> None:
+        self._broadcast_text(json.dumps({"type": "timing", "record": record.fields()}))
+
+    def close(self) -> None:
+        self._open = False
+        for subscription in self._subscriptions:
+            subscription.dispose()
+        self._subscriptions.clear()
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        with contextlib.suppress(RuntimeError, TimeoutError):
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_START_S)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(_START_S)
+        self._loop = self._thread = self._runner = None
+        for key in list(self._shared):
+            self._shared.pop(key).close()
+
+    # --- encoding -------------------------------------------------------------------------
+
+    def _encoder(self, stream: str, codec: str) -> Encoder:
+        made = self._shared.get((stream, codec))
+        if made is None:
+            made = self._shared[(stream, codec)] = encoder(
+                codec, stream=stream, fps=self.fps, quality=self.jpeg_quality
+            )
+        return made
+
+    # --- state messages -------------------------------------------------------------------
+
+    def _session_message(self) -> str:
+        session = self._session
+        return json.dumps(
+            {
+                "type": "session",
+                "streams": dict(session.streams),
+                "inputs": list(session.inputs),
+                "docs": {
+                    name: {
+                        "version": doc.version,
+                        "desired": thaw(doc.snapshot()),
+                        "controls": [c.to_json() for c in controls(doc)],
+                    }
+                    for name, doc in session.docs.items()
+                },
+            },
+            default=repr,
+        )
+
+    def _doc_listener(self, name: str) -> Callable[[Any], None]:
+        return lambda _snapshot: self._doc_changed(name)
+
+    def _doc_changed(self, name: str) -> None:
+        doc = self._session.docs[name]
+        self._broadcast_text(
+            json.dumps(
+                {
+                    "type": "doc",
+                    "name": name,
+                    "version": doc.version,
+                    "desired": thaw(doc.snapshot()),
+                },
+                default=repr,
+            )
+        )
+
+    def _broadcast_text(self, text: str) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        with self._lock:
+            clients = tuple(self._clients)
+        for client in clients:
+            loop.call_soon_threadsafe(client.push_text, text)
+
+    # --- the server -----------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        started = threading.Event()
+        failure: list[BaseException] = []
+
+        def main() -> None:
+            loop = asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._start())
+            except BaseException as exc:
+                failure.append(exc)
+                started.set()
+                loop.close()
+                return
+            started.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.close()
+
+        thread = threading.Thread(target=main, name="rxstream:web", daemon=True)
+        thread.start()
+        if not started.wait(_START_S) or failure:
+            thread.join(_START_S)
+            self._loop = None
+            cause = failure[0] if failure else TimeoutError("the server did not start")
+            raise OSError(f"cannot serve the session page on {self.url}: {cause}") from cause
+        self._thread = thread
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/", self._page)
+        app.router.add_get("/ws", self._socket)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        await site.start()
+        self._runner = runner
+        server = site._server
+        sockets = getattr(server, "sockets", None) or ()
+        self._bound_port = sockets[0].getsockname()[1] if sockets else self.port
+        _log.info("web_session_serving", url=self.url)
+
+    async def _shutdown(self) -> None:
+        with self._lock:
+            clients = tuple(self._clients)
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.ws.close(code=1001, message=b"session stopped")
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _page(self, request: web.Request) -> web.Response:
+        text = resources.files("rxstream.transport").joinpath("static/index.html").read_text()
+        return web.Response(text=text, content_type="text/html")
+
+    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=max(4 * self.max_message_bytes, 1 << 20))
+        await ws.prepare(request)
+        client = _Client(ws, self.client_frames)
+        with self._lock:
+            self._clients.add(client)
+            self._ever_attached = True
+            self.attached += 1
+        client.push_text(self._session_message())
+        writer = asyncio.ensure_future(self._write(client))
+        try:
+            async for message in ws:
+                if message.type == WSMsgType.TEXT:
+                    self._receive(client, message.data)
+                elif message.type == WSMsgType.BINARY:
+                    self._error(client, None, "malformed", "messages must be JSON text")
+        finally:
+            writer.cancel()
+            with self._lock:
+                self._clients.discard(client)
+                self._dropped_closed += client.dropped
+                self._left_at = time.monotonic()
+        return ws
+
+    async def _write(self, client: _Client) -> None:
+        ws = client.ws
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            while not ws.closed:
+                await client.ready.wait()
+                client.ready.clear()
+                while client.texts:
+                    await ws.send_str(client.texts.popleft())
+                while client.frames:
+                    await ws.send_bytes(client.frames.popleft())
+
+    # --- messages from a page -------------------------------------------------------------
+
+    def _receive(self, client: _Client, text: str) -> None:
+        if len(text.encode()) > self.max_message_bytes:
+            self._error(
+                client,
+                None,
+                "oversized",
+                f"a message must be at most {self.max_message_bytes} bytes, "
+                f"got {len(text.encode())}",
+            )
+            return
+        try:
+            message = json.loads(text)
+        except json.JSONDecodeError as exc:
+            self._error(client, None, "malformed", f"a message must be JSON: {exc}")
+            return
+        if not isinstance(message, dict):
+            self._error(
+                client, None, "malformed", f"a message must be a JSON object, got {text[:80]!r}"
+            )
+            return
+        ident = message.get("id")
+        kind = message.get("type")
+        if kind not in MESSAGE_TYPES:
+            self._error(
+                client,
+                ident,
+                "unknown_type",
+                f"type must be one of {', '.join(MESSAGE_TYPES)}, got {kind!r}",
+            )
+            return
+        handler: Callable[[_Client, dict[str, Any]], dict[str, Any]] = getattr(self, f"_on_{kind}")
+        try:
+            reply = handler(client, message)
+        except _Refused as refused:
+            self._error(client, ident, refused.code, str(refused))
+            return
+        if ident is not None:
+            client.push_text(json.dumps({"type": "ack", "id": ident, **reply}))
+
+    def _on_hello(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        accept = message.get("accept", [])
+        if not isinstance(accept, list) or not all(isinstance(c, str) for c in accept):
+            raise _Refused(
+                "malformed", f"hello.accept must be a list of codec names, got {accept!r}"
+            )
+        client.accept = frozenset(accept) | {"jpeg"}
+        return {}
+
+    def _on_input(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        stream = message.get("stream")
+        if not isinstance(stream, str):
+            raise _Refused("malformed", f"input.stream must be a string, got {stream!r}")
+        if "sample" not in message:
+            raise _Refused("malformed", "input.sample is missing")
+        at_ms = message.get("at_ms")
+        if at_ms is not None and (isinstance(at_ms, bool) or not isinstance(at_ms, int | float)):
+            raise _Refused(
+                "malformed", f"input.at_ms must be a number of ms or null, got {at_ms!r}"
+            )
+        if stream not in self._session.inputs:
+            raise _Refused(
+                "unknown_stream",
+                f"input.stream must be one of {', '.join(self._session.inputs) or 'none'}, "
+                f"got {stream!r}",
+            )
+        sample = message["sample"]
+        if isinstance(sample, list):
+            sample = tuple(sample)
+        try:
+            seq = self._session.feed(stream, sample, None if at_ms is None else int(at_ms))
+        except ClientStreamLimitExceeded as exc:
+            raise _Refused("limit", str(exc)) from exc
+        return {"input_seq": seq}
+
+    def _on_set(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        doc, changes = self._write_target(message)
+        try:
+            return {"version": doc.set(changes)}
+        except DocValidationError as exc:
+            raise _Refused("schema", str(exc)) from exc
+
+    def _on_steer(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        doc, changes = self._write_target(message)
+        try:
+            return {"version": doc.steer(changes)}
+        except DocValidationError as exc:
+            raise _Refused("schema", str(exc)) from exc
+
+    def _write_target(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        kind = message["type"]
+        name = message.get("doc", "control")
+        doc = self._session.docs.get(name) if isinstance(name, str) else None
+        if doc is None:
+            raise _Refused(
+                "unknown_doc",
+                f"{kind}.doc must be one of {', '.join(self._session.docs) or 'none'}, "
+                f"got {name!r}",
+            )
+        changes = message.get("changes")
+        if not isinstance(changes, dict):
+            raise _Refused("malformed", f"{kind}.changes must be a JSON object, got {changes!r}")
+        return doc, changes
+
+    def _error(self, client: _Client, ident: Any, code: str, error: str) -> None:
+        _log.warning("web_message_refused", code=code, error=error)
+        client.push_text(json.dumps({"type": "error", "id": ident, "code": code, "error": error}))
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _pack(header: dict[str, Any], data: bytes) -> bytes:
+    head = json.dumps(header).encode()
+    return _FRAME + struct.pack(">I", len(head)) + head + data
