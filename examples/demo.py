@@ -1,8 +1,9 @@
 """The demo app, the main job of ``make demo``: an interactive synthetic "world".
 
-A pointer stream (``ctx.input("pointer")``, fed by the page — or by the autopilot's simulated
-mouse) is windowed to the frame rate; ``render`` turns each window into the world's next
-torch frame: a drifting pattern in the prompt's colours (an inline read of the control doc),
+A 24 Hz clock and a pointer stream (``ctx.input("pointer")``, fed by the page — or by the
+autopilot's simulated mouse) are merged and windowed to the frame rate, so the world moves on
+its own and answers the pointer within a frame; ``render`` turns each window into the world's
+next torch frame: a drifting pattern in the prompt's colours (an inline read of the control doc),
 moving at ``speed``, lit where the pointer is with a spot of size ``spot``. A decoder bound to
 the doc with ``doc.bind`` turns frames into uint8 images and is rebuilt when ``vae.model``
 changes; ``pace`` holds 24 fps and the ``video`` stream egresses h264. With two ranks,
@@ -22,9 +23,12 @@ cutover) and swaps the decoder after four (built off the hot path, switched betw
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import time
 import zlib
+from collections.abc import Iterator
+from typing import Literal
 
 import numpy as np
 import torch
@@ -33,13 +37,32 @@ import rxstream
 from rxstream.doc import Snapshot
 
 HEIGHT, WIDTH = 144, 256
-DEFAULTS = {
-    "prompt": "a calm sea at dawn",
-    "speed": 1.0,
-    "spot": 0.1,
-    "vae": {"model": "smooth"},
-    "autopilot": False,
-}
+
+
+@dataclasses.dataclass
+class Vae:
+    """The decoder section."""
+
+    model: Literal["smooth", "sharp"] = "smooth"
+
+
+@dataclasses.dataclass
+class Control:
+    """The control doc's schema: the page builds its controls from it (ranges, choices)."""
+
+    prompt: str = "a calm sea at dawn"
+    speed: float = dataclasses.field(default=1.0, metadata={"min": 0.0, "max": 4.0})
+    spot: float = dataclasses.field(default=0.1, metadata={"min": 0.02, "max": 1.0})
+    vae: Vae = dataclasses.field(default_factory=Vae)
+    autopilot: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.speed <= 4.0:
+            raise ValueError(f"speed must be in [0, 4], got {self.speed}")
+        if not 0.02 <= self.spot <= 1.0:
+            raise ValueError(f"spot must be in [0.02, 1], got {self.spot}")
+
+
 YS = torch.linspace(0, 1, HEIGHT).view(HEIGHT, 1)
 XS = torch.linspace(0, 1, WIDTH).view(1, WIDTH)
 
@@ -79,13 +102,26 @@ class Decoder:
         print(f"  decoder {self.model!r} closed", flush=True)
 
 
+def clock() -> Iterator[None]:
+    """A tick every 1/24 s, forever (the world's own time)."""
+    due = time.monotonic()
+    while True:
+        due += 1 / 24
+        time.sleep(max(0.0, due - time.monotonic()))
+        yield None
+
+
 def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     """The demo pipeline (its doc is ``ctx.doc("control")``)."""
-    doc = ctx.doc("control", defaults=DEFAULTS)
+    doc = ctx.doc("control", schema=Control)
     worker = 1 if ctx.world > 1 else None  # render and decode on the worker rank
     phase = [0.0]
+    pointer = [(0.5, 0.5)]
 
-    def world(pointer: list[tuple[float, float]]) -> torch.Tensor:
+    def world(window: list[tuple[float, float] | None]) -> torch.Tensor:
+        """The next frame: clock ticks (``None``) advance it, pointer samples move the light."""
+        pointer.extend(sample for sample in window if sample is not None)
+        del pointer[:-1]
         phase[0] += doc.desired.speed.value / 24.0
         return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value)
 
@@ -93,7 +129,8 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
         return ctx.pipe(Decoder(d.vae.model.value), name="decode")
 
     return (
-        ctx.input("pointer")
+        [ctx.source(clock, name="clock"), ctx.input("pointer")]
+        | ctx.merge()
         | ctx.window(ms=1000 / 24)
         | ctx.pipe(world, name="render", rank=worker)
         | doc.bind(make_decoder, [doc.desired.vae.model], name="decode", rank=worker)

@@ -1,0 +1,162 @@
+"""The demo's live page in headless Chromium (Playwright): frames, pointer, slider, prompt, close.
+
+Runs where Debian's chromium is installed (``.ci/run`` installs it) and skips, saying so,
+elsewhere. A screenshot of the page is kept in ``out/test-artifacts/web_session.png``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+import rxstream
+from rxstream.testing import capture_timing
+from rxstream.timing import TimingRecord
+from rxstream.transport import WebTransport
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = ROOT / "out" / "test-artifacts"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+if CHROMIUM is None:
+    pytest.skip("no chromium on PATH (apt-get install chromium)", allow_module_level=True)
+sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+
+
+def load_demo() -> ModuleType:
+    """examples/demo.py as a module."""
+    spec = importlib.util.spec_from_file_location("rxstream_demo_app", ROOT / "examples/demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class DemoSession:
+    """The demo app's ``main`` on a WebTransport, in a thread with its own event loop."""
+
+    def __init__(self) -> None:
+        self.web = WebTransport(port=0, grace_s=0.3)
+        self.ctx = rxstream.Context(transport=self.web)
+        self.demo = load_demo()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self.demo.main(self.ctx))
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> DemoSession:
+        self.thread.start()
+        wait_for(lambda: self.web._bound_port, "the server to listen")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.web._open = False
+        self.thread.join(10)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with sync_api.sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield launched
+        finally:
+            launched.close()
+
+
+def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
+    """The page plays the demo, feeds the pointer, edits the doc, steers, and ends the run."""
+    records: list[TimingRecord] = []
+    with capture_timing() as captured, DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(session.web.url)
+
+        # frames arrive and change over time
+        page.wait_for_function("window.rxstream.frames > 10", timeout=20_000)
+        view = page.locator("#view")
+        first = view.screenshot()
+        page.wait_for_function("window.rxstream.frames > 20", timeout=20_000)
+        assert view.screenshot() != first
+        codec = page.evaluate("window.rxstream.codec")
+        assert codec in ("h264", "jpeg")
+
+        # one pointer move: its input_seq comes back in a [timing:video] record
+        box = view.bounding_box()
+        assert box is not None
+        page.mouse.move(box["x"] + box["width"] * 0.8, box["y"] + box["height"] * 0.3)
+        seq = page.wait_for_function(
+            "window.rxstream.lastInputSeq || false", timeout=20_000
+        ).json_value()
+        page.wait_for_function(
+            f"window.rxstream.timing.some((r) => r.input_seq === {seq})", timeout=20_000
+        )
+        wait_for(lambda: [r for r in captured if r.input_seq == seq], "the record")
+        assert session.ctx.control.snapshot()["autopilot"] is False
+
+        # the spot slider (a doc.set) changes the frames: a bigger light, a brighter picture
+        before = page.evaluate("window.rxstream.brightness()")
+        page.locator('input[data-path="spot"]').fill("1")
+        wait_for(lambda: session.ctx.control.desired.spot.value == 1.0, "spot to be set")
+        page.wait_for_function(f"window.rxstream.brightness() > {before} + 20", timeout=20_000)
+
+        # a prompt change is a steer: the next frame is a cutover
+        cutovers = page.evaluate("window.rxstream.cutovers")
+        page.locator("#prompt").fill("a storm over the mountains")
+        page.locator("#prompt").press("Enter")
+        page.wait_for_function(f"window.rxstream.cutovers > {cutovers}", timeout=20_000)
+        assert session.ctx.control.desired.prompt.value == "a storm over the mountains"
+        wait_for(lambda: [r for r in captured if r.cutover], "a cutover record")
+
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(ARTIFACTS / "web_session.png"))
+        assert page.evaluate("window.rxstream.errors") == []
+        assert errors == []
+
+        # closing the page ends run()
+        page.close()
+        session.thread.join(15)
+        assert not session.thread.is_alive(), "run() still going after the page closed"
+        assert session.error is None
+        records = list(captured)
+    assert (ARTIFACTS / "web_session.png").stat().st_size > 10_000
+    assert records
