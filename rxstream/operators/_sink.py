@@ -1,7 +1,8 @@
 """``ctx.stream(name, …)`` in sink mode: egress to the session transport, and timing.
 
 The sink stamps ``<name>.in``/``<name>.out`` around the hand-off to the transport and passes
-every item on, so the run can count what egressed and ``drive()`` can return it. It folds
+every item on, so the run can count what egressed and ``drive()`` can return it (a drive
+returns its items and sends nothing to the transport, which only a threaded run opens). It folds
 the timeline of each conditioned window into one :class:`~rxstream.timing.TimingRecord`:
 the first frame of every new ``input_seq``, and every cutover (a steer or a rebuild), never
 an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_timing`` and
@@ -26,6 +27,14 @@ from rxstream.typing import Operator
 __all__ = ["sink_operator"]
 
 
+def _no_send(stream: str, item: PipelineItem) -> None:
+    pass
+
+
+def _no_timing(record: TimingRecord) -> None:
+    pass
+
+
 def sink_operator(
     stream: str,
     transport: Callable[[], Transport],
@@ -36,7 +45,9 @@ def sink_operator(
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
         chosen = transport()
-        send = chosen.send
+        # drive() returns what egressed and never touches the session (it is not open then)
+        send = _no_send if shell.driven else chosen.send
+        on_transport_timing = _no_timing if shell.driven else chosen.on_timing
         forward = shell.forward
         timing = shell.timing
 
@@ -58,7 +69,7 @@ def sink_operator(
                     try:
                         record = fold(stream, out.metadata, time.time() * 1000)
                         emit(record, on_timing)
-                        chosen.on_timing(record)
+                        on_transport_timing(record)
                     except Exception as exc:
                         shell.failed(observer, out, exc)
                         return
