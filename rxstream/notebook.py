@@ -30,8 +30,7 @@ from rxstream.doc import Doc, Ref
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import StageStatistics
-from rxstream.timing import TimingRecord
-from rxstream.transport import Session, Transport
+from rxstream.transport import Session, Tee, Transport, to_rgb24
 
 try:
     import ipywidgets
@@ -58,7 +57,6 @@ __all__ = [
 _log = structlog.get_logger("rxstream")
 
 ImageFormat = Literal["jpeg", "png"]
-_CHANNELS = (1, 3, 4)
 _MISSING = object()
 
 
@@ -237,52 +235,20 @@ class _Binding:
 # --- frames -----------------------------------------------------------------------------------
 
 
-def frame_array(payload: Any) -> np.ndarray[Any, np.dtype[np.uint8]]:
-    """A frame payload as a new HWC (or HW, for one channel) uint8 array, ready to encode.
+def frame_array(payload: Any, *, stream: str = "frame") -> np.ndarray[Any, np.dtype[np.uint8]]:
+    """A frame payload as a new ``(H, W, 3)`` uint8 RGB array, never a view of the payload.
 
-    Takes numpy arrays (HWC or HW; CHW when the last axis is not 1, 3 or 4 channels) and
-    torch tensors (CHW or HWC, on any device), uint8 as is, bool as 0/255, float in [0, 1]
-    (clipped); a leading batch axis of 1 is dropped.
+    Reads payloads as the egress codecs do (:func:`rxstream.transport.to_rgb24`: numpy or
+    torch, HW, HWC or CHW, uint8 or float in [0, 1]), and also takes a leading batch axis of 1.
+    Errors are :class:`~rxstream.transport.CodecError` naming ``stream``.
     """
-    torch_first = False
-    if type(payload).__module__.split(".")[0] == "torch":
-        tensor = payload.detach()
-        if tensor.is_floating_point():
-            tensor = tensor.float()  # numpy has no bfloat16
-        array = tensor.cpu().numpy()
-        torch_first = True  # torch's convention is CHW
-    elif isinstance(payload, np.ndarray):
-        array = payload
-    else:
-        raise TypeError(
-            f"frame must be a numpy array or a torch tensor, got {type(payload).__name__}"
-        )
-    shape = array.shape
-    if array.ndim == 4 and shape[0] == 1:
-        array = array[0]
-    if array.ndim == 3:
-        chw = array.shape[0] in _CHANNELS
-        hwc = array.shape[-1] in _CHANNELS
-        if chw and (torch_first or not hwc):
-            array = array.transpose(1, 2, 0)
-        elif not hwc:
-            raise ValueError(
-                f"frame must have 1, 3 or 4 channels (HWC or CHW), got shape {tuple(shape)}"
-            )
-        if array.shape[-1] == 1:
-            array = array[..., 0]
-    elif array.ndim != 2:
-        raise ValueError(
-            f"frame must be HW, HWC or CHW (or 1xCHW), got {len(shape)} dims: shape {tuple(shape)}"
-        )
-    if array.dtype == np.uint8:
-        return np.array(array, dtype=np.uint8, order="C")  # a copy: payloads may be views
-    if array.dtype == np.bool_:
-        return np.where(array, 255, 0).astype(np.uint8)
-    if np.issubdtype(array.dtype, np.floating):
-        scaled = np.nan_to_num(array.astype(np.float32), nan=0.0).clip(0.0, 1.0) * 255.0 + 0.5
-        return np.ascontiguousarray(scaled.astype(np.uint8))
-    raise TypeError(f"frame dtype must be uint8, bool or float in [0, 1], got {array.dtype}")
+    shape: tuple[int, ...] = tuple(getattr(payload, "shape", ()))
+    if len(shape) == 4 and shape[0] == 1:
+        payload = payload[0]
+    rgb = to_rgb24(payload, stream=stream)
+    if rgb is payload or not rgb.flags.owndata:  # a view: the payload may be a ring slot's
+        rgb = rgb.copy()
+    return rgb
 
 
 def encode_frame(payload: Any, format: ImageFormat = "jpeg", quality: int = 85) -> bytes:
@@ -293,8 +259,6 @@ def encode_frame(payload: Any, format: ImageFormat = "jpeg", quality: int = 85) 
     image = Image.fromarray(frame_array(payload))
     out = io.BytesIO()
     if format == "jpeg":
-        if image.mode == "RGBA":
-            image = image.convert("RGB")
         image.save(out, format="JPEG", quality=quality)
     else:
         image.save(out, format="PNG")
@@ -304,8 +268,8 @@ def encode_frame(payload: Any, format: ImageFormat = "jpeg", quality: int = 85) 
 def _check_format(format: str, quality: int) -> None:
     if format not in ("jpeg", "png"):
         raise ValueError(f"format must be 'jpeg' or 'png', got {format!r}")
-    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 95:
-        raise ValueError(f"quality must be an int from 1 to 95, got {quality!r}")
+    if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+        raise ValueError(f"quality must be an int from 1 to 100, got {quality!r}")
 
 
 class FrameView:
@@ -354,7 +318,7 @@ class FrameView:
 
     def update(self, payload: Any) -> None:
         """Offer a frame (any thread); it replaces one that is still waiting to be shown."""
-        frame = frame_array(payload)
+        frame = frame_array(payload, stream=self.stream or "frame")
         with self._cond:
             if self._closed:
                 return
@@ -394,9 +358,12 @@ class FrameView:
             self._cond.wait_for(lambda: self.shown >= count or self._closed, timeout)
             return self.shown >= count
 
-    def transport(self, inner: Transport | None = None) -> FrameTransport:
-        """A session transport that shows this view's stream and forwards all to ``inner``."""
-        return FrameTransport(self, inner)
+    def transport(self, inner: Transport | None = None) -> Transport:
+        """A session transport that shows this view's stream: a :class:`FrameTransport`, teed
+        after ``inner`` when given (``Tee(inner, …)``: ``inner`` gets everything and decides
+        ``connected``)."""
+        shows = FrameTransport(self)
+        return shows if inner is None else Tee(inner, shows)
 
     def close(self) -> None:
         """Stop the worker thread; the image keeps the last frame."""
@@ -426,42 +393,30 @@ class FrameView:
 
 
 class FrameTransport(Transport):
-    """A session transport that shows frames in a :class:`FrameView` and forwards to ``inner``.
+    """A session transport that shows the frames of its view's stream in a :class:`FrameView`.
 
-    Everything (open, send, timing, close) goes on to ``inner`` when given; without one it is
-    connected until closed.
+    It is connected until closed; :meth:`FrameView.transport` tees it with another transport.
     """
 
-    def __init__(self, view: FrameView, inner: Transport | None = None) -> None:
+    def __init__(self, view: FrameView) -> None:
         if not isinstance(view, FrameView):
             raise TypeError(f"view must be a FrameView, got {type(view).__name__}")
         self.view = view
-        self.inner = inner
         self._closed = False
 
     @property
     def connected(self) -> bool:
-        return self.inner.connected if self.inner is not None else not self._closed
+        return not self._closed
 
     def open(self, session: Session) -> None:
         self._closed = False
-        if self.inner is not None:
-            self.inner.open(session)
 
     def send(self, stream: str, item: PipelineItem) -> None:
-        if self.inner is not None:
-            self.inner.send(stream, item)
         if self.view.stream is None or stream == self.view.stream:
             self.view.update(item.payload)
 
-    def on_timing(self, record: TimingRecord) -> None:
-        if self.inner is not None:
-            self.inner.on_timing(record)
-
     def close(self) -> None:
         self._closed = True
-        if self.inner is not None:
-            self.inner.close()
 
 
 # --- statistics -----------------------------------------------------------------------------
