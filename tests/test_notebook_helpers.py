@@ -336,19 +336,17 @@ def test_encode_frame_rejects_a_bad_quality() -> None:
         encode_frame(np.zeros((2, 2)), quality=101)
 
 
-def test_frame_view_as_transport_shows_frames_and_forwards_everything(
-    ctx: rxstream.Context,
-) -> None:
-    """The view's transport shows its stream's frames and tees every item to the inner one."""
+def test_frame_view_as_transport_shows_frames_and_forwards_everything() -> None:
+    """In a run, the view's transport shows its stream's frames and tees all to the inner one."""
     inner = MemoryTransport()
     view = FrameView("video", fps=1000)
     ctx = rxstream.Context(transport=view.transport(inner))
-    frames = ctx.source(lambda: torch.rand(3, 6, 10))
+    frames = ctx.source([torch.rand(3, 6, 10) for _ in range(3)])
     pipeline = ctx.graph(
-        frames | ctx.stream("video"), ctx.source(lambda: torch.ones(3, 2, 2)) | ctx.stream("mask")
+        frames | ctx.stream("video"), ctx.source([torch.ones(3, 2, 2)] * 3) | ctx.stream("mask")
     )
     with view:
-        pipeline.drive(frames=3)
+        assert pipeline.start().wait(10)
         assert view.wait(1, timeout=10)
         assert until(lambda: view.shown >= 1 and view.received == 3)
         newest = frame_array(inner.payloads("video")[-1])
