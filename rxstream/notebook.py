@@ -35,7 +35,7 @@ from rxstream.transport import Session, Tee, Transport, to_rgb24
 try:
     import ipywidgets
     from IPython import get_ipython
-except ImportError as exc:  # pragma: no cover - exercised by a test that hides ipywidgets
+except ImportError as exc:  # tests/test_notebook_helpers.py hides ipywidgets to check this
     raise ImportError(
         "rxstream.notebook needs ipywidgets, which rxstream does not install by default: "
         "install the notebook extra with pip install 'rxstream[notebook]' "
