@@ -32,11 +32,13 @@ from rxstream.operators import (
     zip_operator,
 )
 from rxstream.operators._input import InputFeed
+from rxstream.operators._walks import WalkPick, walks_stage
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
-from rxstream.topology import ClientStreamLimits
+from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
+from rxstream.topology._edges import check_chunks
 from rxstream.transport import CODECS, MemoryTransport, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, StageFn
 
@@ -177,12 +179,14 @@ class Context:
         *,
         capacity: int = 64,
         rank: int | None = None,
+        chunks: ChunkPolicyFactory | None = None,
     ) -> Stage:
         """A client-fed stream: ``pipeline.feed(name, sample, at_ms=None)`` pushes samples in.
 
         Each sample becomes an item with ``input_seq`` (from 1), ``input_at_ms`` and an
         ``input.recv`` stamp; ``limits`` bound what a client may feed in a session. When
         ``capacity`` samples wait unread, the oldest is dropped (counted, reason ``latest``).
+        ``chunks`` (a chunk policy factory) releases the samples as chunks: lists of samples.
         """
         if limits is not None and not isinstance(limits, ClientStreamLimits):
             raise StageBuildError(
@@ -192,6 +196,7 @@ class Context:
             raise StageBuildError(
                 f"input capacity must be an int >= 1, got {capacity!r} for input {name!r}"
             )
+        check_chunks(chunks, name)
         return self._stage(
             "input",
             name,
@@ -200,7 +205,7 @@ class Context:
             inputs=(0, 0),
             rank=rank,
             source=InputFeed(name, limits, capacity),
-            options={"limits": limits},
+            options={"limits": limits, "chunks": chunks},
         )
 
     def pipe(
@@ -214,20 +219,24 @@ class Context:
         policy: InboxPolicy = "block",
         on_error: OnError = "raise",
         items: bool = False,
+        chunks: ChunkPolicyFactory | None = None,
     ) -> Stage:
         """A 1:1 stage, ``fn(payload) -> payload`` (``items=True``: the item itself).
 
         Under fan-in (``[a, b] | ctx.pipe(f)``) it combines the latest of each input and
-        calls ``f(*payloads)``. An ``async def`` runs on the pipeline's event loop.
+        calls ``f(*payloads)``. An ``async def`` runs on the pipeline's event loop. ``chunks``
+        (a chunk policy factory) gates each input, a connection from another rank, through a
+        stream buffer: ``fn`` gets chunks, lists of payloads.
         """
         _check_callable(fn, "pipe")
+        check_chunks(chunks, name or _fn_name(fn, "pipe"))
         return self._stage(
             "pipe",
             name,
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
             target=fn,
-            options={"items": items},
+            options={"items": items, "chunks": chunks},
             inputs=(1, None),
             rank=rank,
             device=device,
@@ -428,6 +437,40 @@ class Context:
     def _fan_in(self, kind: str, name: str | None, build: Any, capacity: int) -> Stage:
         return self._stage(
             kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
+        )
+
+    def walks(
+        self,
+        walks: Mapping[str, Stage | Pipeline],
+        *,
+        pick: WalkPick | None = None,
+        consumer_walk: ConsumerWalk | None = None,
+        chunks: ChunkPolicyFactory | None = None,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+        on_error: OnError = "raise",
+    ) -> Stage:
+        """A partition's named walks (chains of 1-input stages); each pass runs one of them.
+
+        The conductor picks the walk per pass (``pick``: a doc ref like ``doc.desired.walk``,
+        or a function of the control doc's snapshot), or the producer does
+        (``consumer_walk(ProducerWalkCtx)``, run on the producer's rank per emitted item).
+        ``chunks`` (a chunk policy factory) makes each pass a chunk of the input connection.
+        See :mod:`rxstream.operators._walks` and ``docs/topology.md``.
+        """
+        return walks_stage(
+            self,
+            walks,
+            pick=pick,
+            consumer_walk=consumer_walk,
+            chunks=chunks,
+            name=name,
+            rank=rank,
+            capacity=capacity,
+            policy=policy,
+            on_error=on_error,
         )
 
     def rx(

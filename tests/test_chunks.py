@@ -69,6 +69,22 @@ def test_until_final_gathers_up_to_the_final_item() -> None:
     assert last == [["d"]]
 
 
+def test_a_view_shows_the_policy_part_of_each_held_item() -> None:
+    """With view=, the policy judges what the view shows; the chunks hold the items."""
+    seen: list[Any] = []
+
+    def is_final(word: str) -> bool:
+        seen.append(word)
+        return word.endswith(".")
+
+    buffer: StreamBuffer[tuple[int, str]] = StreamBuffer(
+        UntilFinal(is_final), view=lambda pair: pair[1]
+    )
+    assert buffer.put((1, "hi")) == []
+    assert buffer.put((2, "there.")) == [[(1, "hi"), (2, "there.")]]
+    assert seen == ["hi", "hi", "there."]
+
+
 def test_put_after_close_is_refused() -> None:
     """A closed buffer refuses items, naming itself; closing twice releases nothing."""
     buffer: StreamBuffer[int] = StreamBuffer(FixedSize(2), name="mouse")

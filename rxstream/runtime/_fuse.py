@@ -30,7 +30,13 @@ __all__ = ["fusable_chains", "fused_chain"]
 
 def _fusable(node: Node) -> bool:
     stage = node.stage
-    return stage.kind == "pipe" and len(node.inputs) == 1 and not stage.options.get("items")
+    options = stage.options
+    return (
+        stage.kind == "pipe"
+        and len(node.inputs) == 1
+        and not options.get("items")
+        and options.get("chunks") is None  # a chunked input is gated before the stage
+    )
 
 
 def fusable_chains(plan: Plan) -> dict[Node, list[Node]]:

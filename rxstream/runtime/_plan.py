@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from rxstream._exceptions import StageBuildError, StageReuseError
 from rxstream.stage import Node
+from rxstream.topology._edges import check_partitions
 
 __all__ = ["Plan", "compile_plan"]
 
@@ -55,8 +56,9 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
     """Order, check and name the graph that ends in ``tails``.
 
     Raises :class:`StageReuseError` for a stage object at two places, and
-    :class:`StageBuildError` for a stage with no input that is not a source or a sink that
-    something follows.
+    :class:`StageBuildError` for a stage with no input that is not a source, a sink that
+    something follows, or walks and chunked connections placed against the rules of
+    :func:`~rxstream.topology._edges.check_partitions`.
     """
     order: list[Node] = []
     seen: set[Node] = set()
@@ -101,9 +103,11 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
     for node in order:
         rank = node.stage.rank
         ranks[node] = rank if rank is not None else (ranks[node.inputs[0]] if node.inputs else 0)
-    return Plan(
+    plan = Plan(
         nodes=tuple(order), names=names, consumers=consumers, tails=tuple(tails), ranks=ranks
     )
+    check_partitions(plan)  # walks and chunked connections sit where partitions meet
+    return plan
 
 
 def _names(order: Sequence[Node]) -> dict[Node, str]:

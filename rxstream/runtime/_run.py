@@ -24,8 +24,10 @@ from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
 from rxstream.ipc import ShmRing
 from rxstream.item import PipelineItem, _base
+from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
 from rxstream.operators._source import SKIPPED, SourcePuller
+from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._boundary import Boundary
 from rxstream.runtime._cudaxing import CudaCrossing, default_cuda_api
@@ -40,6 +42,13 @@ from rxstream.runtime._thread import (
     charge_stalls_to,
 )
 from rxstream.stage import Node
+from rxstream.topology._edges import (
+    WALKS,
+    chunks_of,
+    consumer_walk_of,
+    partition_name,
+    walks_of,
+)
 from rxstream.typing import ItemStream
 
 __all__ = ["Run"]
@@ -138,7 +147,7 @@ class Run:
                 continue
             if node.stage.is_source:
                 self._pullers[node] = SourcePuller(node.stage.source, shell)
-                stream = self._source_stream(node)
+                stream = self._chunked(self._source_stream(node), None, node)
             elif node in chains:
                 chain = chains[node]
                 for member in chain:
@@ -150,7 +159,10 @@ class Run:
                     self.generations,
                 )
             else:
-                ports = [self._port(self._input(streams, up, node), node) for up in node.inputs]
+                ports = [
+                    self._chunked(self._port(self._input(streams, up, node), node), up, node)
+                    for up in node.inputs
+                ]
                 stream = node.stage.build(shell)(ports)
             if self._consumers(node) > 1:
                 stream = stream.pipe(operators.share())
@@ -191,7 +203,7 @@ class Run:
     def _input(self, streams: dict[Node, ItemStream], upstream: Node, node: Node) -> ItemStream:
         """``node``'s input from ``upstream``: its stream, or the reader of their boundary."""
         if not self._crosses(upstream, node):
-            return streams[upstream]
+            return self._produced(streams[upstream], upstream, node)
         counters = self.shells[node].counters
         return self._boundary(upstream, node).read(lambda: self._halted, self.fail, counters)
 
@@ -204,13 +216,44 @@ class Run:
             self._ends += 1
             self._subscriptions.add(
                 boundary.write(
-                    streams[upstream],
+                    self._produced(streams[upstream], upstream, node),
                     self.shells[upstream].counters,
                     self.plan.name_of(upstream),
                     self.fail,
                     self._end_completed,
                 )
             )
+
+    # --- connections: walk-driving edges and chunk policies ---------------------------------
+
+    def _produced(self, stream: ItemStream, upstream: Node, node: Node) -> ItemStream:
+        """What ``upstream`` sends ``node``: into a producer-triggered walks stage, each item
+        tagged with the walk its ``consumer_walk`` picks (on the producer's side)."""
+        consumer_walk = consumer_walk_of(node.stage)
+        if consumer_walk is None:
+            return stream
+        plan = self.plan
+        rank = plan.ranks[upstream]
+        several = any(n.stage.kind == WALKS and plan.ranks[n] == rank for n in plan.nodes)
+        producer_walk = "" if several else f"{partition_name(rank)}.walk"
+        return producer_operator(
+            consumer_walk,
+            walks_of(node.stage),
+            plan.name_of(node),
+            producer_walk,
+            self.shells[upstream],
+        )(stream)
+
+    def _chunked(self, stream: ItemStream, upstream: Node | None, node: Node) -> ItemStream:
+        """``node``'s input from ``upstream`` (``None``: an input's client stream) through a
+        stream buffer when ``node`` declares ``chunks=``; on ``node``'s thread."""
+        chunks = chunks_of(node.stage)
+        if chunks is None:
+            return stream
+        plan = self.plan
+        edge = plan.name_of(node) if upstream is None else plan.edge_name(upstream, node)
+        tagged = consumer_walk_of(node.stage) is not None
+        return chunk_operator(chunks, edge, self.shells[node], tagged=tagged)(stream)
 
     def _end_completed(self) -> None:
         with self._lock:

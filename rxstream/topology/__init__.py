@@ -7,6 +7,7 @@ Client stream limits are enforced at ``ctx.input``; ``pipeline.topology()`` deri
 from rxstream._exceptions import DeploymentError, StreamBufferClosed, TopologyError
 from rxstream.topology._chunks import (
     ChunkPolicy,
+    ChunkPolicyFactory,
     EveryItem,
     FixedSize,
     Sliding,
@@ -19,6 +20,7 @@ from rxstream.topology._model import (
     CLIENT,
     ClientStream,
     Connection,
+    ConsumerWalk,
     GraphEdge,
     GraphSection,
     PartitionDefinition,
@@ -38,10 +40,12 @@ from rxstream.topology._validate import (
 __all__ = [
     "CLIENT",
     "ChunkPolicy",
+    "ChunkPolicyFactory",
     "ClientStream",
     "ClientStreamLimitExceeded",
     "ClientStreamLimits",
     "Connection",
+    "ConsumerWalk",
     "DeploymentError",
     "EveryItem",
     "FixedSize",

@@ -9,11 +9,19 @@ next, overlapping chunk). At the end of the stream (``close()``) the policy is a
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, Protocol, TypeVar, runtime_checkable
+from typing import Any, Generic, Protocol, TypeAlias, TypeVar, overload, runtime_checkable
 
 from rxstream._exceptions import StreamBufferClosed, TopologyError
 
-__all__ = ["ChunkPolicy", "EveryItem", "FixedSize", "Sliding", "StreamBuffer", "UntilFinal"]
+__all__ = [
+    "ChunkPolicy",
+    "ChunkPolicyFactory",
+    "EveryItem",
+    "FixedSize",
+    "Sliding",
+    "StreamBuffer",
+    "UntilFinal",
+]
 
 T = TypeVar("T")
 
@@ -33,6 +41,10 @@ class ChunkPolicy(Protocol):
         ``final`` is true once the stream has ended: nothing more will arrive.
         """
         ...
+
+
+ChunkPolicyFactory: TypeAlias = Callable[[], ChunkPolicy]
+"""Makes one :class:`ChunkPolicy` per stream: ``EveryItem``, ``lambda: FixedSize(4)``…"""
 
 
 class EveryItem:
@@ -138,14 +150,19 @@ class StreamBuffer(Generic[T]):
     """The items that arrived on one stream, released as chunks by its policy.
 
     ``put(item)`` returns the chunks the item completed (often none); ``close()`` ends the
-    stream and returns what the policy releases of the rest. Not thread-safe: one consumer.
+    stream and returns what the policy releases of the rest. ``view(item)`` is what the policy
+    sees of each held item (default: the item itself; the engine holds items and shows the
+    policy their payloads). Not thread-safe: one consumer.
     """
 
-    def __init__(self, policy: ChunkPolicy, name: str = "stream") -> None:
+    def __init__(
+        self, policy: ChunkPolicy, name: str = "stream", view: Callable[[T], Any] | None = None
+    ) -> None:
         self.policy = policy
         self.name = name
         self._pending: list[T] = []
         self._closed = False
+        self._shown: Sequence[Any] = self._pending if view is None else _Viewed(self._pending, view)
 
     @property
     def pending(self) -> tuple[T, ...]:
@@ -176,7 +193,7 @@ class StreamBuffer(Generic[T]):
     def _release(self, final: bool) -> list[list[T]]:
         chunks: list[list[T]] = []
         while self._pending:
-            answer = self.policy.ready(self._pending, final)
+            answer = self.policy.ready(self._shown, final)
             if answer is None:
                 break
             take, drop = answer
@@ -190,3 +207,27 @@ class StreamBuffer(Generic[T]):
             chunks.append(self._pending[:take])
             del self._pending[:drop]
         return chunks
+
+
+class _Viewed(Sequence[Any]):
+    """A live, read-only view of a list through ``view`` (what a policy sees of the items)."""
+
+    __slots__ = ("_items", "_view")
+
+    def __init__(self, items: list[Any], view: Callable[[Any], Any]) -> None:
+        self._items = items
+        self._view = view
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [self._view(item) for item in self._items[index]]
+        return self._view(self._items[index])

@@ -1,17 +1,22 @@
 """The partition topology of a composed pipeline.
 
-Each rank the plan places stages on is a partition named ``rank<N>`` with one walk,
-``rank<N>.walk``, of all its stages. Each rank boundary is a connection named by
-``plan.edge_name`` with an :class:`EveryItem` chunk policy (items cross one by one); each
-``ctx.input`` stage is a client stream named like the input, with its limits.
+Each rank the plan places stages on is a partition named ``rank<N>``. A partition without a
+walks stage has one walk, ``rank<N>.walk``, of all its stages; one with a walks stage
+(``ctx.walks``) has that stage's walks, each made of the partition's other stages and the
+walk's own (named ``<walk>.<stage>``, as the run stamps them). Each rank boundary is a
+connection named by ``plan.edge_name`` with the consuming stage's chunk policy (``chunks=``;
+without one, items cross one by one: :class:`EveryItem`) and, into a producer-triggered walks
+stage, its ``consumer_walk``. Each ``ctx.input`` stage is a client stream named like the
+input, with its limits and chunk policy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rxstream.topology._chunks import EveryItem
+from rxstream.topology._edges import WALKS, chunks_of, consumer_walk_of, partition_name
 from rxstream.topology._model import (
     CLIENT,
     ClientStream,
@@ -24,13 +29,9 @@ from rxstream.topology._model import (
 
 if TYPE_CHECKING:
     from rxstream.pipeline import Pipeline
+    from rxstream.stage import Stage
 
 __all__ = ["format_topology", "model_of", "topology_of"]
-
-
-def partition_name(rank: int) -> str:
-    """The partition of rank ``rank``."""
-    return f"rank{rank}"
 
 
 def topology_of(pipeline: Pipeline) -> PartitionTopology:
@@ -44,53 +45,93 @@ def model_of(pipeline: Pipeline) -> TopologyModel:
     plan = pipeline.plan
     ranks = sorted(set(plan.ranks.values()))
     connections: list[Connection] = []
-    takes: dict[int, dict[str, list[str]]] = {rank: {} for rank in ranks}
+    # each rank's nodes in plan order, each with the edges it takes (a walks stage: its own)
+    takes: dict[int, list[tuple[str, Stage, tuple[str, ...]]]] = {rank: [] for rank in ranks}
     for node in plan.nodes:
         rank = plan.ranks[node]
         name = plan.names[node]
-        edges = takes[rank].setdefault(name, [])
-        if node.stage.kind == "input":
-            edges.append(name)
+        stage = node.stage
+        edges = tuple(plan.edge_name(upstream, node) for upstream in node.inputs)
+        if stage.kind == "input":
+            edges = (name, *edges)
             connections.append(
                 Connection(
                     CLIENT,
                     partition_name(rank),
                     name,
-                    EveryItem,
-                    limits=node.stage.options.get("limits"),
+                    chunks_of(stage) or EveryItem,
+                    limits=stage.options.get("limits"),
                 )
             )
-        for upstream in node.inputs:
-            edges.append(plan.edge_name(upstream, node))
+        takes[rank].append((name, stage, edges))
     for upstream, downstream in dict.fromkeys(plan.boundaries):
         connections.append(
             Connection(
                 partition_name(plan.ranks[upstream]),
                 partition_name(plan.ranks[downstream]),
                 plan.edge_name(upstream, downstream),
-                EveryItem,
+                chunks_of(downstream.stage) or EveryItem,
+                consumer_walk=consumer_walk_of(downstream.stage),
             )
         )
-    walks = {
-        f"{partition_name(rank)}.walk": GraphSection(
-            {node: tuple(edges) for node, edges in takes[rank].items()}
-        )
-        for rank in ranks
-    }
-    partitions = {
-        partition_name(rank): PartitionDefinition((f"{partition_name(rank)}.walk",))
-        for rank in ranks
-    }
+    walks: dict[str, GraphSection] = {}
+    partitions: dict[str, PartitionDefinition] = {}
+    for rank in ranks:
+        sections = _walks(partition_name(rank), takes[rank])
+        walks.update(sections)
+        partitions[partition_name(rank)] = PartitionDefinition(tuple(sections))
     topology = PartitionTopology([partition_name(rank) for rank in ranks], connections)
     return TopologyModel(topology, walks, partitions)
 
 
+def _walks(
+    partition: str, nodes: Sequence[tuple[str, Stage, tuple[str, ...]]]
+) -> dict[str, GraphSection]:
+    """A partition's walks: one of all its nodes, or one per walk of its walks stage."""
+    found = [(name, stage) for name, stage, _ in nodes if stage.kind == WALKS]
+    if not found:
+        return {f"{partition}.walk": GraphSection({name: edges for name, _, edges in nodes})}
+    [(walks_name, walks_stage)] = found  # the plan allows one walks stage a partition
+    sections: dict[str, GraphSection] = {}
+    for walk, chain in walks_stage.options["chains"].items():
+        section: dict[str, tuple[str, ...]] = {}
+        for name, _stage, edges in nodes:
+            if name != walks_name:
+                section[name] = edges
+                continue
+            previous, taken = "", edges  # the walk's first stage takes the walks stage's edges
+            for qualified, _inner in chain:
+                section[qualified] = taken if not previous else (f"{previous}>{qualified}",)
+                previous = qualified
+        sections[walk] = GraphSection(section)
+    return sections
+
+
 def format_topology(
-    topology: PartitionTopology, streams: Mapping[str, ClientStream] | None = None
+    topology: PartitionTopology | TopologyModel,
+    streams: Mapping[str, ClientStream] | None = None,
 ) -> str:
-    """A readable listing: the partitions, each connection (edge, partitions, chunk policy),
-    and each client stream with its limits and, from ``streams``, its consumer."""
-    lines = [f"partitions: {', '.join(topology.partitions) or 'none'}", "connections:"]
+    """A readable listing: the partitions (given a :class:`TopologyModel`, each one's walks
+    and who picks them), each connection (edge, partitions, chunk policy), and each client
+    stream with its limits and, from ``streams``, its consumer."""
+    model = topology if isinstance(topology, TopologyModel) else None
+    if model is not None:
+        topology = model.topology
+    assert isinstance(topology, PartitionTopology)
+    lines = [f"partitions: {', '.join(topology.partitions) or 'none'}"]
+    if model is not None:
+        lines.append("walks:")
+        drivers = topology.walk_drivers()
+        for partition in topology.partitions:
+            definition = model.partitions.get(partition)
+            names = () if definition is None else tuple(definition.walks)
+            line = f"  {partition}: {', '.join(names) or 'none'}"
+            if partition in drivers:
+                line += f" (the producer picks, over {drivers[partition].edge_name})"
+            elif len(names) > 1:
+                line += " (the conductor picks)"
+            lines.append(line)
+    lines.append("connections:")
     between = [conn for conn in topology.connections if not conn.is_client_stream]
     lines += [
         f"  {conn.edge_name}: {conn.from_partition} -> {conn.to_partition}, "

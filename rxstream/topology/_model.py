@@ -10,7 +10,7 @@ two partitions, or from :data:`CLIENT` into one (a client stream, the engine's `
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 from rxstream._exceptions import TopologyError
 from rxstream.topology._chunks import ChunkPolicy
@@ -20,6 +20,7 @@ __all__ = [
     "CLIENT",
     "ClientStream",
     "Connection",
+    "ConsumerWalk",
     "GraphEdge",
     "GraphSection",
     "PartitionDefinition",
@@ -54,13 +55,16 @@ class ProducerWalkCtx:
     """
 
     producer_walk: str = ""
-    """The walk the producer is running."""
+    """The walk the producer is running: in a pipeline, its partition's one walk
+    (``rank<N>.walk``), or ``""`` when that partition declares several."""
     node: str = ""
-    """The producer node that emits on the edge."""
+    """The producer node that emits on the edge (in a pipeline, the upstream stage)."""
     loop_iters: Mapping[str, int] = field(default_factory=dict)
-    """Each loop of the producer's walk -> its current iteration."""
+    """Each loop of the producer's walk -> its current iteration. In a pipeline the stream is
+    the loop: ``{node: how many items the producer emitted on the edge before this one}``."""
     fwd_info: object | None = None
-    """The engine's information on the current forward pass (opaque here), or None."""
+    """The engine's information on the current forward pass, or None. In a pipeline, the
+    :class:`~rxstream.PipelineItem` being emitted (its payload and metadata)."""
 
     def refill(
         self,
@@ -75,6 +79,10 @@ class ProducerWalkCtx:
         self.loop_iters = {} if loop_iters is None else loop_iters
         self.fwd_info = fwd_info
         return self
+
+
+ConsumerWalk: TypeAlias = Callable[[ProducerWalkCtx], str]
+"""The producer's hook that names the walk a producer-triggered partition runs per chunk."""
 
 
 @dataclass(frozen=True)
