@@ -462,11 +462,35 @@ def placements(ctx: rxstream.Context) -> list[tuple[Callable[[], rxstream.Pipeli
             lambda: ctx.source(range(3)) | walks("w1", "a") | walks("w2", "a", rank=1),
             r"walk names must be unique in a pipeline, got 'a' in stages 'w1' and 'w2'",
         ),
+        (
+            lambda: (
+                [
+                    ctx.source(range(3), name="src")
+                    | ctx.walks(
+                        {"a": ctx.pipe(abs)}, consumer_walk=lambda c: "a", name="w", rank=1
+                    ),
+                    ctx.source(range(3), name="other") | ctx.pipe(abs, name="p", rank=1),
+                ]
+                | ctx.zip(name="pair")
+            ),
+            r"producer-triggered partition 'rank1' takes one connection, the one into its walks "
+            r"stage 'w', got 'other>p' into stage 'p'",
+        ),
+        (
+            lambda: ctx.graph(
+                ctx.source(range(3), name="src")
+                | ctx.walks({"a": ctx.pipe(abs)}, consumer_walk=lambda c: "a", name="w", rank=1)
+                | ctx.stream("out"),
+                ctx.input("mic", rank=1) | ctx.stream("echo"),
+            ),
+            r"producer-triggered partition 'rank1' takes one connection, the one into its walks "
+            r"stage 'w', got client stream 'mic' into stage 'mic'",
+        ),
     ]
 
 
 def test_walks_and_chunks_placed_against_the_rules_are_refused(ctx: rxstream.Context) -> None:
-    """The plan refuses chunks or consumer_walk off a boundary and walks declared twice."""
+    """The plan refuses every placement of walks and chunks against the partition rules."""
     for make, message in placements(ctx):
         with pytest.raises(rxstream.StageBuildError, match=f"^{message}$"):
             make().plan  # noqa: B018

@@ -85,7 +85,8 @@ def check_partitions(plan: Plan) -> None:
 
     A stage that declares ``chunks=`` or ``consumer_walk=`` consumes connections, so each of
     its inputs sits on another rank; a partition (a rank) declares its walks once; walk names
-    are unique in a pipeline.
+    are unique in a pipeline; a producer-triggered partition takes one connection, the one
+    into its walks stage (so ``check_walk_driving_connections`` holds for every pipeline).
     """
     declared: dict[int, Node] = {}
     owners: dict[str, Node] = {}
@@ -118,3 +119,21 @@ def check_partitions(plan: Plan) -> None:
                     f"walk names must be unique in a pipeline, got {walk!r} in stages "
                     f"{plan.names[owner]!r} and {name!r}"
                 )
+    for node in plan.nodes:
+        walks = declared.get(plan.ranks[node])
+        if walks is None or consumer_walk_of(walks.stage) is None or node is walks:
+            continue
+        name = plan.names[node]
+        edges = [
+            repr(plan.edge_name(upstream, node))
+            for upstream in node.inputs
+            if plan.ranks[upstream] != plan.ranks[node]
+        ]
+        if node.stage.kind == "input":
+            edges.insert(0, f"client stream {name!r}")
+        if edges:
+            raise StageBuildError(
+                f"producer-triggered partition {partition_name(plan.ranks[node])!r} takes one "
+                f"connection, the one into its walks stage {plan.names[walks]!r}, got "
+                f"{edges[0]} into stage {name!r}"
+            )
