@@ -302,7 +302,7 @@ def test_a_conductor_picked_partition_is_listed_with_its_walks(ctx: rxstream.Con
 
 
 def test_a_flush_resets_the_stateful_stages_of_every_walk(ctx: rxstream.Context) -> None:
-    """A flush reaches the reset() of the stages inside a walks stage."""
+    """A flush reaches the reset() of the stages inside a walks stage, a doc.bind's too."""
 
     class Counter:
         def __init__(self) -> None:
@@ -323,9 +323,10 @@ def test_a_flush_resets_the_stateful_stages_of_every_walk(ctx: rxstream.Context)
                 ctx.control.flush()
             yield index
 
+    counted = ctx.pipe(Counter(), name="n") | doc.bind(lambda _: Counter(), [], name="m")
     pipeline = (
         ctx.source(frames)
-        | ctx.walks({"count": ctx.pipe(Counter(), name="n")}, pick=doc.desired.walk)
+        | ctx.walks({"count": counted}, pick=doc.desired.walk)
         | ctx.stream("out")
     )
     assert pipeline.drive(frames=5) == [1, 2, 3, 1, 2]

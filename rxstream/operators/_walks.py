@@ -224,14 +224,14 @@ def _walks_operator(
             ]
             for walk, chain in chains.items()
         }
-        resets = [inner.reset for group in shells.values() for inner in group if inner.reset]
-        if resets:
+        inners = [inner for group in shells.values() for inner in group]
 
-            def reset_all() -> None:
-                for reset in resets:
-                    reset()
+        def reset_all() -> None:
+            for inner in inners:  # read at the flush: an inner doc.bind sets its reset late
+                if inner.reset is not None:
+                    inner.reset()
 
-            shell.reset = reset_all
+        shell.reset = reset_all
         choose = _chooser(ctx, pick, tuple(chains), shell.name)
 
         def subscribe(
