@@ -582,3 +582,29 @@ def test_the_docs_walks_example_prints_what_the_docs_say() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == found.group(2)
+
+
+def test_cuda_tensors_cross_a_walk_driving_edge_through_the_bridge() -> None:
+    """A (walk, tensor) pair crosses with its CUDA tensor as a ref (mock CUDA), then chunks."""
+    torch = pytest.importorskip("torch")
+    from rxstream.ipc._cuda import FakeCudaApi
+
+    api = FakeCudaApi()
+    ctx = rxstream.Context(transport=MemoryTransport(), cuda_api=api)
+    frames = [api.to_device(torch.full((4,), float(index))) for index in range(4)]
+    pipeline = (
+        ctx.source(frames, name="render")
+        | ctx.walks(
+            {
+                "sum": ctx.pipe(lambda chunk: [float(t.sum()) for t in chunk], name="add"),
+                "max": ctx.pipe(lambda chunk: [float(t.max()) for t in chunk], name="top"),
+            },
+            consumer_walk=lambda walk: "sum" if walk.loop_iters["render"] < 2 else "max",
+            chunks=lambda: FixedSize(2),
+            rank=1,
+        )
+        | ctx.stream("out")
+    )
+    assert [item.payload for item in run_threads(pipeline)] == [[0.0, 4.0], [2.0, 3.0]]
+    calls = [call for call, _ in api.log]
+    assert calls.count("share") == calls.count("open") == 4
