@@ -10,6 +10,7 @@
     ├── SelfTestError            the block of ``ctx.self_test()`` raised
     ├── DocPathError             a doc path that does not exist (also a LookupError)
     ├── DocValidationError       a doc write its rules refuse (also a ValueError)
+    │   └── SettingError         a ``--set KEY=VALUE`` that cannot be typed or that the doc refuses
     ├── FramingError             a payload that cannot cross a rank boundary (also a TypeError)
     ├── PayloadTooLarge          a framed item larger than a ring slot (also a ValueError)
     ├── RingClosed               put or get on a closed shared-memory ring (get: once drained)
@@ -45,6 +46,7 @@ __all__ = [
     "RingConflict",
     "RxStreamError",
     "SelfTestError",
+    "SettingError",
     "StageBuildError",
     "StageReuseError",
     "StreamBufferClosed",
@@ -115,6 +117,10 @@ class DocPathError(RxStreamError, LookupError):
 
 class DocValidationError(RxStreamError, ValueError):
     """A write the doc's rules refuse; names the field, the rule and the value."""
+
+
+class SettingError(DocValidationError):
+    """A ``--set KEY=VALUE`` that is malformed, cannot be typed, or that the doc refuses."""
 
 
 class FramingError(RxStreamError, TypeError):

@@ -1,8 +1,11 @@
 """The ``rxstream`` command (also ``python -m rxstream``).
 
-- ``rxstream run APP.py [--ranks N] [--frames M] [--set key=value …] [--timeout S]`` runs an
-  app's ``build(ctx)`` on N rank processes (SPMD, see :mod:`rxstream.launch`) and prints
-  per-rank statistics at the end.
+- ``rxstream run APP`` runs an app — ``build(ctx)`` on ``--ranks N`` rank processes (SPMD,
+  see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process — headless or
+  serving a web page (``--serve``), optionally writing the egress to an MP4 (``--out``) and
+  the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
+- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
+  exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME]`` summarises a timing log
   per hop (count, p50/p95/p99 of queue-wait and compute), end to end, and names the slowest
   inputs; malformed lines are reported with their line numbers.
@@ -15,29 +18,72 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
-from collections.abc import Sequence
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rxstream.timing import format_summary, load, plot, summarize
 
+if TYPE_CHECKING:
+    from rxstream.runtime import StageStatistics
+
 __all__ = ["main"]
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT), as shells report it."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "timing":
+        return _timing(args)
+    import structlog
+
+    logging = structlog.get_config()  # a run configures the logs; a caller's stay theirs
+    try:
+        if args.command == "run":
+            return _run(args)
+        if args.command == "test":
+            return _test(args)
+        return _topology(args)
+    finally:
+        structlog.configure(**logging)
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rxstream", description="rxstream tools")
     commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("run", help="run an app on one or more rank processes")
-    run.add_argument("app", help="path/to/app.py[:build] or module:build")
-    run.add_argument("--ranks", type=int, default=1, help="rank processes (default 1)")
-    run.add_argument("--frames", type=int, help="stop after this many egressed items")
-    run.add_argument("--timeout", type=float, help="stop after this many seconds")
+    run = commands.add_parser("run", help="run an app, headless or serving a web page")
+    run.add_argument("app", help="path/to/app.py[:func] or module[:func]")
+    run.add_argument("--ranks", type=_count, default=1, help="rank processes (default 1)")
+    run.add_argument("--frames", type=_count, help="stop after this many egressed frames")
+    run.add_argument("--timeout", type=_seconds, help="stop after this many seconds")
     run.add_argument(
         "--set",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="initial desired state (VALUE is JSON, else a string); repeatable",
+        help="initial desired state of the control doc (KEY dotted, VALUE typed by the doc); "
+        "repeatable",
+    )
+    run.add_argument("--config", metavar="YAML", help="a serving config: checked, then applied")
+    run.add_argument("--serve", action="store_true", help="serve the session on a web page")
+    run.add_argument("--host", help="the page's address (default 127.0.0.1)")
+    run.add_argument("--port", type=int, help="the page's port (default 8765; 0: any free one)")
+    run.add_argument(
+        "--allow-remote", action="store_true", help="let --host be a non-loopback address"
+    )
+    run.add_argument("--out", metavar="MP4", help="also write the egress to this MP4 (h264)")
+    run.add_argument("--out-stream", metavar="NAME", help="the stream --out writes")
+    run.add_argument("--log", metavar="JSONL", help="write the timing log here (started afresh)")
+    test = commands.add_parser("test", help="run an app's self test under the CPU harness")
+    test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
+    test.add_argument(
+        "--timeout", type=_seconds, default=60.0, help="fail after this many seconds (60)"
     )
     timing = commands.add_parser("timing", help="summarise a [timing:<stream>] log")
     timing.add_argument("log", help="a JSON-lines log written by rxstream")
@@ -47,12 +93,220 @@ def main(argv: Sequence[str] | None = None) -> int:
     topology = commands.add_parser("topology", help="print an app's partition topology")
     topology.add_argument("app", help="path/to/app.py[:build] or module:build")
     topology.add_argument("--config", metavar="YAML", help="a serving config to validate")
-    args = parser.parse_args(argv)
-    if args.command == "run":
-        return _run(args)
-    if args.command == "topology":
-        return _topology(args)
+    return parser
 
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+# --- rxstream run -------------------------------------------------------------------------------
+
+
+def _run(args: argparse.Namespace) -> int:
+    from rxstream._exceptions import SettingError
+    from rxstream._settings import split_setting
+    from rxstream.launch import launch, load_app
+    from rxstream.topology import DeploymentError, load_serving_config
+
+    def fail(message: str, status: int) -> int:
+        print(f"rxstream run: {message}", file=sys.stderr)
+        return status
+
+    try:
+        for text in args.set:
+            split_setting(text)
+    except SettingError as exc:
+        return fail(str(exc), 2)
+    if not args.serve and (args.host is not None or args.port is not None or args.allow_remote):
+        return fail("--host, --port and --allow-remote go with --serve", 2)
+    if args.out_stream is not None and args.out is None:
+        return fail("--out-stream names the stream --out writes: give --out too", 2)
+    serving = None
+    if args.config is not None:
+        try:
+            serving = load_serving_config(args.config)
+        except OSError as exc:
+            return fail(f"cannot read {args.config}: {exc.strerror}", 2)
+        except DeploymentError as exc:
+            return fail(str(exc), 2)
+    try:
+        app = load_app(args.app)
+    except Exception as exc:
+        return fail(str(exc), 1)
+    if app.main is not None and args.ranks > 1:
+        hint = (
+            f"; launch its build on {args.ranks} ranks with {args.app}:build" if app.build else ""
+        )
+        return fail(
+            f"an async main(ctx) app runs in one process, got --ranks {args.ranks}{hint}", 2
+        )
+    transport: Any = None
+    if args.serve:
+        from rxstream.transport import WebTransport
+
+        host = "127.0.0.1" if args.host is None else args.host
+        port = 8765 if args.port is None else args.port
+        try:
+            transport = WebTransport(host=host, port=port, allow_remote=args.allow_remote)
+        except ValueError as exc:
+            return fail(str(exc), 2)
+
+    def opened() -> None:
+        where = f"serving {transport.url}" if transport is not None else "headless"
+        print(
+            f"rxstream run: {args.app} on {args.ranks} rank(s), {where}; Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        result = launch(
+            args.app,
+            args.ranks,
+            frames=args.frames,
+            timeout=args.timeout,
+            settings=args.set,
+            serving=serving,
+            transport=transport,
+            out=args.out,
+            out_stream=args.out_stream,
+            log=args.log,
+            on_open=opened,
+            on_status=status,
+            quiet=True,
+        )
+    except KeyboardInterrupt:
+        _clear(status)
+        return fail("interrupted, stopped", INTERRUPTED)
+    except (SettingError, DeploymentError) as exc:
+        _clear(status)
+        return fail(str(exc), 2)
+    except Exception as exc:
+        _clear(status)
+        return fail(str(exc), 1)
+    _clear(status)
+    from rxstream.runtime import format_statistics
+
+    print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
+    if args.out is not None:
+        print(f"video: {args.out}")
+    if args.log is not None:
+        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+    for rank, stats in sorted(result.statistics.items()):
+        print(f"\nrank {rank}")
+        print(format_statistics(stats))
+    return 0
+
+
+class _StatusLine:
+    """One line on a terminal, rewritten in place: each stage's fps, inbox depth and drops."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._started = time.monotonic()
+        self._last: dict[tuple[int, str], tuple[float, int]] = {}
+        self.shown = False
+
+    def __call__(self, statistics: Mapping[int, Mapping[str, StageStatistics]]) -> None:
+        now = time.monotonic()
+        parts = []
+        for rank, stages in sorted(statistics.items()):
+            for index, (name, stats) in enumerate(stages.items()):
+                since, before = self._last.get((rank, name), (self._started, 0))
+                self._last[(rank, name)] = (now, stats.items_out)
+                fps = (stats.items_out - before) / max(now - since, 1e-9)
+                part = f"{name} {fps:.1f} fps" if fps < 10 else f"{name} {fps:.0f} fps"
+                if stats.inbox_capacity:
+                    part += f" q{stats.inbox_depth}/{stats.inbox_capacity}"
+                if stats.dropped_total:
+                    part += f" drop {stats.dropped_total}"
+                if index == 0 and len(statistics) > 1:
+                    part = f"[rank {rank}] {part}"
+                parts.append(part)
+        line = " | ".join(parts)
+        width = max(shutil.get_terminal_size((120, 24)).columns - 1, 20)
+        if len(line) > width:
+            line = line[: width - 1] + "…"
+        self._stream.write(f"\r{line}\x1b[K")
+        self._stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Erase the line (before anything else is printed)."""
+        if self.shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self.shown = False
+
+
+def _clear(status: _StatusLine | None) -> None:
+    if status is not None:
+        status.clear()
+
+
+# --- rxstream test ------------------------------------------------------------------------------
+
+TRACEBACK_LINES = 20
+"""How much of a failing self test's traceback ``rxstream test`` shows (its last lines)."""
+
+
+def _test(args: argparse.Namespace) -> int:
+    from rxstream._exceptions import SelfTestError
+    from rxstream.launch import run_self_test
+
+    try:
+        passed = run_self_test(args.app, timeout=args.timeout)
+    except SelfTestError as exc:
+        print(f"rxstream test: {args.app}: {exc}", file=sys.stderr)
+        _print_tail(exc.__cause__ or exc)
+        return 1
+    except Exception as exc:
+        print(f"rxstream test: {args.app} failed outside its self test: {exc}", file=sys.stderr)
+        _print_tail(exc)
+        return 1
+    if passed is None:
+        print(
+            f"rxstream test: {args.app} has no self test (a `with ctx.self_test():` block)",
+            file=sys.stderr,
+        )
+        return 2
+    if not passed:
+        print(f"rxstream test: {args.app}: self test failed (the app caught it)", file=sys.stderr)
+        return 1
+    print(f"rxstream test: {args.app}: self test passed")
+    return 0
+
+
+def _print_tail(exc: BaseException) -> None:
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).splitlines()
+    shown = lines[-TRACEBACK_LINES:]
+    if len(lines) > len(shown):
+        shown.insert(0, "  …")
+    print("\n".join(shown), file=sys.stderr)
+
+
+# --- rxstream timing, rxstream topology ---------------------------------------------------------
+
+
+def _timing(args: argparse.Namespace) -> int:
     try:
         log = load(args.log, stream=args.stream)
     except OSError as exc:
@@ -68,37 +322,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.json:
             print(f"plot written to {args.plot}")
     return 0 if log.records or not log.malformed else 1
-
-
-def _run(args: argparse.Namespace) -> int:
-    from rxstream.launch import launch
-    from rxstream.runtime._stats import format_statistics
-
-    config: dict[str, object] = {}
-    for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            print(f"rxstream run: --set takes KEY=VALUE, got {item!r}", file=sys.stderr)
-            return 2
-        try:
-            config[key] = json.loads(value)
-        except json.JSONDecodeError:
-            config[key] = value
-    try:
-        result = launch(
-            args.app, args.ranks, frames=args.frames, config=config, timeout=args.timeout
-        )
-    except KeyboardInterrupt:
-        print("rxstream run: interrupted, stopped", file=sys.stderr)
-        return 130
-    except Exception as exc:
-        print(f"rxstream run: {exc}", file=sys.stderr)
-        return 1
-    print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
-    for rank, stats in sorted(result.statistics.items()):
-        print(f"\nrank {rank}")
-        print(format_statistics(stats))
-    return 0
 
 
 def _topology(args: argparse.Namespace) -> int:

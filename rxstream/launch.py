@@ -1,27 +1,44 @@
 """SPMD launch: one app, N rank processes, each running its own stages.
 
-``launch("app.py", ranks=2)`` runs rank 0 — the controller — in this process and spawns ranks
-1..N-1 (``spawn``, never ``fork``: CUDA cannot be re-initialised in a forked child). Every
-rank imports the app and calls its ``build(ctx)`` (apps written as ``async def main(ctx)``
-are not launched yet), so every rank builds the same graph with the same stage names; each
-runs only the stages placed on it. The controller creates a shared-memory ring per boundary
-and hands the rings to the ranks; it replicates every doc write and generation change to
-them, watches them (a rank that dies ends the run with an error naming it, within a second
-on every rank), and waits until every rank completed — or stops them all at ``frames``
-egressed, the ``timeout``, or an error — then joins them and unlinks every ring.
+An app is a file or module with ``build(ctx) -> Pipeline``, ``async def main(ctx)``, or both
+(see :func:`load_app`).
+
+``launch("app.py", ranks=2)`` runs a ``build`` app: rank 0 — the controller — in this process,
+ranks 1..N-1 spawned (``spawn``, never ``fork``: CUDA cannot be re-initialised in a forked
+child). Every rank imports the app and calls its ``build(ctx)``, so every rank builds the same
+graph with the same stage names; each runs only the stages placed on it. The controller
+creates a shared-memory ring per boundary and hands the rings to the ranks; it replicates
+every doc write and generation change to them, watches them (a rank that dies ends the run
+with an error naming it, within a second on every rank), and waits until every rank
+completed — or stops them all at ``frames`` egressed, the ``timeout``, the session's end, or
+an error — then joins them and unlinks every ring.
+
+A ``main`` app runs in this process alone: its coroutine runs in an event loop, and its
+pipeline's ``run()``/``start()`` runs every rank's stages here, through in-process rings.
+(Ranks in processes need every rank to build the graph: launch such an app's ``build`` with
+``app.py:build``.)
+
+The session transport lives on rank 0, the controller: the page of a ``WebTransport`` is
+served there, and the ``out`` file is written there. A sink on a rank > 0 forwards what it
+egresses to the controller over the rank's control pipe when there is a session transport
+or a file to reach.
 """
 
+import asyncio
 import contextlib
 import importlib
 import importlib.util
+import inspect
+import logging
 import multiprocessing
 import multiprocessing.connection
 import os
+import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -30,26 +47,34 @@ from typing import Any, NoReturn
 
 import structlog
 
-from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._exceptions import PipelineError, PipelineStateError, SettingError
+from rxstream._settings import apply_settings
 from rxstream.context import Context
 from rxstream.doc import Doc, GenerationState, Snapshot
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
+from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import RING_SLOT_BYTES, RING_SLOTS, Run
 from rxstream.runtime._stats import StageStatistics
+from rxstream.timing import TimingRecord
+from rxstream.transport import MemoryTransport, Session, Transport
 
-__all__ = ["LaunchResult", "launch", "load_app"]
+__all__ = ["App", "LaunchResult", "SettingError", "launch", "load_app", "run_self_test"]
 
 _log = structlog.get_logger("rxstream")
 
 JOIN_S = 2.0
-"""Seconds a stopping controller waits for a rank process before it terminates it."""
+"""Seconds a stopping controller waits for a rank process (or a ``main`` coroutine)."""
 WATCH_S = 0.05
 """How often the controller checks on its ranks (a dead rank is noticed within ~this)."""
+STATUS_S = 0.5
+"""How often ``on_status`` gets the statistics of every rank."""
 
 Build = Callable[[Context], Pipeline]
+Main = Callable[[Context], Coroutine[Any, Any, Any]]
+Statistics = Mapping[int, Mapping[str, StageStatistics]]
 
 
 @dataclass(frozen=True)
@@ -58,45 +83,340 @@ class LaunchResult:
 
     ranks: int
     """How many rank processes ran (the controller included)."""
-    statistics: Mapping[int, Mapping[str, StageStatistics]] = field(default_factory=dict)
+    statistics: Statistics = field(default_factory=dict)
     """Each rank's stage statistics when it stopped, by rank."""
     egressed: int = 0
     """Items all sinks egressed, over every rank."""
 
 
-def load_app(entry: str) -> Build:
-    """The ``build(ctx)`` function of ``entry``: ``path/app.py[:func]`` or ``module:func``."""
+# --- the app ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class App:
+    """An app as :func:`load_app` found it: its ``build``, its ``main``, or both.
+
+    Calling it is calling ``build`` (so ``load_app(entry)(ctx)`` builds the pipeline).
+    """
+
+    entry: str
+    """What was loaded: ``path/app.py[:func]`` or ``module[:func]``."""
+    build: Build | None
+    """``build(ctx) -> Pipeline``, which every rank calls."""
+    main: Main | None
+    """``async def main(ctx)``: the app's own session, run on rank 0 alone."""
+
+    def __call__(self, ctx: Context) -> Pipeline:
+        if self.build is None:
+            raise AttributeError(
+                f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
+            )
+        return self.build(ctx)
+
+
+def load_app(entry: str) -> App:
+    """The app ``entry``: ``path/app.py[:func]`` or ``module[:func]``.
+
+    Without ``func`` it finds ``build(ctx)`` and ``async def main(ctx)`` (a coroutine function
+    of one argument; another ``main`` is ignored); with ``func``, that function alone — a main
+    when it is a coroutine function, else a build.
+    """
     target, _, attr = entry.partition(":")
-    attr = attr or "build"
-    if target.endswith(".py") or os.sep in target:
-        path = Path(target).resolve()
-        if not path.exists():
-            raise FileNotFoundError(f"app file {entry!r} does not exist")
-        name = f"rxstream_app_{path.stem}"
-        module = sys.modules.get(name)
-        if module is None:
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot import app file {entry!r}")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    build = getattr(module, attr, None)
-    if not callable(build):
+    module = _import_app(entry, target)
+    if attr:
+        chosen = getattr(module, attr, None)
+        if not callable(chosen):
+            raise AttributeError(
+                f"app {entry!r} has no callable {attr!r} "
+                f"(def {attr}(ctx) -> Pipeline or async def {attr}(ctx))"
+            )
+        if inspect.iscoroutinefunction(chosen):
+            return App(entry, None, chosen)
+        return App(entry, chosen, None)
+    build = getattr(module, "build", None)
+    main = getattr(module, "main", None)
+    app = App(entry, build if callable(build) else None, main if _is_main(main) else None)
+    if app.build is None and app.main is None:
         raise AttributeError(
-            f"app {entry!r} has no callable {attr!r} (def {attr}(ctx) -> Pipeline)"
+            f"app {entry!r} has neither a build(ctx) -> Pipeline nor an async def main(ctx)"
         )
-    return build  # type: ignore[no-any-return]
+    return app
 
 
-def _stats_payload(run: Run) -> dict[str, dict[str, Any]]:
+def _import_app(entry: str, target: str) -> Any:
+    if not (target.endswith(".py") or os.sep in target):
+        return importlib.import_module(target)
+    path = Path(target).resolve()
+    if not path.exists():
+        raise FileNotFoundError(f"app file {entry!r} does not exist")
+    name = f"rxstream_app_{path.stem}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import app file {entry!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+def _is_main(fn: object) -> bool:
+    """Whether ``fn`` is an app's ``async def main(ctx)``."""
+    if not inspect.iscoroutinefunction(fn):
+        return False
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    return True
+
+
+class _AppContext(Context):
+    """The launcher's context: writes the ``--set`` settings as the app makes the control doc."""
+
+    def __init__(self, *, settings: Sequence[str] = (), **options: Any) -> None:
+        super().__init__(**options)
+        self._settings = tuple(settings)
+
+    def doc(
+        self,
+        name: str = "control",
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        schema: object = None,
+    ) -> Doc:
+        fresh = name not in self.docs
+        made = super().doc(name, defaults=defaults, schema=schema)
+        if fresh and name == "control" and self._settings:
+            apply_settings(made, self._settings)
+        return made
+
+    def check_settings(self) -> None:
+        """Fail when there are settings and the app made no control doc to take them."""
+        if self._settings and "control" not in self.docs:
+            shown = " ".join(f"--set {text}" for text in self._settings)
+            raise SettingError(
+                f"{shown}: the app made no control doc (ctx.doc('control')) to write to"
+            )
+
+
+# --- what egresses -----------------------------------------------------------------------------
+
+
+def _pipeline_of(session: Session) -> Pipeline | None:
+    """The pipeline whose run opened ``session`` (its ``feed`` is that pipeline's method)."""
+    owner = getattr(session.feed, "__self__", None)
+    return owner if isinstance(owner, Pipeline) else None
+
+
+def _pace_fps(pipeline: Pipeline | None) -> float:
+    """The frame rate of the pipeline's first ``pace`` stage (24 without one)."""
+    if pipeline is not None:
+        for stage in pipeline.stages.values():
+            if stage.kind == "pace":
+                return float(stage.options["fps"])
+    return 24.0
+
+
+class _Egress(Transport):
+    """Rank 0's session transport: the caller's (or an in-memory one) and the ``out`` file.
+
+    It opens them with the first session and closes them when the launch ends. It passes at
+    most ``frames`` items on, then ends the session (``connected`` turns false), as
+    :meth:`end` does and as the caller's transport does when its client leaves.
+    """
+
+    def __init__(
+        self,
+        primary: Transport | None,
+        *,
+        out: str | Path | None,
+        out_stream: str | None,
+        frames: int | None,
+        on_open: Callable[[], None] | None,
+    ) -> None:
+        self._primary = primary if primary is not None else MemoryTransport(keep=1)
+        self._out = out
+        self._out_stream = out_stream
+        self._on_open = on_open
+        self.on_session: Callable[[Pipeline | None], None] = lambda _pipeline: None
+        """Called with the first session's pipeline, before the transports open."""
+        self.forwards = primary is not None or out is not None
+        """Whether anything reads what egresses (else a rank > 0 keeps it to itself)."""
+        self._inner: Transport | None = None
+        self._gate = _Gate(frames, self.end)
+        self._ended = False
+        self.sent = 0
+        """Items passed on to the session transport."""
+        self.pipeline: Pipeline | None = None
+        """The pipeline of the first session."""
+        self.file: Any = None
+        """The ``FileTransport`` writing ``out``, once open."""
+
+    @property
+    def connected(self) -> bool:
+        return not self._ended and self._primary.connected
+
+    @property
+    def ended(self) -> bool:
+        """Whether the session is over: ended, its frames passed on, or its client gone."""
+        return not self.connected
+
+    def end(self) -> None:
+        """End the session: ``connected`` turns false, and a ``run()`` holding on it returns."""
+        self._ended = True
+
+    def halt_at_frames(self, run: Run) -> None:
+        """Halt ``run`` as soon as the last of ``frames`` items passed."""
+
+        def full() -> None:
+            self.end()
+            run.halt()
+
+        self._gate.on_full = full
+
+    def open(self, session: Session) -> None:
+        if self._inner is not None:
+            return  # one session transport a launch: a second run goes on in the first's
+        pipeline = self.pipeline = _pipeline_of(session)
+        self.on_session(pipeline)
+        inner = self._primary
+        if self._out is not None:
+            from rxstream.transport import FileTransport, Tee
+
+            self.file = FileTransport(self._out, stream=self._out_stream, fps=_pace_fps(pipeline))
+            inner = Tee(self._primary, self.file)
+        inner.open(session)
+        self._inner = inner
+        if self._on_open is not None:
+            self._on_open()
+
+    def send(self, stream: str, item: PipelineItem) -> None:
+        inner = self._inner
+        if inner is None or not self._gate.admit():
+            return
+        self.sent += 1
+        inner.send(stream, item)
+
+    def on_timing(self, record: TimingRecord) -> None:
+        if self._inner is not None:
+            self._inner.on_timing(record)
+
+    def close(self) -> None:
+        """A run stopped; the launch closes what it opened when it ends (:meth:`finish`)."""
+
+    def finish(self) -> None:
+        """Close the session transport and the file (finished, playable)."""
+        inner, self._inner = self._inner, None
+        self._ended = True
+        if inner is not None:
+            inner.close()
+
+
+class _Gate:
+    """Admits at most ``frames`` items (all of them for ``None``); ``on_full`` after the last."""
+
+    def __init__(self, frames: int | None, on_full: Callable[[], object]) -> None:
+        self._left = frames
+        self._lock = threading.Lock()
+        self.on_full = on_full
+
+    def admit(self) -> bool:
+        """Whether one more item may pass."""
+        if self._left is None:
+            return True
+        with self._lock:
+            if self._left <= 0:
+                return False
+            self._left -= 1
+            full = self._left == 0
+        if full:
+            self.on_full()
+        return True
+
+
+class _Sender:
+    """A rank's end of its control pipe, shared by its threads (a send is not thread-safe)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+
+    def send(self, message: tuple[Any, ...]) -> None:
+        with self._lock:
+            self._conn.send(message)
+
+
+class _Forward(Transport):
+    """A rank > 0's transport: passes at most ``frames`` items on — to the controller's
+    session when ``sender`` is given, else nowhere — and calls ``gate.on_full`` after the last.
+    """
+
+    def __init__(self, sender: _Sender | None, frames: int | None) -> None:
+        self._sender = sender
+        self.gate = _Gate(frames, lambda: None)
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def send(self, stream: str, item: PipelineItem) -> None:
+        if self.gate.admit() and self._sender is not None:
+            self._sender.send(("egress", stream, item))
+
+    def on_timing(self, record: TimingRecord) -> None:
+        if self._sender is not None:
+            self._sender.send(("timing", record))
+
+
+def _apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> None:
+    """Check the serving config against the app's topology; lower its inputs' limits to it."""
+    from rxstream.operators._input import InputFeed
+    from rxstream.topology import client_stream_limits
+
+    limits = client_stream_limits(pipeline.topology(), serving)  # validates, listing problems
+    for name, stage in pipeline.stages.items():
+        if stage.kind == "input" and name in limits and isinstance(stage.source, InputFeed):
+            stage.source.limits = limits[name]
+
+
+def _has_sink(pipeline: Pipeline, rank: int) -> bool:
+    plan = pipeline.plan
+    return any(node.stage.is_sink and plan.ranks[node] == rank for node in plan.nodes)
+
+
+def _start_log(log: str | Path) -> None:
+    """Start the timing log afresh (the controller, before any rank writes to it)."""
+    path = Path(log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("", encoding="utf-8")
+
+
+def _configure_log(log: str | Path | None) -> None:
+    if log is not None:
+        from rxstream.timing import configure_logging
+
+        configure_logging(log)
+
+
+def _configure_quiet(quiet: bool) -> None:
+    """Only warnings and errors, as text on stderr (until a timing log is configured)."""
+    if quiet:
+        from rxstream.timing import configure_logging
+
+        configure_logging(None, json=False, level=logging.WARNING)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+
+
+def _stats_payload(stats: Mapping[str, StageStatistics]) -> dict[str, dict[str, Any]]:
     """Statistics in a form that pickles (MappingProxyType does not)."""
     out = {}
-    for name, stats in run.statistics().items():
-        fields = dict(stats.__dict__)
-        fields["dropped"] = dict(stats.dropped)
+    for name, stage in stats.items():
+        fields = dict(stage.__dict__)
+        fields["dropped"] = dict(stage.dropped)
         out[name] = fields
     return out
 
@@ -108,8 +428,8 @@ def _stats_from(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, StageStat
     }
 
 
-def _egressed(run: Run) -> int:
-    return sum(s.items_out for s in run.statistics().values() if s.kind == "stream")
+def _egressed(stats: Mapping[str, StageStatistics]) -> int:
+    return sum(s.items_out for s in stats.values() if s.kind == "stream")
 
 
 # --- a rank process ----------------------------------------------------------------------------
@@ -136,36 +456,65 @@ def _rank_run(
     )
 
 
+@dataclass(frozen=True)
+class _RankSetup:
+    """What the controller hands a rank process besides its pipes (it pickles)."""
+
+    entry: str
+    rank: int
+    world: int
+    handles: Mapping[str, RingHandle]
+    docs: Mapping[str, tuple[dict[str, Any], int]]
+    forward: bool
+    frames: int | None
+    quiet: bool
+    serving: Mapping[str, Any] | None
+    log: str | None
+
+
 def _rank_main(
-    entry: str,
-    rank: int,
-    world: int,
-    handles: Mapping[str, RingHandle],
+    setup: _RankSetup,
     releases: Mapping[str, tuple[Connection, Connection]],
     conn: Connection,
-    docs: Mapping[str, tuple[dict[str, Any], int]],
 ) -> None:
-    """The body of rank ``rank`` > 0 (in a spawned process)."""
+    """The body of rank ``setup.rank`` > 0 (in a spawned process)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
+    rank = setup.rank
+    sender = _Sender(conn)
     rings: dict[str, ShmRing] = {}
     try:
-        ctx = Context(rank=rank, world=world, replicas=docs)
-        pipeline = load_app(entry)(ctx)
-        rings = {name: ShmRing.attach(handle) for name, handle in handles.items()}
+        _configure_quiet(setup.quiet)
+        transport = _Forward(sender if setup.forward else None, setup.frames)
+        ctx = Context(rank=rank, world=setup.world, replicas=setup.docs, transport=transport)
+        pipeline = load_app(setup.entry)(ctx)
+        if setup.serving is not None:
+            _apply_serving(pipeline, setup.serving)
+        if _has_sink(pipeline, rank):
+            _configure_log(setup.log)
+        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         run = _rank_run(pipeline, rank, rings, releases)
+        transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
         listener = threading.Thread(
             target=_listen, args=(conn, ctx, run), name="rxstream:control", daemon=True
         )
         listener.start()
         run.start()
+        reported = time.monotonic()
         while not run.done.wait(WATCH_S):
-            conn.send(("egressed", rank, _egressed(run)))
+            stats = run.statistics()
+            sender.send(("egressed", rank, _egressed(stats)))
+            if time.monotonic() - reported >= STATUS_S:
+                reported = time.monotonic()
+                sender.send(("stats", rank, _stats_payload(stats)))
         run.stop(0.45)
+        stats = run.statistics()
         if run.error is not None:
-            conn.send(("error", rank, _describe(run.error), _stats_payload(run)))
+            sender.send(("error", rank, _describe(run.error), _stats_payload(stats)))
         else:
-            conn.send(("done", rank, _egressed(run), _stats_payload(run)))
+            sender.send(("done", rank, _egressed(stats), _stats_payload(stats)))
     except BaseException as exc:
-        _send(conn, ("error", rank, _describe(exc), {}))
+        with contextlib.suppress(OSError):
+            sender.send(("error", rank, _describe(exc), {}))
     finally:
         for ring in rings.values():
             ring.close()
@@ -215,22 +564,151 @@ def launch(
     frames: int | None = None,
     config: Mapping[str, Any] | None = None,
     timeout: float | None = None,
+    settings: Sequence[str] = (),
+    serving: Mapping[str, Any] | None = None,
+    transport: Transport | None = None,
+    out: str | Path | None = None,
+    out_stream: str | None = None,
+    log: str | Path | None = None,
+    on_open: Callable[[], None] | None = None,
+    on_status: Callable[[Statistics], None] | None = None,
+    quiet: bool = False,
 ) -> LaunchResult:
-    """Run the app ``entry`` on ``ranks`` processes until it completes; its statistics.
+    """Run the app ``entry`` on ``ranks`` processes until it ends; its statistics.
 
-    ``frames`` stops every rank once the sinks egressed that many items; ``config`` is the
-    initial desired state of the control doc; ``timeout`` (seconds) stops a run that has not
-    ended by then. A failure on any rank raises :class:`PipelineError` naming it.
+    ``frames`` stops every rank once the sinks egressed that many items (and passes no more
+    on to the session); ``timeout`` (seconds) stops a run that has not ended by then; the run
+    also ends when ``transport`` — the session transport, served by rank 0 — disconnects.
+    ``config`` is the initial desired state of the control doc, and ``settings``
+    (``KEY=VALUE`` strings, typed against the doc) are written over it; ``serving`` (a
+    serving config) is checked against the app's topology and lowers its client streams'
+    limits for this run. ``out`` also writes the egress (stream ``out_stream``, or the only
+    one) to an MP4 file; ``log`` is the timing log every rank with a sink writes (started
+    afresh). ``on_open`` is called once the session transport opened, ``on_status`` every
+    half second with every rank's statistics. ``quiet`` leaves only warnings and errors in
+    every rank's console log (the timing records still go to ``log``). A failure on any rank raises
+    :class:`PipelineError` naming it; a refused setting :class:`SettingError`; a refused
+    serving config :class:`~rxstream.topology.DeploymentError`.
     """
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
-    ctx = Context(rank=0, world=ranks, config=config)
-    pipeline = load_app(entry)(ctx)
+    app = load_app(entry)
+    if app.main is not None and ranks > 1:
+        hint = f" (launch its build with {entry}:build)" if app.build is not None else ""
+        raise ValueError(
+            f"an async main(ctx) app runs in one process, got ranks={ranks} for {entry!r}{hint}"
+        )
+    egress = _Egress(transport, out=out, out_stream=out_stream, frames=frames, on_open=on_open)
+    if log is not None:
+        _start_log(log)
+    _configure_quiet(quiet)
+    try:
+        if app.main is not None:
+            ctx = _AppContext(settings=settings, config=config, transport=egress)
+            return _launch_main(app.main, ctx, egress, serving, log, timeout, on_status)
+        ctx = _AppContext(settings=settings, config=config, transport=egress, rank=0, world=ranks)
+        return _launch_build(
+            app, ctx, ranks, egress, serving, log, frames, timeout, on_status, quiet
+        )
+    finally:
+        egress.finish()
+
+
+def _launch_main(
+    main: Main,
+    ctx: _AppContext,
+    egress: _Egress,
+    serving: Mapping[str, Any] | None,
+    log: str | Path | None,
+    timeout: float | None,
+    on_status: Callable[[Statistics], None] | None,
+) -> LaunchResult:
+    """Run an ``async def main(ctx)`` app in this process until it returns or the session ends."""
+
+    def on_session(pipeline: Pipeline | None) -> None:
+        ctx.check_settings()
+        if pipeline is not None and serving is not None:
+            _apply_serving(pipeline, serving)
+
+    egress.on_session = on_session
+    _configure_log(log)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    reported = [time.monotonic()]
+
+    def tick() -> None:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            egress.end()
+        pipeline = egress.pipeline
+        if on_status is not None and pipeline is not None and now - reported[0] >= STATUS_S:
+            reported[0] = now
+            on_status({0: pipeline.statistics()})
+
+    try:
+        asyncio.run(_supervise(main(ctx), should_end=lambda: egress.ended, tick=tick))
+    finally:
+        if egress.pipeline is not None:
+            egress.pipeline.stop()
+    stats = dict(egress.pipeline.statistics()) if egress.pipeline is not None else {}
+    return LaunchResult(1, MappingProxyType({0: stats}), _egressed(stats))
+
+
+async def _supervise(
+    coroutine: Coroutine[Any, Any, Any],
+    *,
+    should_end: Callable[[], bool],
+    tick: Callable[[], None] = lambda: None,
+) -> None:
+    """Await an app's ``main``; cancel it ``JOIN_S`` after ``should_end()`` turned true."""
+    task = asyncio.ensure_future(coroutine)
+    ending: float | None = None
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=WATCH_S)
+            if done:
+                task.result()
+                return
+            tick()
+            now = time.monotonic()
+            if ending is None and should_end():
+                ending = now
+            if ending is not None and now - ending > JOIN_S:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return
+    except asyncio.CancelledError:  # Ctrl-C: asyncio.run cancels us; main goes too
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise
+
+
+def _launch_build(
+    app: App,
+    ctx: _AppContext,
+    ranks: int,
+    egress: _Egress,
+    serving: Mapping[str, Any] | None,
+    log: str | Path | None,
+    frames: int | None,
+    timeout: float | None,
+    on_status: Callable[[Statistics], None] | None,
+    quiet: bool,
+) -> LaunchResult:
+    """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
+    pipeline = app(ctx)
+    ctx.check_settings()
     plan = pipeline.plan
     if plan.world > ranks:
         raise PipelineStateError(
             f"the app places stages on {plan.world} ranks, but only {ranks} were launched"
         )
+    if serving is not None:
+        _apply_serving(pipeline, serving)
+    if _has_sink(pipeline, 0):
+        _configure_log(log)
+    forward = egress.forwards
     rings = {
         plan.edge_name(up, down): ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
         for up, down in plan.boundaries
@@ -245,9 +723,21 @@ def launch(
     try:
         for rank in range(1, ranks):
             parent, child = spawn.Pipe()
+            setup = _RankSetup(
+                app.entry,
+                rank,
+                ranks,
+                handles,
+                docs,
+                forward,
+                frames,
+                quiet,
+                None if serving is None else dict(serving),
+                None if log is None else str(log),
+            )
             proc = spawn.Process(
                 target=_rank_main,
-                args=(entry, rank, ranks, handles, releases, child, docs),
+                args=(setup, releases, child),
                 name=f"rxstream-rank-{rank}",
                 daemon=True,
             )
@@ -255,10 +745,12 @@ def launch(
             child.close()
             conns[rank], procs[rank] = parent, proc
         run = _rank_run(pipeline, 0, rings, releases)
+        egress.halt_at_frames(run)
+        egress.open(pipeline.session())
         replicas = _replicate(ctx, conns)
         run.start()
         try:
-            return _watch(run, conns, procs, frames, timeout)
+            return _Watch(run, conns, procs, egress, on_status).until_end(frames, timeout)
         finally:
             for subscription in replicas:
                 subscription.dispose()
@@ -315,65 +807,104 @@ class _Unlisten:
             self._listeners.remove(self._listener)
 
 
-def _watch(
-    run: Run,
-    conns: Mapping[int, Connection],
-    procs: Mapping[int, Any],
-    frames: int | None,
-    timeout: float | None,
-) -> LaunchResult:
-    """Wait for every rank to end; fail fast naming a rank that died or failed."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    ranks = len(conns) + 1
-    egressed = dict.fromkeys(conns, 0)
-    stats: dict[int, dict[str, StageStatistics]] = {}
-    finished: set[int] = set()
-    stopping_until: float | None = None  # set once the run ends: ranks report, then go
-    while True:
-        ready = multiprocessing.connection.wait(
-            [*conns.values(), *(p.sentinel for p in procs.values())], timeout=WATCH_S
-        )
-        for rank, conn in conns.items():
-            if conn not in ready or rank in finished:
+_DRAIN = 64
+"""Messages read from one rank per watch round (egress can arrive frame by frame)."""
+
+
+class _Watch:
+    """The controller's loop: reads every rank's messages until every rank has ended."""
+
+    def __init__(
+        self,
+        run: Run,
+        conns: Mapping[int, Connection],
+        procs: Mapping[int, Any],
+        egress: _Egress,
+        on_status: Callable[[Statistics], None] | None,
+    ) -> None:
+        self.run = run
+        self.conns = conns
+        self.procs = procs
+        self.egress = egress
+        self.on_status = on_status
+        self.egressed = dict.fromkeys(conns, 0)
+        self.stats: dict[int, dict[str, StageStatistics]] = {}
+        self.live: dict[int, dict[str, StageStatistics]] = {}
+        self.finished: set[int] = set()
+
+    def until_end(self, frames: int | None, timeout: float | None) -> LaunchResult:
+        """Wait for every rank to end; fail fast naming a rank that died or failed."""
+        run, conns, procs = self.run, self.conns, self.procs
+        deadline = None if timeout is None else time.monotonic() + timeout
+        reported = time.monotonic()
+        stopping_until: float | None = None  # set once the run ends: ranks report, then go
+        while True:
+            ready = multiprocessing.connection.wait(
+                [*conns.values(), *(p.sentinel for p in procs.values())], timeout=WATCH_S
+            )
+            for rank, conn in conns.items():
+                if conn in ready and rank not in self.finished:
+                    self._read(rank, conn)
+            for rank, proc in procs.items():
+                if rank not in self.finished and proc.sentinel in ready and not conns[rank].poll():
+                    _died(run, rank, proc)
+            run.raise_error()
+            if len(self.finished) == len(conns) and (
+                run.done.is_set() or stopping_until is not None
+            ):
+                break
+            now = time.monotonic()
+            if self.on_status is not None and now - reported >= STATUS_S:
+                reported = now
+                self.on_status({0: run.statistics(), **self.live})
+            if stopping_until is not None:
+                if now > stopping_until:
+                    break  # a rank that does not report in time is killed by the caller
                 continue
+            total = sum(self.egressed.values()) + _egressed(run.statistics())
+            # a finite run ends by itself: every rank completes once the end reaches it
+            ended = (
+                (frames is not None and total >= frames)
+                or (deadline is not None and now > deadline)
+                or self.egress.ended
+            )
+            if ended:  # stop every rank, then collect their final statistics
+                self.egress.end()
+                run.halt()
+                for rank, conn in conns.items():
+                    if rank not in self.finished:
+                        _send(conn, ("stop",))
+                stopping_until = now + JOIN_S
+        self.stats[0] = dict(run.statistics())
+        total = sum(self.egressed.values()) + _egressed(self.stats[0])
+        return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total)
+
+    def _read(self, rank: int, conn: Connection) -> None:
+        for _ in range(_DRAIN):
             try:
                 message = conn.recv()
             except (EOFError, OSError):  # its end of the pipe closed: the process is gone
-                _died(run, rank, procs[rank])
+                _died(self.run, rank, self.procs[rank])
             kind = message[0]
-            if kind == "egressed":
-                egressed[rank] = message[2]
+            if kind == "egress":
+                self.egress.send(message[1], message[2])
+            elif kind == "timing":
+                self.egress.on_timing(message[1])
+            elif kind == "egressed":
+                self.egressed[rank] = message[2]
+            elif kind == "stats":
+                self.live[rank] = _stats_from(message[2])
             elif kind == "done":
-                egressed[rank], stats[rank] = message[2], _stats_from(message[3])
-                finished.add(rank)
+                self.egressed[rank], self.stats[rank] = message[2], _stats_from(message[3])
+                self.finished.add(rank)
+                return
             elif kind == "error":
-                stats[rank] = _stats_from(message[3])
+                self.stats[rank] = _stats_from(message[3])
                 error = PipelineError(f"rank {rank}", RuntimeError(message[2]))
-                run.fail(error)
+                self.run.fail(error)
                 raise error
-        for rank, proc in procs.items():
-            if rank not in finished and proc.sentinel in ready and not conns[rank].poll():
-                _died(run, rank, proc)
-        run.raise_error()
-        if len(finished) == len(conns) and (run.done.is_set() or stopping_until is not None):
-            break
-        if stopping_until is not None:
-            if time.monotonic() > stopping_until:
-                break  # a rank that does not report in time is killed by the caller
-            continue
-        total = sum(egressed.values()) + _egressed(run)
-        # a finite run ends by itself: every rank completes once the end reaches it
-        ended = (frames is not None and total >= frames) or (
-            deadline is not None and time.monotonic() > deadline
-        )
-        if ended:  # stop every rank, then collect their final statistics
-            run.halt()
-            for rank, conn in conns.items():
-                if rank not in finished:
-                    _send(conn, ("stop",))
-            stopping_until = time.monotonic() + JOIN_S
-    stats[0] = dict(run.statistics())
-    return LaunchResult(ranks, MappingProxyType(stats), sum(egressed.values()) + _egressed(run))
+            if not conn.poll():
+                return
 
 
 def _died(run: Run, rank: int, proc: Any) -> NoReturn:
@@ -384,3 +915,53 @@ def _died(run: Run, rank: int, proc: Any) -> NoReturn:
     )
     run.fail(error)
     raise error
+
+
+# --- the CPU harness -----------------------------------------------------------------------------
+
+
+class _UntilSelfTest(MemoryTransport):
+    """The harness's session: attached until the app's self test has finished."""
+
+    def __init__(self, finished: Callable[[], bool]) -> None:
+        super().__init__(keep=8)
+        self._finished = finished
+
+    @property
+    def connected(self) -> bool:
+        return super().connected and not self._finished()
+
+
+def run_self_test(entry: str, *, timeout: float = 60.0) -> bool | None:
+    """Run the ``with ctx.self_test():`` block of the app ``entry`` under the CPU harness.
+
+    The app gets ``Context(harness=True)`` with an in-memory transport. A ``build`` app is
+    built (its block runs as ``build`` does); a ``main`` app runs until its block finished —
+    its transport disconnects then, so a ``run()`` after the block returns at once — and is
+    cancelled if it has not returned ``JOIN_S`` later. Returns ``True`` when the block
+    passed, ``None`` when the app ran none (``False`` when the app caught its failure).
+    Raises :class:`~rxstream.SelfTestError` (the cause attached) when it failed, what the app
+    raised outside the block, and ``TimeoutError`` when no block finished in ``timeout`` s.
+    """
+    app = load_app(entry)
+    main = app.main
+    if main is None:
+        ctx = Context(harness=True, transport=MemoryTransport(keep=8))
+        app(ctx)
+        return ctx.self_test_passed
+    holder: list[Context] = []
+
+    def finished() -> bool:
+        return holder[0].self_test_passed is not None
+
+    ctx = Context(harness=True, transport=_UntilSelfTest(finished))
+    holder.append(ctx)
+    deadline = time.monotonic() + timeout
+
+    def over() -> bool:
+        return finished() or time.monotonic() > deadline
+
+    asyncio.run(_supervise(main(ctx), should_end=over))
+    if ctx.self_test_passed is None and time.monotonic() > deadline:
+        raise TimeoutError(f"the app's self test did not finish within {timeout:g} s")
+    return ctx.self_test_passed

@@ -1,0 +1,485 @@
+"""``rxstream run`` and ``rxstream test``: flags, typed settings, serving configs, the session's
+file and log, the status line, Ctrl-C, and the self test under the CPU harness."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+
+import rxstream
+from rxstream import cli
+from rxstream._settings import split_setting, typed_settings
+from rxstream.launch import SettingError, launch, load_app
+from rxstream.topology import ClientStreamLimitExceeded
+from rxstream.transport import MemoryTransport, Session
+
+ROOT = Path(__file__).resolve().parent.parent
+APPS = ROOT / "tests" / "apps"
+FRAMES_APP = str(APPS / "frames_app.py")
+MAIN_APP = str(APPS / "main_app.py")
+FAILING_APP = str(APPS / "failing_app.py")
+RANKS_APP = str(APPS / "ranks_app.py")
+
+
+def rxstream_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m rxstream ARGS`` in a subprocess (stdout and stderr are pipes, not a TTY)."""
+    return subprocess.run(
+        [sys.executable, "-m", "rxstream", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def decoded_frames(path: Path) -> list[tuple[int, int]]:
+    """The (width, height) of every frame PyAV decodes from the video file at ``path``."""
+    av = pytest.importorskip("av")
+    with av.open(str(path)) as container:
+        return [(frame.width, frame.height) for frame in container.decode(video=0)]
+
+
+def serving_config(tmp_path: Path, streams: dict[str, Any]) -> str:
+    """A serving config file with these ``client_streams``."""
+    path = tmp_path / "serving.yaml"
+    path.write_text(json.dumps({"client_streams": streams}))  # JSON is YAML
+    return str(path)
+
+
+def shm_segments() -> set[str]:
+    """The shared-memory segments that exist now."""
+    return set(os.listdir("/dev/shm"))
+
+
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (and is not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+# --- --set: typed by the doc --------------------------------------------------------------------
+
+
+def test_set_values_are_typed_by_the_doc_values() -> None:
+    """--set types each value like the doc's value at its dotted key; unknown keys read JSON."""
+    doc = rxstream.Context().doc(
+        "control",
+        defaults={
+            "steps": 4,
+            "gain": 0.5,
+            "on": False,
+            "prompt": "sea",
+            "vae": {"model": "smooth"},
+            "tags": [],
+            "seed": None,
+        },
+    )
+    settings = [
+        "steps=8",
+        "gain=2",
+        "on=yes",
+        "prompt=123",
+        "vae.model=sharp",
+        'tags=["a", 1]',
+        "seed=7",
+        'extra={"x": true}',
+    ]
+    assert typed_settings(doc, settings) == {
+        "steps": 8,
+        "gain": 2.0,
+        "on": True,
+        "prompt": "123",
+        "vae": {"model": "sharp"},
+        "tags": ["a", 1],
+        "seed": 7,
+        "extra": {"x": True},
+    }
+
+
+@dataclass
+class _Schema:
+    mode: Literal["fast", "slow"] = "fast"
+    limit: int | None = None
+    label: str | int = "a"
+    ratio: float = 1.0
+
+
+def test_set_values_follow_a_dataclass_schema() -> None:
+    """With a dataclass schema, Literal, X | None and unions type the value by annotation."""
+    doc = rxstream.Context().doc("control", schema=_Schema)
+    assert typed_settings(doc, ["mode=slow", "limit=5", "label=7", "ratio=3"]) == {
+        "mode": "slow",
+        "limit": 5,
+        "label": 7,
+        "ratio": 3.0,
+    }
+    assert typed_settings(doc, ["limit=null", "label=x"]) == {"limit": None, "label": "x"}
+    with pytest.raises(SettingError, match=r"^--set mode=medium: control\.mode must be one of "):
+        typed_settings(doc, ["mode=medium"])
+    with pytest.raises(
+        SettingError, match=r"^--set limit=lots: control\.limit must be an int or null, got 'lots'$"
+    ):
+        typed_settings(doc, ["limit=lots"])
+
+
+def test_set_errors_name_the_setting_the_rule_and_the_value() -> None:
+    """A value that cannot be typed, a clash and a malformed KEY=VALUE are SettingErrors."""
+    doc = rxstream.Context().doc("control", defaults={"steps": 4, "on": False, "vae": {"m": "a"}})
+    with pytest.raises(
+        SettingError, match=r"^--set steps=abc: control\.steps must be an int, got 'abc'$"
+    ):
+        typed_settings(doc, ["steps=abc"])
+    with pytest.raises(
+        SettingError,
+        match=r"^--set on=maybe: control\.on must be a bool \(true or false\), got 'maybe'$",
+    ):
+        typed_settings(doc, ["on=maybe"])
+    with pytest.raises(
+        SettingError, match=r"^--set vae=3: control\.vae must be JSON \(an object\), got '3'$"
+    ):
+        typed_settings(doc, ["vae=3"])
+    with pytest.raises(
+        SettingError, match=r"^--set vae\.m\.x=1: vae\.m was set to a value already"
+    ):
+        typed_settings(doc, ["vae.m=b", "vae.m.x=1"])
+    for malformed in ("steps", "=3", "a..b=1", " a=1"):
+        with pytest.raises(SettingError, match=r"^--set takes KEY=VALUE with a dotted KEY"):
+            split_setting(malformed)
+
+
+def test_run_set_reaches_the_app_typed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rxstream run --set` writes nested, typed values before build reads the doc."""
+    report = tmp_path / "state.json"
+    status = cli.main(
+        [
+            "run",
+            FRAMES_APP,
+            "--frames",
+            "2",
+            "--set",
+            "size.height=8",
+            "--set",
+            "gain=2",
+            "--set",
+            "mode=flat",
+            "--set",
+            "limit=5",
+            "--set",
+            'tags=["a","b"]',
+            "--set",
+            f"report={report}",
+        ]
+    )
+    assert status == 0, capsys.readouterr().err
+    state = json.loads(report.read_text())
+    assert state["size"] == {"height": 8, "width": 48}
+    assert (state["gain"], state["mode"], state["limit"], state["tags"]) == (
+        2.0,
+        "flat",
+        5,
+        ["a", "b"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        (
+            "size.height=7",
+            "rxstream run: --set size.height=7: refused: control.size: height and width must "
+            "be even and >= 2, got 7x48",
+        ),
+        ("fps=fast", "rxstream run: --set fps=fast: control.fps must be a number, got 'fast'"),
+        (
+            "mode=zigzag",
+            "rxstream run: --set mode=zigzag: control.mode must be one of 'ramp', 'flat', "
+            "got 'zigzag'",
+        ),
+        (
+            "nope=1",
+            "rxstream run: --set nope=1: refused: control.nope is not a field of Control",
+        ),
+        ("=1", "rxstream run: --set takes KEY=VALUE with a dotted KEY"),
+    ],
+)
+def test_run_refused_setting_exits_2_naming_it(
+    setting: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A --set value the doc refuses (or cannot be typed) exits 2 naming key, rule and value."""
+    assert cli.main(["run", FRAMES_APP, "--frames", "1", "--set", setting]) == 2
+    assert capsys.readouterr().err.startswith(message)
+
+
+# --- --frames, --out, --log ---------------------------------------------------------------------
+
+
+def test_run_frames_stops_after_n_egressed(capsys: pytest.CaptureFixture[str]) -> None:
+    """--frames N stops the run once the sink egressed N frames; no status line off a TTY."""
+    assert cli.main(["run", FRAMES_APP, "--frames", "7"]) == 0
+    out, err = capsys.readouterr()
+    assert "7 items egressed on 1 rank(s)" in out
+    assert "rank 0" in out
+    assert "\r" not in err
+    assert "fps" not in err
+
+
+def test_run_two_ranks_writes_the_mp4_and_the_log_from_the_sink_rank(tmp_path: Path) -> None:
+    """With the sink on rank 1, --out gets exactly N decodable frames and --log its records."""
+    video, log = tmp_path / "out" / "run.mp4", tmp_path / "timing.jsonl"
+    done = rxstream_cli(
+        "run", FRAMES_APP, "--ranks", "2", "--set", "split=true", "--frames", "12",
+        "--out", str(video), "--log", str(log),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "12 items egressed on 2 rank(s)" in done.stdout
+    assert "\r" not in done.stderr  # stderr is a pipe: no status line
+    assert decoded_frames(video) == [(48, 32)] * 12
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    timing = [r for r in records if r["event"] == "[timing:video]"]
+    assert timing, records
+    assert all(r["cutover"] and r["origin"] == "steer" for r in timing)
+    summary = rxstream_cli("timing", str(log))
+    assert summary.returncode == 0, summary.stderr
+
+
+# --- main(ctx) apps -----------------------------------------------------------------------------
+
+
+def test_load_app_finds_main_and_build() -> None:
+    """load_app finds both entries; :build picks one; a main(seconds, log) is not an app main."""
+    both = load_app(MAIN_APP)
+    assert both.main is not None
+    assert both.build is not None
+    only_build = load_app(f"{MAIN_APP}:build")
+    assert (only_build.main, only_build.build) == (None, both.build)
+    assert load_app(str(ROOT / "examples" / "two_ranks.py")).main is None
+    with pytest.raises(AttributeError, match=r"has neither a build\(ctx\) -> Pipeline nor"):
+        load_app(str(ROOT / "rxstream" / "item.py"))
+
+
+def test_run_main_app_writes_its_frames(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A main(ctx) app runs on rank 0; its session ends at --frames and the MP4 holds them."""
+    video = tmp_path / "main.mp4"
+    assert cli.main(["run", MAIN_APP, "--frames", "5", "--out", str(video)]) == 0
+    out = capsys.readouterr().out
+    assert "fed 10 clicks" in out
+    assert "items egressed on 1 rank(s)" in out
+    assert "clicks" in out.split("rank 0", 1)[1]  # its statistics table
+    assert decoded_frames(video) == [(16, 16)] * 5
+
+
+def test_run_main_app_on_several_ranks_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """--ranks 2 with a main(ctx) app exits 2 and says how to launch its build."""
+    assert cli.main(["run", MAIN_APP, "--ranks", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "an async main(ctx) app runs in one process, got --ranks 2" in err
+    assert f"{MAIN_APP}:build" in err
+
+
+# --- --config -----------------------------------------------------------------------------------
+
+
+def test_config_lowers_the_limit_a_main_app_meets(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A serving config lowering max_items to 3: the app's 4th click is refused."""
+    config = serving_config(tmp_path, {"clicks": {"max_items": 3}})
+    assert cli.main(["run", MAIN_APP, "--frames", "3", "--timeout", "30", "--config", config]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "refused after 3: client stream 'clicks' is limited to 3 items per session; "
+        "this sample would bring it to 4 items"
+    ) in out
+
+
+class _Clicker(MemoryTransport):
+    """A client: on open, clicks until the session refuses a click."""
+
+    def __init__(self) -> None:
+        super().__init__(keep=None)
+        self.accepted = 0
+        self.refused: ClientStreamLimitExceeded | None = None
+
+    def open(self, session: Session) -> None:
+        try:
+            for click in range(1, 11):
+                session.feed("clicks", click, None)
+                self.accepted += 1
+        except ClientStreamLimitExceeded as exc:
+            self.refused = exc
+
+
+def test_config_lowers_the_limit_a_client_of_a_build_app_meets(tmp_path: Path) -> None:
+    """launch(serving=…) lowers a build app's input bound for the session's client."""
+    clicker = _Clicker()
+    config = {"client_streams": {"clicks": {"max_items": 4}}}
+    result = launch(f"{MAIN_APP}:build", 1, serving=config, transport=clicker, frames=4, timeout=30)
+    assert clicker.accepted == 4
+    assert clicker.refused is not None
+    assert (clicker.refused.stream, clicker.refused.bound) == ("clicks", 4)
+    assert result.egressed == 4
+    assert clicker.counts == {"video": 4}
+
+
+def test_config_over_the_declared_bound_is_rejected_listing_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A serving config raising a bound, naming an unknown stream: exit 2, both listed."""
+    config = serving_config(tmp_path, {"clicks": {"max_items": 30}, "nope": {"max_items": 1}})
+    assert cli.main(["run", f"{MAIN_APP}:build", "--frames", "1", "--config", config]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "max_items must be <= 10 (declared by the model), got 30 for client stream 'clicks'" in err
+    )
+    assert "client_streams.nope is not a client stream of the model (client streams: clicks)" in err
+
+
+def test_config_that_cannot_be_read_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing serving config file exits 2 naming it."""
+    missing = tmp_path / "missing.yaml"
+    assert cli.main(["run", FRAMES_APP, "--config", str(missing)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"rxstream run: cannot read {missing}: No such file or directory\n"
+    )
+
+
+# --- --serve ------------------------------------------------------------------------------------
+
+
+def test_serve_refuses_a_remote_host_and_stray_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    """--host 0.0.0.0 needs --allow-remote; --host without --serve is a usage error."""
+    assert cli.main(["run", FRAMES_APP, "--serve", "--host", "0.0.0.0"]) == 2
+    assert "host must be a loopback address" in capsys.readouterr().err
+    assert cli.main(["run", FRAMES_APP, "--host", "127.0.0.1"]) == 2
+    assert "--host, --port and --allow-remote go with --serve" in capsys.readouterr().err
+
+
+def test_serve_prints_the_url_of_the_page() -> None:
+    """--serve --port 0 prints the page's URL on stderr and serves the page there."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rxstream", "run", FRAMES_APP, "--serve", "--port", "0",
+         "--timeout", "2", "--set", "fps=20"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "serving http://127.0.0.1:" in line, line
+        url = line.split("serving ", 1)[1].split(";", 1)[0]
+        with urllib.request.urlopen(url, timeout=10) as page:
+            assert page.status == 200
+            assert b"<html" in page.read()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+        proc.communicate()
+
+
+# --- the status line, Ctrl-C --------------------------------------------------------------------
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_status_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a TTY, stderr gets a line of per-stage fps, depth and drops, rewritten, then erased."""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(["run", FRAMES_APP, "--frames", "30", "--set", "fps=30"]) == 0
+    text = terminal.getvalue()
+    lines = [part for part in text.split("\r") if "fps" in part]
+    assert lines, text
+    for stage in ("counter", "paint", "video"):
+        assert f"{stage} " in lines[-1]
+    assert re.search(r"paint [\d.]+ fps q\d/2", lines[-1]), lines[-1]
+    assert text.endswith("\r\x1b[K")  # erased before the statistics were printed
+
+
+def test_ctrl_c_stops_every_rank_and_closes_the_file(tmp_path: Path) -> None:
+    """SIGINT to the run's process group: exit 130, rank processes gone, no shm, MP4 playable."""
+    before = shm_segments()
+    video = tmp_path / "cut.mp4"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rxstream", "run", FRAMES_APP, "--ranks", "2",
+         "--set", "split=true", "--set", "fps=50", "--set", f"pids={tmp_path}",
+         "--out", str(video)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "Ctrl-C stops" in line, line + proc.stderr.read()
+        pidfiles = [tmp_path / f"rank{r}.pid" for r in (0, 1)]
+        deadline = time.monotonic() + 30
+        while not all(p.exists() for p in pidfiles) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # let frames reach the file
+        pids = [int(p.read_text()) for p in pidfiles]
+        assert pids[0] == proc.pid
+        os.killpg(proc.pid, signal.SIGINT)  # as a terminal's Ctrl-C does
+        assert proc.wait(timeout=30) == 130
+        assert "rxstream run: interrupted, stopped" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    deadline = time.monotonic() + 5
+    while (alive(pids[1]) or shm_segments() - before) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pids[1])
+    assert shm_segments() - before == set()
+    frames = decoded_frames(video)
+    assert frames
+    assert set(frames) == {(48, 32)}
+
+
+# --- rxstream test ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("app", [FRAMES_APP, MAIN_APP])
+def test_self_test_passes(app: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rxstream test` exits 0 when the block passes, for a build and for a main app."""
+    assert cli.main(["test", app]) == 0
+    assert f"rxstream test: {app}: self test passed" in capsys.readouterr().out
+
+
+def test_self_test_failure_exits_1_with_the_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """A failing block exits 1 showing the failure and its traceback's tail."""
+    assert cli.main(["test", FAILING_APP]) == 1
+    err = capsys.readouterr().err
+    assert (
+        f"rxstream test: {FAILING_APP}: self test failed: AssertionError: "
+        "frame shape (4, 4, 3), wanted (8, 8, 3)"
+    ) in err
+    assert 'failing_app.py", line 12, in check_frame' in err
+    assert err.rstrip().endswith("AssertionError: frame shape (4, 4, 3), wanted (8, 8, 3)")
+
+
+def test_self_test_missing_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """An app without a self test block exits 2."""
+    assert cli.main(["test", RANKS_APP]) == 2
+    assert "has no self test" in capsys.readouterr().err
