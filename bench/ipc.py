@@ -19,6 +19,10 @@ and drops it:
 - ``multiprocessing.Pipe`` ``send_bytes`` / ``recv_bytes`` (1 KB only): the floor for a
   message between two processes.
 - ``numpy.copyto`` in one process, one thread (frames only): the physical limit, one memcpy.
+- ``DistChannel`` over gloo: the cross-host boundary's transport (``torch.distributed``
+  point-to-point, gloo over 127.0.0.1) between the two processes, carrying the payload alone;
+  and the same carrying the boundary's ``PipelineItem`` encoding, the cross-host counterpart
+  of the shared-memory boundary row.
 
 Every consumer acks the same way, one byte back over a bare ``multiprocessing.Pipe``, so the
 transports differ on the forward path only.
@@ -40,6 +44,7 @@ import multiprocessing
 import os
 import pickle
 import platform
+import socket
 import statistics
 import sys
 import time
@@ -54,6 +59,7 @@ import numpy as np
 # `python bench/ipc.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from rxstream.distributed import DistChannel, open_group
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.item import PipelineItem, PipelineMetadata, _stamped
 from rxstream.runtime._boundary import decode, encode
@@ -70,6 +76,8 @@ BOUNDARY = "rxstream boundary: PipelineItem in ShmRing"
 QUEUE = "multiprocessing.Queue"
 TORCH = "torch.multiprocessing Queue, fresh tensor"
 PIPE = "multiprocessing.Pipe send_bytes"
+GLOO = "DistChannel over gloo, loopback"
+GLOO_BOUNDARY = "rxstream boundary: PipelineItem over gloo, loopback"
 
 
 def make_payload(name: str) -> Any:
@@ -142,6 +150,23 @@ def boundary_consumer(data: RingHandle, acks: Connection) -> None:
         ring.close()
 
 
+def gloo_consumer(data: tuple[int, bool], acks: Connection) -> None:
+    """The reader side of a DistChannel, rank 1 of a gloo group made with the producer."""
+    port, items = data
+    group = open_group(1, 2, port=port, timeout=60)
+    channel = DistChannel("bench", group, 0, side="reader")
+
+    def get() -> Any:
+        value = channel.get()
+        wire = items and isinstance(value, tuple) and len(value) == 11  # commands: 2-tuples
+        return decode(value).payload if wire else value
+
+    try:
+        serve(get, acks)
+    finally:
+        channel.close()
+
+
 def queue_consumer(data: Any, acks: Connection) -> None:
     serve(data.get, acks)
 
@@ -175,6 +200,9 @@ class Transport:
         self.ack = self.acks.recv_bytes
         """Wait for the consumer's next ack."""
         self.process = context.Process(target=target, args=(data, theirs), daemon=True)
+
+    def started(self) -> None:
+        """Called once the consumer process started (before its ready ack)."""
 
     def command(self, value: Any) -> None:
         self.put(value)
@@ -221,6 +249,49 @@ class BoundaryTransport(RingTransport):
 
     def command(self, value: Any) -> None:
         self.ring.put(value)
+
+
+class GlooTransport(Transport):
+    """A DistChannel writer to the consumer over gloo; with ``items``, boundary-encoded."""
+
+    def __init__(self, items: bool) -> None:
+        with socket.socket() as probe:  # a free port for the store
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.items = items
+        super().__init__(GLOO_BOUNDARY if items else GLOO, SPAWN, gloo_consumer, (self.port, items))
+        self.channel: DistChannel | None = None
+
+    def started(self) -> None:
+        """Join the group (the consumer joins it as it starts) and open the channel."""
+        channel = DistChannel(
+            "bench", open_group(0, 2, port=self.port, timeout=60), 1, side="writer"
+        )
+        self.channel = channel
+        if not self.items:
+            self.put = channel.put
+            return
+        t = time.monotonic()
+        head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
+        for stage in ("src", "a", "b"):
+            head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
+        put = channel.put
+
+        def put_item(payload: Any) -> None:
+            put(encode(_stamped(head, payload, ("b>c.in", time.monotonic()))))
+
+        self.put = put_item
+
+    def command(self, value: Any) -> None:
+        assert self.channel is not None
+        self.channel.put(value)
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            if self.channel is not None:
+                self.channel.close()
 
 
 class QueueTransport(Transport):
@@ -318,11 +389,14 @@ def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[fl
         QueueTransport(QUEUE, SPAWN, queue_consumer),
         QueueTransport(TORCH, tmp.get_context("spawn"), torch_consumer),
         PipeTransport(),
+        GlooTransport(items=False),
+        GlooTransport(items=True),
     ]
     got: dict[tuple[str, str, str], list[float]] = {}
     try:
         for transport in transports:
             transport.process.start()
+            transport.started()
         for transport in transports:
             transport.ack()  # "ready": the consumer imported what it needs
         for rep in range(reps + 1):  # repetition 0 warms the slots, pages and code paths
@@ -397,7 +471,9 @@ def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], lis
     for payload_name in (FRAME, TENSOR, SMALL):
         size = nbytes(make_payload(payload_name))
         base = PIPE if payload_name == SMALL else MEMCPY
-        order = [base] + [t for t in (RING, BOUNDARY, QUEUE, TORCH) if t != base]
+        order = [base] + [
+            t for t in (RING, BOUNDARY, GLOO, GLOO_BOUNDARY, QUEUE, TORCH) if t != base
+        ]
         base_lat, base_tput = got[(payload_name, base, LAT)], got[(payload_name, base, TPUT)]
         for transport in order:
             lat, tput = got[(payload_name, transport, LAT)], got[(payload_name, transport, TPUT)]
@@ -435,6 +511,15 @@ def report(got: dict[tuple[str, str, str], list[float]]) -> tuple[list[str], lis
         _target("1 KB latency, boundary / bare Pipe round trip", f"{b_small_lat:.2f}x",
                 "≤ 1.2x", b_small_lat <= 1.2),
     ]  # fmt: skip
+    for payload_name in (FRAME, TENSOR, SMALL):  # what crossing hosts costs, no target
+        g_lat = _ratio(got[(payload_name, GLOO_BOUNDARY, LAT)], got[(payload_name, BOUNDARY, LAT)])
+        g_tput = _ratio(
+            got[(payload_name, GLOO_BOUNDARY, TPUT)], got[(payload_name, BOUNDARY, TPUT)]
+        )
+        targets.append(
+            f"- {payload_name}, boundary over gloo / boundary over the ring: latency "
+            f"{g_lat:.2f}x, throughput {g_tput:.0%} (info)"
+        )
     return lines, targets
 
 

@@ -590,6 +590,25 @@ def launch(
     :class:`PipelineError` naming it; a refused setting :class:`SettingError`; a refused
     serving config :class:`~rxstream.topology.DeploymentError`.
     """
+    from rxstream.distributed import launch_torchrun, torchrun_env
+
+    if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
+        return launch_torchrun(
+            entry,
+            ranks,
+            frames=frames,
+            config=config,
+            timeout=timeout,
+            settings=settings,
+            serving=serving,
+            transport=transport,
+            out=out,
+            out_stream=out_stream,
+            log=log,
+            on_open=on_open,
+            on_status=on_status,
+            quiet=quiet,
+        )
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)

@@ -2,7 +2,9 @@
 
 - ``inbox``: both stages on one rank, the hop is the downstream stage's bounded inbox;
 - ``ring``: the stages on two ranks of one process, the hop is a shared-memory ring;
-- ``cuda``: the same with CUDA tensors (mock CUDA), which cross through the IPC bridge.
+- ``cuda``: the same with CUDA tensors (mock CUDA), which cross through the IPC bridge;
+- ``dist``: the two ranks as two runs of this process, the hop over ``torch.distributed``
+  point-to-point (two gloo process groups on 127.0.0.1), as between two hosts.
 
 Each checks order, metadata equality, backpressure, drops counted, stop semantics, and
 empty and large payloads.
@@ -12,18 +14,83 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
 import torch
 
 import rxstream
+from rxstream.distributed import DistChannel, loopback_groups
 from rxstream.ipc._cuda import FakeCudaApi
+from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._distboundary import DistRun
 from rxstream.transport import MemoryTransport
 
-KINDS = ["inbox", "ring", "cuda"]
+KINDS = ["inbox", "ring", "cuda", "dist"]
+
+
+class Running(Protocol):
+    """What the tests do with a pipeline: start it, wait for it, read statistics, stop it."""
+
+    def start(self) -> object: ...
+
+    def wait(self, timeout: float | None = None) -> bool: ...
+
+    def statistics(self) -> Mapping[str, rxstream.StageStatistics]: ...
+
+    def stop(self) -> None: ...
+
+
+class GlooRanks:
+    """A pipeline's ranks as runs of this process, every boundary over gloo send/recv."""
+
+    def __init__(self, pipeline: rxstream.Pipeline) -> None:
+        plan, ctx = pipeline.plan, pipeline.context
+        groups = loopback_groups(plan.world)
+        links: list[dict[str, DistChannel]] = [{} for _ in range(plan.world)]
+        for up, down in plan.boundaries:
+            name = plan.edge_name(up, down)
+            a, b = plan.ranks[up], plan.ranks[down]
+            links[a][name] = DistChannel(name, groups[a], b, side="writer")
+            links[b][name] = DistChannel(name, groups[b], a, side="reader")
+        self.runs = [
+            DistRun(
+                plan,
+                links=links[rank],
+                bridge=AsyncBridge(),
+                generations=ctx.generations,
+                timing=ctx.timing,
+                rank=rank,
+            )
+            for rank in range(plan.world)
+        ]
+
+    def start(self) -> GlooRanks:
+        for run in reversed(self.runs):  # readers first
+            run.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for run in self.runs:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not run.done.wait(left):
+                return False
+        self.stop()
+        for run in self.runs:
+            run.raise_error()
+        return True
+
+    def statistics(self) -> Mapping[str, rxstream.StageStatistics]:
+        return {name: s for run in self.runs for name, s in run.statistics().items()}
+
+    def stop(self) -> None:
+        for run in self.runs:  # every side closes before any joins: readers drain writers
+            run.halt()
+        for run in self.runs:
+            assert run.stop(1.0) == []
 
 
 class Hop:
@@ -40,18 +107,17 @@ class Hop:
             return array
         return self.api.to_device(torch.from_numpy(array))
 
-    def pipeline(
-        self, source: object, fn: Callable[[Any], Any], **downstream: Any
-    ) -> rxstream.Pipeline:
+    def pipeline(self, source: object, fn: Callable[[Any], Any], **downstream: Any) -> Running:
         """``source | up | down(fn) | sink`` with ``down`` across the hop."""
         rank = 0 if self.kind == "inbox" else 1
         ctx = self.ctx
-        return (
+        pipeline = (
             ctx.source(source, name="src")
             | ctx.pipe(lambda x: x, name="up")
             | ctx.pipe(fn, name="down", rank=rank, **downstream)
             | ctx.stream("out", rank=rank)
         )
+        return GlooRanks(pipeline) if self.kind == "dist" else pipeline
 
     @property
     def delivered(self) -> list[rxstream.PipelineItem]:
