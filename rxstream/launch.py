@@ -247,8 +247,6 @@ class _Egress(Transport):
         self._inner: Transport | None = None
         self._gate = _Gate(frames, self.end)
         self._ended = False
-        self.sent = 0
-        """Items passed on to the session transport."""
         self.pipeline: Pipeline | None = None
         """The pipeline of the first session."""
         self.file: Any = None
@@ -260,8 +258,9 @@ class _Egress(Transport):
 
     @property
     def ended(self) -> bool:
-        """Whether the session is over: ended, its frames passed on, or its client gone."""
-        return not self.connected
+        """Whether the session is over: ended, its frames passed on, or — once it opened —
+        its client gone (a page that has not come yet keeps it)."""
+        return self._ended or (self._inner is not None and not self._primary.connected)
 
     def end(self) -> None:
         """End the session: ``connected`` turns false, and a ``run()`` holding on it returns."""
@@ -294,10 +293,8 @@ class _Egress(Transport):
 
     def send(self, stream: str, item: PipelineItem) -> None:
         inner = self._inner
-        if inner is None or not self._gate.admit():
-            return
-        self.sent += 1
-        inner.send(stream, item)
+        if inner is not None and self._gate.admit():
+            inner.send(stream, item)
 
     def on_timing(self, record: TimingRecord) -> None:
         if self._inner is not None:

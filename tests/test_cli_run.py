@@ -21,7 +21,7 @@ import pytest
 import rxstream
 from rxstream import cli
 from rxstream._settings import split_setting, typed_settings
-from rxstream.launch import SettingError, launch, load_app
+from rxstream.launch import SettingError, _Egress, launch, load_app
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport import MemoryTransport, Session
 
@@ -455,6 +455,55 @@ def test_ctrl_c_stops_every_rank_and_closes_the_file(tmp_path: Path) -> None:
     frames = decoded_frames(video)
     assert frames
     assert set(frames) == {(48, 32)}
+
+
+def test_ctrl_c_stops_a_main_app_and_closes_the_file(tmp_path: Path) -> None:
+    """SIGINT during a main(ctx) app's session: main is cancelled, exit 130, the MP4 plays."""
+    video = tmp_path / "main.mp4"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rxstream", "run", MAIN_APP, "--out", str(video)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "fed 10 clicks\n"  # the session holds until Ctrl-C
+        time.sleep(0.3)  # let the frames reach the file
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    assert "rxstream run: interrupted, stopped" in err
+    assert decoded_frames(video) == [(16, 16)] * 10
+
+
+class _LatePage(MemoryTransport):
+    """A page-like session transport: detached until opened, then attached until it leaves."""
+
+    def __init__(self) -> None:
+        super().__init__(keep=1)
+        self.opened = False
+
+    @property
+    def connected(self) -> bool:
+        return self.opened and super().connected
+
+    def open(self, session: Session) -> None:
+        self.opened = True
+
+
+def test_a_session_not_yet_open_does_not_end_the_run() -> None:
+    """Before the session opens a detached transport does not end it; after, its leaving does."""
+    page = _LatePage()
+    egress = _Egress(page, out=None, out_stream=None, frames=None, on_open=None)
+    assert not egress.ended  # a main(ctx) app still in its self test keeps its session
+    egress.open(Session())
+    assert egress.connected
+    assert not egress.ended
+    page.disconnect()
+    assert egress.ended
 
 
 # --- rxstream test ------------------------------------------------------------------------------
