@@ -1,4 +1,4 @@
-"""The examples run as documented: the demo checks itself, runs, steers, and logs timing."""
+"""The examples run as documented: the demo, headless through ``rxstream run`` as make demo."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import av
 import pytest
 
 from rxstream.timing import load
@@ -14,11 +15,25 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-def test_demo_runs_steers_and_writes_a_timing_log(tmp_path: Path) -> None:
-    """examples/demo.py passes its self test, steers, swaps its decoder and logs timing."""
-    log = tmp_path / "timing.jsonl"
+def test_demo_headless_writes_the_mp4_and_the_timing_log(tmp_path: Path) -> None:
+    """make demo's command: self test, autopilot steer and swap, an h264 MP4, a timing log."""
+    video, log = tmp_path / "demo.mp4", tmp_path / "timing.jsonl"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "demo.py"), "--seconds", "1.2", "--log", str(log)],
+        [
+            sys.executable,
+            "-m",
+            "rxstream",
+            "run",
+            str(ROOT / "examples" / "demo.py"),
+            "--frames",
+            "120",
+            "--set",
+            "autopilot=true",
+            "--out",
+            str(video),
+            "--log",
+            str(log),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -26,23 +41,35 @@ def test_demo_runs_steers_and_writes_a_timing_log(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "self test passed: one (144, 256, 3) uint8 frame" in out
-    assert "steer: prompt -> 'a storm over the mountains'" in out
+    assert "self test passed: one (144, 256, 3) frame" in out
+    assert "steer prompt -> 'a storm over the mountains'" in out
     assert "decoder 'smooth' closed" in out
-    stats = {line.split()[0]: line.split() for line in out.splitlines() if line[:1].isalpha()}
-    assert stats["video"][1] == "stream"
+    with av.open(str(video)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        frames = list(container.decode(stream))
+    assert len(frames) == 120
+    assert (frames[0].width, frames[0].height) == (256, 144)
     timing = load(log)
     assert timing.records
     assert not timing.malformed
-    assert {r.stream for r in timing.records} == {"video"}
-    seqs = [r.input_seq for r in timing.records]
+    inputs = [r for r in timing.records if r.origin == "input.recv"]
+    seqs = [r.input_seq for r in inputs]
     assert seqs == sorted(seqs)
     assert len(set(seqs)) == len(seqs)
-    assert [h.name for h in timing.records[0].hops] == [
-        "pointer",
-        "window",
-        "render",
-        "decode",
-        "pace",
-        "video",
-    ]
+    assert [h.name for h in inputs[-1].hops][-5:] == ["window", "render", "decode", "pace", "video"]
+    steered = [r for r in timing.records if r.cutover and r.prompt_generation == 1]
+    assert steered, "the autopilot's steer made no cutover record"
+
+
+@pytest.mark.slow
+def test_demo_self_test_passes_under_rxstream_test() -> None:
+    """``rxstream test examples/demo.py`` runs the demo's self test and exits 0."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "test", str(ROOT / "examples" / "demo.py")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
