@@ -342,7 +342,7 @@ def _topology(args: argparse.Namespace) -> int:
     except Exception as exc:
         print(f"rxstream topology: {exc}", file=sys.stderr)
         return 1
-    print(format_topology(model.topology, streams))
+    print(format_topology(model, streams))
     try:
         config = None if args.config is None else load_serving_config(args.config)
         validate_deployment(model.topology, config)

@@ -608,3 +608,13 @@ def test_cuda_tensors_cross_a_walk_driving_edge_through_the_bridge() -> None:
     assert [item.payload for item in run_threads(pipeline)] == [[0.0, 4.0], [2.0, 3.0]]
     calls = [call for call, _ in api.log]
     assert calls.count("share") == calls.count("open") == 4
+
+
+def test_rxstream_topology_prints_the_walks(capsys: pytest.CaptureFixture[str]) -> None:
+    """``rxstream topology`` lists each partition's walks and who picks them."""
+    from rxstream import cli
+
+    app = str(Path(__file__).parent / "apps" / "walks_app.py")
+    assert cli.main(["topology", app]) == 0
+    out = capsys.readouterr().out
+    assert "rank1: loud, quiet (the producer picks, over think>talk)" in out
