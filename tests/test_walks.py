@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -618,3 +619,33 @@ def test_rxstream_topology_prints_the_walks(capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["topology", app]) == 0
     out = capsys.readouterr().out
     assert "rank1: loud, quiet (the producer picks, over think>talk)" in out
+
+
+@pytest.mark.parametrize(
+    ("policy", "fed", "chunks"),
+    [
+        (lambda: FixedSize(3), 5, [[0, 1, 2]]),
+        (lambda: Sliding(3, 2), 4, [[0, 1, 2]]),
+    ],
+)
+def test_items_held_by_a_chunk_policy_at_stop_are_accounted_for(
+    policy: Callable[[], Any], fed: int, chunks: list[list[int]]
+) -> None:
+    """Stopping a run flushes a stream buffer's rest as a last chunk, dropped as stopped."""
+    ctx = rxstream.Context()
+    pipeline = ctx.input("audio", chunks=policy) | ctx.stream("out")
+    pipeline.start()
+    for sample in range(fed):
+        pipeline.feed("audio", sample)
+    transport = ctx.transport
+    assert isinstance(transport, MemoryTransport)
+    pause = threading.Event()
+    for _ in range(500):
+        if transport.payloads("out") == chunks:
+            break
+        pause.wait(0.01)
+    pipeline.stop()
+    assert transport.payloads("out") == chunks
+    stats = pipeline.statistics()
+    assert stats["audio"].items_out == fed
+    assert (stats["out"].items_in, dict(stats["out"].dropped)) == (1, {"stopped": 1})
