@@ -19,7 +19,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -39,6 +40,8 @@ from rxstream.distributed import (
 )
 from rxstream.ipc import FramingError, RingClosed
 from rxstream.runtime._boundary import decode, encode
+from rxstream.runtime._distcontrol import LOST_S, Control
+from rxstream.runtime._distlaunch import Peer, cross_edges, use_nccl
 from rxstream.testing import assert_same
 
 pytestmark = pytest.mark.distributed
@@ -264,6 +267,30 @@ def test_estimate_offset_takes_the_shortest_round_trip() -> None:
     assert estimate_offset(exchange, lambda: now[0], 3) == pytest.approx(-5.0)
 
 
+def _control(hosts: list[str], heard: dict[int, float], broken: set[int]) -> Control:
+    """The controller's side of the control plane, with only what ``lost`` reads."""
+    control = Control.__new__(Control)
+    control.heard, control.broken, control.rank = heard, broken, 0
+    cast(Any, control).launch = SimpleNamespace(hosts=hosts)
+    return control
+
+
+def test_a_quiet_host_is_named_with_all_its_ranks() -> None:
+    """Past LOST_S of silence a rank is lost, with the ranks going quiet alongside it."""
+    hosts = ["a/1", "b/2", "b/2", "a/1"]
+    now = 100.0
+    assert _control(hosts, {1: now - 1.5, 2: now - 1.4, 3: now}, set()).lost(now) is None
+    error = _control(hosts, {1: now - 2.5, 2: now - 2.4, 3: now}, set()).lost(now)
+    assert error is not None
+    assert error.stage == "ranks 1, 2"
+    assert isinstance(error.cause, RankLost)
+    assert error.cause.ranks == (1, 2)
+    assert str(error.cause) == f"ranks 1, 2 on host 'b' went away: not heard from for {LOST_S} s"
+    error = _control(hosts, {1: now, 2: now, 3: now}, {3}).lost(now)
+    assert error is not None
+    assert str(error.cause) == "rank 3 on host 'a' went away: its connection broke"
+
+
 def test_torchrun_env_reads_all_five_variables_or_none() -> None:
     """Without every torchrun variable there is no torchrun; with them, their values."""
     env = {
@@ -304,30 +331,30 @@ def test_cross_host_edges_follow_hosts_and_the_override() -> None:
     """Boundaries between hosts cross; RXSTREAM_CROSS_HOST adds named ones, or all."""
     plan = _plan()
     one_host = ["h/1", "h/1", "h/1"]
-    assert distributed._cross_edges(plan, one_host, "") == frozenset()
-    assert distributed._cross_edges(plan, ["h/1", "h/1", "g/2"], "") == {"b>c"}
-    assert distributed._cross_edges(plan, one_host, " a>b ") == {"a>b"}
-    assert distributed._cross_edges(plan, one_host, "all") == {"a>b", "b>c"}
+    assert cross_edges(plan, one_host, "") == frozenset()
+    assert cross_edges(plan, ["h/1", "h/1", "g/2"], "") == {"b>c"}
+    assert cross_edges(plan, one_host, " a>b ") == {"a>b"}
+    assert cross_edges(plan, one_host, "all") == {"a>b", "b>c"}
     with pytest.raises(
         ValueError,
         match=r"^RXSTREAM_CROSS_HOST must be 'all' or boundaries of the app \(its boundaries: "
         r"'a>b', 'b>c'\), got 'a>c'$",
     ):
-        distributed._cross_edges(plan, one_host, "a>b,a>c")
+        cross_edges(plan, one_host, "a>b,a>c")
 
 
 def test_the_backend_choice_is_checked() -> None:
     """auto takes NCCL only when every rank has it; nccl without it, or a typo, is refused."""
-    without = [distributed._Peer("h", 1, None, nccl=False), distributed._Peer("h", 2, None, True)]
-    assert distributed._use_nccl(without, "") is False
-    assert distributed._use_nccl([distributed._Peer("h", 1, None, True)], "auto") is True
-    assert distributed._use_nccl([distributed._Peer("h", 1, None, True)], "gloo") is False
+    without = [Peer("h", 1, None, nccl=False), Peer("h", 2, None, True)]
+    assert use_nccl(without, "") is False
+    assert use_nccl([Peer("h", 1, None, True)], "auto") is True
+    assert use_nccl([Peer("h", 1, None, True)], "gloo") is False
     with pytest.raises(ValueError, match=r"needs CUDA and NCCL on every rank; ranks \[0\] have"):
-        distributed._use_nccl(without, "nccl")
+        use_nccl(without, "nccl")
     with pytest.raises(
         ValueError, match=r"^RXSTREAM_DIST_BACKEND must be one of auto, gloo, nccl, got 'mpi'$"
     ):
-        distributed._use_nccl(without, "mpi")
+        use_nccl(without, "mpi")
 
 
 def test_launch_torchrun_needs_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -434,7 +461,7 @@ def test_torchrun_runs_three_ranks_across_a_forced_host_boundary(tmp_path: Path)
     # the steer at frame 10 on rank 0 reached rank 1's inline reads and rank 2's admission
     new = [row for row in rows if row["generation"] == 1]
     assert [row["generation"] for row in rows] == sorted(row["generation"] for row in rows)
-    assert {row["prompt"] for row in rows if row["generation"] == 0} == {"a"}
+    assert rows[0]["prompt"] == "a"  # (a frame already past its hop may read the new one)
     assert {row["prompt"] for row in new} == {"b"}
     assert new[0]["index"] == 10
     assert [row["cutover"] for row in new[:2]] == [True, False]
@@ -482,11 +509,12 @@ def _failed_lines(stderr: str) -> dict[int, str]:
 
 
 @pytest.mark.slow
-def test_a_rank_that_dies_is_named_on_every_survivor(tmp_path: Path) -> None:
-    """Rank 1's process exits: ranks 0 and 2 report RankLost naming rank 1."""
+@pytest.mark.parametrize(("mode", "dead"), [("die", 1), ("die0", 0)], ids=["rank 1", "rank 0"])
+def test_a_rank_that_dies_is_named_on_every_survivor(tmp_path: Path, mode: str, dead: int) -> None:
+    """A rank's process exits (the controller too): every survivor reports RankLost naming it."""
     before = _shm()
     done = subprocess.run(
-        _torchrun(tmp_path, "--set", "mode=die"),
+        _torchrun(tmp_path, "--set", f"mode={mode}"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -496,9 +524,9 @@ def test_a_rank_that_dies_is_named_on_every_survivor(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     failed = _failed_lines(done.stderr)
-    assert sorted(failed) == [0, 2]
+    assert sorted(failed) == sorted({0, 1, 2} - {dead})
     for line in failed.values():
-        assert "stage 'rank 1' failed: RankLost: rank 1" in line
+        assert f"stage 'rank {dead}' failed: RankLost: rank {dead}" in line
     assert _shm() - before == set()
 
 
@@ -540,5 +568,5 @@ def test_a_silent_rank_is_named_once_its_heartbeats_stop(tmp_path: Path) -> None
     assert sorted(failed) == [0, 2]
     for line in failed.values():
         assert "rank 1 on host" in line
-        assert f"went away: not heard from for {distributed.LOST_S} s" in line
+        assert f"went away: not heard from for {LOST_S} s" in line
     assert _shm() - before == set()

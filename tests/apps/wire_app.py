@@ -14,7 +14,8 @@ rank 2: ``finish`` and the sink ``video``.
 
 ``mode`` in the control doc: ``normal``; ``raise`` (``work`` raises at frame 5); ``die``
 (rank 1's process exits at frame 5); ``freeze`` (rank 1 stops itself with SIGSTOP at frame
-5, its sockets open: only heartbeats tell). Rank 2 appends what egressed to
+5, its sockets open: only heartbeats tell); ``die0`` (rank 0, the controller, exits at frame
+5). Rank 2 appends what egressed to
 ``$RXSTREAM_WIRE_OUT/egress.jsonl`` and the timing records to ``timing.jsonl``; rank 1 writes
 when it froze or died to ``rank1.txt`` (the host's monotonic clock).
 """
@@ -66,6 +67,8 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
             yield rxstream.PipelineItem(i, metadata)
 
     def render(i: int) -> dict[str, Any]:
+        if i == 5 and mode == "die0":
+            os._exit(3)
         extra = {"big": np.ones(9 << 20, dtype=np.uint8)} if i == 2 else {}  # > a ring slot
         return {
             **extra,
