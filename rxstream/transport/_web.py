@@ -488,16 +488,15 @@ class WebTransport(Transport):
         return {"input_seq": seq}
 
     def _on_set(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        doc, changes = self._write_target(message)
-        try:
-            return {"version": doc.set(changes)}
-        except DocValidationError as exc:
-            raise _Refused("schema", str(exc)) from exc
+        return self._write(message, steer=False)
 
     def _on_steer(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        return self._write(message, steer=True)
+
+    def _write(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
         doc, changes = self._write_target(message)
         try:
-            return {"version": doc.steer(changes)}
+            return {"version": doc.steer(changes) if steer else doc.set(changes)}
         except DocValidationError as exc:
             raise _Refused("schema", str(exc)) from exc
 
