@@ -488,12 +488,12 @@ class WebTransport(Transport):
         return {"input_seq": seq}
 
     def _on_set(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        return self._write(message, steer=False)
+        return self._write_doc(message, steer=False)
 
     def _on_steer(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        return self._write(message, steer=True)
+        return self._write_doc(message, steer=True)
 
-    def _write(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
+    def _write_doc(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
         doc, changes = self._write_target(message)
         try:
             return {"version": doc.steer(changes) if steer else doc.set(changes)}
