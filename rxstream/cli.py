@@ -1,7 +1,7 @@
 """The ``rxstream`` command (also ``python -m rxstream``).
 
 - ``rxstream run APP`` runs an app — ``build(ctx)`` on ``--ranks N`` rank processes (SPMD,
-  see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process — headless or
+  see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process (rank 0) — headless or
   serving a web page (``--serve``), optionally writing the egress to an MP4 (``--out``) and
   the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
 - ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
@@ -150,13 +150,10 @@ def _run(args: argparse.Namespace) -> int:
         app = load_app(args.app)
     except Exception as exc:
         return fail(str(exc), 1)
-    if app.main is not None and args.ranks > 1:
-        hint = (
-            f"; launch its build on {args.ranks} ranks with {args.app}:build" if app.build else ""
-        )
-        return fail(
-            f"an async main(ctx) app runs in one process, got --ranks {args.ranks}{hint}", 2
-        )
+    try:
+        app.check_ranks(args.ranks)
+    except ValueError as exc:
+        return fail(str(exc), 2)
     transport: Any = None
     if args.serve:
         from rxstream.transport import WebTransport

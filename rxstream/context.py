@@ -33,7 +33,7 @@ from rxstream.operators import (
 )
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_stage
-from rxstream.pipeline import Pipeline
+from rxstream.pipeline import Launcher, Pipeline
 from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
@@ -87,6 +87,8 @@ class Context:
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
         self._replicas = dict(replicas or {})
+        self._launcher: Launcher | None = None
+        """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
 
     def doc(
         self,

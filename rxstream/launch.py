@@ -13,10 +13,11 @@ with an error naming it, within a second on every rank), and waits until every r
 completed — or stops them all at ``frames`` egressed, the ``timeout``, the session's end, or
 an error — then joins them and unlinks every ring.
 
-A ``main`` app runs in this process alone: its coroutine runs in an event loop, and its
-pipeline's ``run()``/``start()`` runs every rank's stages here, through in-process rings.
-(Ranks in processes need every rank to build the graph: launch such an app's ``build`` with
-``app.py:build``.)
+A ``main`` app's coroutine runs in an event loop in this process, rank 0. On one rank its
+pipeline's ``run()``/``start()`` runs every rank's stages here, through in-process rings. On
+several, each start of one of its pipelines spawns ranks 1..N-1 for that run (through the
+context's launcher hook, :class:`_MainRanks`); they call the app's ``build(ctx)`` — so such an
+app needs one, building the same graph — and the run ends on every rank when it stops.
 
 The session transport lives on rank 0, the controller: the page of a ``WebTransport`` is
 served there, and the ``out`` file is written there. A sink on a rank > 0 forwards what it
@@ -104,7 +105,17 @@ class App:
     build: Build | None
     """``build(ctx) -> Pipeline``, which every rank calls."""
     main: Main | None
-    """``async def main(ctx)``: the app's own session, run on rank 0 alone."""
+    """``async def main(ctx)``: the app's own session, run on rank 0 (the other ranks of its
+    runs call ``build``)."""
+
+    def check_ranks(self, ranks: int) -> None:
+        """Refuse a main app without a build on several ranks: ranks 1..N-1 call ``build``."""
+        if self.main is not None and self.build is None and ranks > 1:
+            raise ValueError(
+                f"an async main(ctx) app runs on {ranks} ranks only with a build(ctx) -> "
+                f"Pipeline too (ranks 1..{ranks - 1} call it to build the graph main runs); "
+                f"{self.entry!r} has none"
+            )
 
     def __call__(self, ctx: Context) -> Pipeline:
         if self.build is None:
@@ -437,13 +448,14 @@ def _rank_run(
     rank: int,
     rings: Mapping[str, ShmRing],
     releases: Mapping[str, tuple[Connection, Connection]],
+    bridge: AsyncBridge | None = None,
 ) -> Run:
     """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings."""
     ctx = pipeline.context
     return Run(
         pipeline.plan,
         mode="threads",
-        bridge=AsyncBridge(),
+        bridge=bridge if bridge is not None else AsyncBridge(),
         generations=ctx.generations,
         timing=ctx.timing,
         rank=rank,
@@ -454,19 +466,33 @@ def _rank_run(
 
 
 @dataclass(frozen=True)
-class _RankSetup:
-    """What the controller hands a rank process besides its pipes (it pickles)."""
+class _Spawn:
+    """How the controller spawns the other ranks: the same for every run of a launch."""
 
     entry: str
-    rank: int
     world: int
-    handles: Mapping[str, RingHandle]
-    docs: Mapping[str, tuple[dict[str, Any], int]]
     forward: bool
     frames: int | None
     quiet: bool
     serving: Mapping[str, Any] | None
     log: str | None
+
+
+@dataclass(frozen=True)
+class _RankSetup:
+    """What the controller hands a rank process besides its pipes (it pickles)."""
+
+    spawn: _Spawn
+    rank: int
+    handles: Mapping[str, RingHandle]
+    docs: Mapping[str, tuple[dict[str, Any], int]]
+    layout: tuple[str, ...]
+    """Every stage as ``name@rank``: the graph the controller runs, which this rank must build."""
+
+
+def _layout(pipeline: Pipeline) -> tuple[str, ...]:
+    plan = pipeline.plan
+    return tuple(f"{plan.names[node]}@{plan.ranks[node]}" for node in plan.nodes)
 
 
 def _rank_main(
@@ -476,18 +502,23 @@ def _rank_main(
 ) -> None:
     """The body of rank ``setup.rank`` > 0 (in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
-    rank = setup.rank
+    rank, spawn = setup.rank, setup.spawn
     sender = _Sender(conn)
     rings: dict[str, ShmRing] = {}
     try:
-        _configure_quiet(setup.quiet)
-        transport = _Forward(sender if setup.forward else None, setup.frames)
-        ctx = Context(rank=rank, world=setup.world, replicas=setup.docs, transport=transport)
-        pipeline = load_app(setup.entry)(ctx)
-        if setup.serving is not None:
-            _apply_serving(pipeline, setup.serving)
+        _configure_quiet(spawn.quiet)
+        transport = _Forward(sender if spawn.forward else None, spawn.frames)
+        ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
+        pipeline = load_app(spawn.entry)(ctx)
+        if _layout(pipeline) != setup.layout:
+            raise PipelineStateError(
+                f"rank {rank}'s build(ctx) made the stages {' | '.join(_layout(pipeline))}, "
+                f"but rank 0 runs {' | '.join(setup.layout)}: every rank must build the same graph"
+            )
+        if spawn.serving is not None:
+            _apply_serving(pipeline, spawn.serving)
         if _has_sink(pipeline, rank):
-            _configure_log(setup.log)
+            _configure_log(spawn.log)
         rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         run = _rank_run(pipeline, rank, rings, releases)
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
@@ -609,23 +640,25 @@ def launch(
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
-    if app.main is not None and ranks > 1:
-        hint = f" (launch its build with {entry}:build)" if app.build is not None else ""
-        raise ValueError(
-            f"an async main(ctx) app runs in one process, got ranks={ranks} for {entry!r}{hint}"
-        )
+    app.check_ranks(ranks)
     egress = _Egress(transport, out=out, out_stream=out_stream, frames=frames, on_open=on_open)
+    spawn = _Spawn(
+        app.entry,
+        ranks,
+        egress.forwards,
+        frames,
+        quiet,
+        None if serving is None else dict(serving),
+        None if log is None else str(log),
+    )
     if log is not None:
         _start_log(log)
     _configure_quiet(quiet)
     try:
-        if app.main is not None:
-            ctx = _AppContext(settings=settings, config=config, transport=egress)
-            return _launch_main(app.main, ctx, egress, serving, log, timeout, on_status)
         ctx = _AppContext(settings=settings, config=config, transport=egress, rank=0, world=ranks)
-        return _launch_build(
-            app, ctx, ranks, egress, serving, log, frames, timeout, on_status, quiet
-        )
+        if app.main is not None:
+            return _launch_main(app.main, ctx, spawn, egress, serving, timeout, on_status)
+        return _launch_build(app, ctx, spawn, egress, serving, timeout, on_status)
     finally:
         egress.finish()
 
@@ -633,13 +666,16 @@ def launch(
 def _launch_main(
     main: Main,
     ctx: _AppContext,
+    spawn: _Spawn,
     egress: _Egress,
     serving: Mapping[str, Any] | None,
-    log: str | Path | None,
     timeout: float | None,
     on_status: Callable[[Statistics], None] | None,
 ) -> LaunchResult:
-    """Run an ``async def main(ctx)`` app in this process until it returns or the session ends."""
+    """Run an ``async def main(ctx)`` app in this process until it returns or the session ends.
+
+    On several ranks, the context's launcher hook spawns the other ranks for each run.
+    """
 
     def on_session(pipeline: Pipeline | None) -> None:
         ctx.check_settings()
@@ -647,7 +683,8 @@ def _launch_main(
             _apply_serving(pipeline, serving)
 
     egress.on_session = on_session
-    _configure_log(log)
+    _configure_log(spawn.log)
+    launcher = ctx._launcher = _MainRanks(spawn, egress) if spawn.world > 1 else None
     deadline = None if timeout is None else time.monotonic() + timeout
     reported = [time.monotonic()]
 
@@ -658,15 +695,25 @@ def _launch_main(
         pipeline = egress.pipeline
         if on_status is not None and pipeline is not None and now - reported[0] >= STATUS_S:
             reported[0] = now
-            on_status({0: pipeline.statistics()})
+            others = {} if launcher is None else launcher.live()
+            on_status({0: pipeline.statistics(), **others})
 
     try:
         asyncio.run(_supervise(main(ctx), should_end=lambda: egress.ended, tick=tick))
     finally:
         if egress.pipeline is not None:
             egress.pipeline.stop()
+        if launcher is not None:
+            launcher.close()
     stats = dict(egress.pipeline.statistics()) if egress.pipeline is not None else {}
-    return LaunchResult(1, MappingProxyType({0: stats}), _egressed(stats))
+    statistics: dict[int, Mapping[str, StageStatistics]] = {0: stats}
+    egressed = _egressed(stats)
+    ranked = None if launcher is None else launcher.last_of(egress.pipeline)
+    if ranked is not None:
+        watch = ranked.watch
+        statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
+        egressed += sum(watch.egressed.values())
+    return LaunchResult(spawn.world, MappingProxyType(statistics), egressed)
 
 
 async def _supervise(
@@ -703,92 +750,209 @@ async def _supervise(
 def _launch_build(
     app: App,
     ctx: _AppContext,
-    ranks: int,
+    spawn: _Spawn,
     egress: _Egress,
     serving: Mapping[str, Any] | None,
-    log: str | Path | None,
-    frames: int | None,
     timeout: float | None,
     on_status: Callable[[Statistics], None] | None,
-    quiet: bool,
 ) -> LaunchResult:
     """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
     pipeline = app(ctx)
     ctx.check_settings()
-    plan = pipeline.plan
-    if plan.world > ranks:
-        raise PipelineStateError(
-            f"the app places stages on {plan.world} ranks, but only {ranks} were launched"
-        )
     if serving is not None:
         _apply_serving(pipeline, serving)
     if _has_sink(pipeline, 0):
-        _configure_log(log)
-    forward = egress.forwards
-    rings = {
-        plan.edge_name(up, down): ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
-        for up, down in plan.boundaries
-    }
-    handles = {name: ring.handle() for name, ring in rings.items()}
-    spawn = multiprocessing.get_context("spawn")
-    releases = {name: spawn.Pipe(duplex=False) for name in rings}  # CUDA ref ids coming back
-    docs = {name: (thaw(doc.snapshot()), doc.version) for name, doc in ctx.docs.items()}
-    conns: dict[int, Connection] = {}
-    procs: dict[int, Any] = {}
+        _configure_log(spawn.log)
+    ranks = _Ranks(spawn, pipeline)
     run: Run | None = None
     try:
-        for rank in range(1, ranks):
-            parent, child = spawn.Pipe()
-            setup = _RankSetup(
-                app.entry,
-                rank,
-                ranks,
-                handles,
-                docs,
-                forward,
-                frames,
-                quiet,
-                None if serving is None else dict(serving),
-                None if log is None else str(log),
-            )
-            proc = spawn.Process(
-                target=_rank_main,
-                args=(setup, releases, child),
-                name=f"rxstream-rank-{rank}",
-                daemon=True,
-            )
-            proc.start()
-            child.close()
-            conns[rank], procs[rank] = parent, proc
-        run = _rank_run(pipeline, 0, rings, releases)
+        run = _rank_run(pipeline, 0, ranks.rings, ranks.releases)
         egress.halt_at_frames(run)
         egress.open(pipeline.session())
-        replicas = _replicate(ctx, conns)
+        replicas = _replicate(ctx, ranks.conns)
         run.start()
         try:
-            return _Watch(run, conns, procs, egress, on_status).until_end(frames, timeout)
+            return _Watch(run, ranks, egress, on_status).until_end(spawn.frames, timeout)
         finally:
             for subscription in replicas:
                 subscription.dispose()
     finally:
         if run is not None:
             run.stop(0.45)
-        for conn in conns.values():
+        ranks.close()
+
+
+class _Ranks:
+    """Ranks 1..N-1 of one run, spawned by rank 0, and a ring per boundary between the ranks.
+
+    Made and released together: :meth:`close` stops every rank, joins it (killing one still
+    there ``JOIN_S`` later), closes the pipes and unlinks every ring.
+    """
+
+    def __init__(self, spawn: _Spawn, pipeline: Pipeline) -> None:
+        plan = pipeline.plan
+        if plan.world > spawn.world:
+            raise PipelineStateError(
+                f"the app places stages on {plan.world} ranks, but only {spawn.world} were launched"
+            )
+        self.rings: dict[str, ShmRing] = {}
+        self.releases: dict[str, tuple[Connection, Connection]] = {}  # CUDA ref ids coming back
+        self.conns: dict[int, Connection] = {}
+        self.procs: dict[int, Any] = {}
+        context = multiprocessing.get_context("spawn")
+        try:
+            for up, down in plan.boundaries:
+                name = plan.edge_name(up, down)
+                self.rings[name] = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+                self.releases[name] = context.Pipe(duplex=False)
+            handles = {name: ring.handle() for name, ring in self.rings.items()}
+            docs = {n: (thaw(d.snapshot()), d.version) for n, d in pipeline.context.docs.items()}
+            layout = _layout(pipeline)
+            for rank in range(1, spawn.world):
+                parent, child = context.Pipe()
+                self.conns[rank] = parent
+                proc = context.Process(
+                    target=_rank_main,
+                    args=(_RankSetup(spawn, rank, handles, docs, layout), self.releases, child),
+                    name=f"rxstream-rank-{rank}",
+                    daemon=True,
+                )
+                try:
+                    proc.start()
+                finally:
+                    child.close()
+                self.procs[rank] = proc
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Stop every rank, join it (kill it after ``JOIN_S``), close pipes, unlink rings."""
+        for conn in self.conns.values():
             _send(conn, ("stop",))
         deadline = time.monotonic() + JOIN_S
-        for proc in procs.values():
+        for proc in self.procs.values():
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-        for conn in conns.values():
+        for conn in self.conns.values():
             conn.close()
-        for pair in releases.values():
+        for pair in self.releases.values():
             for end in pair:
                 end.close()
-        for ring in rings.values():
+        for ring in self.rings.values():
             ring.close()
             ring.unlink()
+
+
+class _MainRanks:
+    """A main app's launcher hook (``ctx._launcher``) on several ranks.
+
+    Each start of a pipeline of the app's context calls it: it spawns ranks 1..N-1 for that run
+    (each calls the app's ``build(ctx)``) and hands :class:`Pipeline` a :class:`_RankRun`.
+    """
+
+    def __init__(self, spawn: _Spawn, egress: _Egress) -> None:
+        self._spawn = spawn
+        self._egress = egress
+        self._runs: list[tuple[Pipeline, _RankRun]] = []
+
+    def __call__(self, pipeline: Pipeline, bridge: AsyncBridge) -> "_RankRun":
+        ranks = _Ranks(self._spawn, pipeline)
+        try:
+            run = _rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
+        except BaseException:
+            ranks.close()
+            raise
+        ranked = _RankRun(pipeline.context, run, ranks, self._egress, self._spawn.frames)
+        self._runs.append((pipeline, ranked))
+        return ranked
+
+    def last_of(self, pipeline: Pipeline | None) -> "_RankRun | None":
+        """The latest run of ``pipeline``."""
+        runs = [ranked for made, ranked in self._runs if made is pipeline]
+        return runs[-1] if runs else None
+
+    def live(self) -> dict[int, Mapping[str, StageStatistics]]:
+        """The latest statistics of ranks 1..N-1 in the latest run."""
+        return dict(self._runs[-1][1].watch.live) if self._runs else {}
+
+    def close(self) -> None:
+        """Stop every run whose pipeline was never stopped (its main returned, or failed)."""
+        for _, ranked in self._runs:
+            if not ranked.stopped:
+                ranked.run.stop(0.45)
+                ranked.stop()
+
+
+class _RankRun:
+    """One run of a main app's pipeline on every rank: rank 0's ``run`` here, the others spawned.
+
+    :meth:`start` replicates the docs and generations to the ranks and watches them on a thread
+    (egress they forward reaches the session transport; a rank that fails or dies fails
+    ``run`` with a ``PipelineError`` naming it). ``done`` is set once every rank ended or the
+    run failed; :meth:`stop` stops and releases the ranks.
+    """
+
+    def __init__(
+        self, ctx: Context, run: Run, ranks: _Ranks, egress: _Egress, frames: int | None
+    ) -> None:
+        self.run = run
+        self.done = threading.Event()
+        self.stopped = False
+        self._ctx = ctx
+        self._frames = frames
+        self._ranks = ranks
+        self._closing = threading.Event()
+        self.watch = _Watch(run, ranks, egress, None, closing=self._closing)
+        self._replicas: list[Any] = []
+        self._thread: threading.Thread | None = None
+        self._callbacks: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        """Replicate to the ranks and watch them (call before ``run.start()``)."""
+        self._replicas = _replicate(self._ctx, self._ranks.conns)
+        self._thread = threading.Thread(target=self._watch, name="rxstream:ranks", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        try:
+            self.watch.until_end(self._frames, None)  # and the session's end (--timeout too)
+        except BaseException as exc:  # a rank's error is the run's already; anything else too
+            self.run.fail(exc)
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        self.done.set()
+        with self._lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once every rank ended or the run failed."""
+        with self._lock:
+            if not self.done.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def stop(self) -> None:
+        """Stop every rank, collect its statistics, join it and unlink the rings; idempotent."""
+        with self._lock:
+            if self.stopped:
+                return
+            self.stopped = True
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(2 * JOIN_S)
+        for subscription in self._replicas:
+            subscription.dispose()
+        self._ranks.close()
+        self._finish()
 
 
 def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:
@@ -833,17 +997,20 @@ class _Watch:
     def __init__(
         self,
         run: Run,
-        conns: Mapping[int, Connection],
-        procs: Mapping[int, Any],
+        ranks: _Ranks,
         egress: _Egress,
         on_status: Callable[[Statistics], None] | None,
+        *,
+        closing: threading.Event | None = None,
     ) -> None:
         self.run = run
-        self.conns = conns
-        self.procs = procs
+        self.conns: Mapping[int, Connection] = ranks.conns
+        self.procs: Mapping[int, Any] = ranks.procs
         self.egress = egress
         self.on_status = on_status
-        self.egressed = dict.fromkeys(conns, 0)
+        self.closing = closing
+        """Set by a stopping pipeline (a main app's run): stop every rank as at the end."""
+        self.egressed = dict.fromkeys(ranks.conns, 0)
         self.stats: dict[int, dict[str, StageStatistics]] = {}
         self.live: dict[int, dict[str, StageStatistics]] = {}
         self.finished: set[int] = set()
@@ -884,9 +1051,10 @@ class _Watch:
                 or (deadline is not None and now > deadline)
                 or self.egress.ended
             )
-            if ended:  # stop every rank, then collect their final statistics
+            if ended:
                 self.egress.end()
-                run.halt()
+            if ended or (self.closing is not None and self.closing.is_set()):
+                run.halt()  # stop every rank, then collect their final statistics
                 for rank, conn in conns.items():
                     if rank not in self.finished:
                         _send(conn, ("stop",))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 from reactivex import abc, operators
@@ -34,6 +35,31 @@ STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
 
 
+class RankRun(Protocol):
+    """A run whose other ranks a launcher spawned (``rxstream run`` of a main app, N > 1)."""
+
+    @property
+    def run(self) -> Run:
+        """Rank 0's run: this process's stages."""
+
+    @property
+    def done(self) -> threading.Event:
+        """Set once every rank has ended, or the run failed."""
+
+    def start(self) -> None:
+        """Replicate the docs to the ranks and watch them (before ``run.start()``)."""
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once ``done``."""
+
+    def stop(self) -> None:
+        """Stop every rank, join it and release the rings (after ``run.stop``); idempotent."""
+
+
+Launcher = Callable[["Pipeline", AsyncBridge], RankRun]
+"""A context's launcher hook: spawns the other ranks of a pipeline's run, and makes rank 0's."""
+
+
 class Pipeline:
     """A composed graph of stages and the runs made from it.
 
@@ -47,6 +73,7 @@ class Pipeline:
         self._context = context
         self._plan: Plan | None = None
         self._run: Run | None = None
+        self._ranks: RankRun | None = None
         self._legacy: list[abc.DisposableBase] = []
 
     # --- composition ------------------------------------------------------------------------
@@ -193,22 +220,35 @@ class Pipeline:
         plan = self.plan
         if config:
             self._context.control.set(config)
-        run = Run(
-            plan,
-            mode="threads",
-            bridge=AsyncBridge(loop),
-            generations=self._context.generations,
-            timing=self._context.timing,
-            cuda_api=self._context.cuda_api,
-        )
-        self._run = run
+        launcher = self._context._launcher
+        ranks = None if launcher is None else launcher(self, AsyncBridge(loop))
+        if ranks is not None:  # the other ranks in their processes; this one's stages here
+            run = ranks.run
+        else:
+            run = Run(
+                plan,
+                mode="threads",
+                bridge=AsyncBridge(loop),
+                generations=self._context.generations,
+                timing=self._context.timing,
+                cuda_api=self._context.cuda_api,
+            )
+        self._run, self._ranks = run, ranks
         self._stopped = False
-        self._context.transport.open(self.session())
+        opened = False
         try:
+            self._context.transport.open(self.session())
+            opened = True
+            if ranks is not None:
+                ranks.start()
             run.start()
         except BaseException:
             self._stopped = True
-            self._context.transport.close()
+            if ranks is not None:
+                run.stop(STOP_TIMEOUT)
+                ranks.stop()
+            if opened:
+                self._context.transport.close()
             raise
         return run
 
@@ -291,6 +331,8 @@ class Pipeline:
         try:
             stuck = run.stop(STOP_TIMEOUT)
         finally:
+            if self._ranks is not None:
+                self._ranks.stop()
             if run.mode == "threads":
                 self._context.transport.close()
         if stuck:
@@ -302,7 +344,7 @@ class Pipeline:
         Returns whether it completed within ``timeout`` seconds.
         """
         run = self._require_run("wait()")
-        if not run.done.wait(timeout):
+        if not (run if self._ranks is None else self._ranks).done.wait(timeout):
             return False
         self.stop()
         run.raise_error()
@@ -320,7 +362,9 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         run = self._start(config, loop=loop)
         finished = asyncio.Event()
-        run.on_done(lambda: _call_soon(loop, finished.set))
+        (run if self._ranks is None else self._ranks).on_done(
+            lambda: _call_soon(loop, finished.set)
+        )
         try:
             while not finished.is_set() and self._context.connected:
                 with contextlib.suppress(TimeoutError):
@@ -352,7 +396,7 @@ class Pipeline:
             timing=self._context.timing,
             collect="items" if items else "payloads",
         )
-        self._run = run
+        self._run, self._ranks = run, None
         run.drive(frames, interval)
         outputs = {self.plan.name_of(tail): run.outputs[tail] for tail in self.plan.tails}
         if len(outputs) == 1:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,8 +20,9 @@ from typing import Any, Literal
 import pytest
 
 import rxstream
-from rxstream import cli
+from rxstream import PipelineError, cli
 from rxstream._settings import split_setting, typed_settings
+from rxstream.ipc import ShmRing
 from rxstream.launch import SettingError, _Egress, launch, load_app
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport import MemoryTransport, Session
@@ -31,6 +33,7 @@ FRAMES_APP = str(APPS / "frames_app.py")
 MAIN_APP = str(APPS / "main_app.py")
 FAILING_APP = str(APPS / "failing_app.py")
 RANKS_APP = str(APPS / "ranks_app.py")
+MAIN_RANKS_APP = str(APPS / "main_ranks_app.py")
 
 
 def rxstream_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -284,12 +287,97 @@ def test_run_main_app_writes_its_frames(tmp_path: Path, capsys: pytest.CaptureFi
     assert decoded_frames(video) == [(16, 16)] * 5
 
 
-def test_run_main_app_on_several_ranks_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
-    """--ranks 2 with a main(ctx) app exits 2 and says how to launch its build."""
-    assert cli.main(["run", MAIN_APP, "--ranks", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "an async main(ctx) app runs in one process, got --ranks 2" in err
-    assert f"{MAIN_APP}:build" in err
+def test_run_main_app_without_build_on_several_ranks_is_refused(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """--ranks 2 with a main(ctx) app that has no build(ctx) exits 2 saying the ranks need it."""
+    assert cli.main(["run", f"{MAIN_APP}:main", "--ranks", "2"]) == 2
+    assert capsys.readouterr().err == (
+        "rxstream run: an async main(ctx) app runs on 2 ranks only with a build(ctx) -> "
+        "Pipeline too (ranks 1..1 call it to build the graph main runs); "
+        f"'{MAIN_APP}:main' has none\n"
+    )
+
+
+# --- main(ctx) apps on several ranks ------------------------------------------------------------
+
+
+@pytest.fixture
+def rings_made(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The names of the rings this process creates in the test; none may be left in /dev/shm."""
+    names: list[str] = []
+    create = ShmRing.create
+
+    def spy(**options: Any) -> ShmRing:
+        ring = create(**options)
+        names.append(ring.name)
+        return ring
+
+    monkeypatch.setattr(ShmRing, "create", spy)
+    yield names
+    assert set(names) & shm_segments() == set()
+
+
+def test_run_main_app_on_two_ranks_egresses_the_frames_from_rank_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rings_made: list[str]
+) -> None:
+    """--ranks 2: main runs on rank 0 and its rank-1 stages in rank 1's process, to --frames."""
+    seen = tmp_path / "rank1.pid"
+    args = ["run", MAIN_RANKS_APP, "--ranks", "2", "--frames", "20", "--set", f"seen={seen}"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "20 items egressed on 2 rank(s)" in out
+    rank0, rank1 = out.split("\nrank 0\n", 1)[1].split("\nrank 1\n", 1)
+    assert re.search(r"^ticks +input ", rank0, re.MULTILINE)
+    assert not re.search(r"^work ", rank0, re.MULTILINE)
+    assert re.search(r"^work +pipe +\d+ +\d+ ", rank1, re.MULTILINE)
+    assert re.search(r"^out +stream +\d+ +20 ", rank1, re.MULTILINE)
+    assert rings_made  # the ticks>work boundary
+    assert not alive(int(seen.read_text()))
+
+
+def test_doc_writes_of_a_main_app_reach_its_stages_on_rank_1(
+    tmp_path: Path, rings_made: list[str]
+) -> None:
+    """main's writes reach rank 1: the one before run() at spawn, the one during it at once."""
+    page = MemoryTransport(keep=100)
+    result = launch(
+        MAIN_RANKS_APP, 2, frames=20, transport=page, settings=[f"seen={tmp_path / 'seen'}"]
+    )
+    payloads = page.payloads("out")
+    assert [p["n"] for p in payloads] == list(range(1, 21))
+    assert {(p["rank"], p["pid"]) for p in payloads} == {(1, payloads[0]["pid"])}
+    assert payloads[0]["pid"] != os.getpid()
+    tags = [p["tag"] for p in payloads]
+    assert tags[0] == "before run"  # rank 1 read it before main wrote "during run"
+    assert tags[-1] == "during run"
+    assert tags == sorted(tags)  # once read there, the new value stays
+    assert (result.ranks, result.egressed, sorted(result.statistics)) == (2, 20, [0, 1])
+    assert not alive(payloads[0]["pid"])
+
+
+@pytest.mark.parametrize(
+    ("mode", "cause"),
+    [
+        ("raise", r"stage 'work' failed on item pts=\d+ input_seq=\d+: RuntimeError: "
+                  r"rank 1 broke on tick 5"),
+        ("die", r"rank 1 died \(exit code 3\)"),
+    ],
+    ids=["raise", "die"],
+)  # fmt: skip
+def test_a_failing_rank_1_ends_main_s_run_naming_it(
+    mode: str,
+    cause: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    rings_made: list[str],
+) -> None:
+    """A rank-1 stage raising, or rank 1 dying, raises a PipelineError naming rank 1 in main."""
+    seen = tmp_path / "rank1.pid"
+    with pytest.raises(PipelineError, match=rf"^stage 'rank 1' failed: RuntimeError: {cause}$"):
+        launch(MAIN_RANKS_APP, 2, settings=[f"mode={mode}", f"seen={seen}"], timeout=60)
+    assert "main caught: stage 'rank 1' failed: RuntimeError: " in capsys.readouterr().out
+    assert not alive(int(seen.read_text()))
 
 
 # --- --config -----------------------------------------------------------------------------------
@@ -477,6 +565,35 @@ def test_ctrl_c_stops_a_main_app_and_closes_the_file(tmp_path: Path) -> None:
         _, err = proc.communicate()
     assert "rxstream run: interrupted, stopped" in err
     assert decoded_frames(video) == [(16, 16)] * 10
+
+
+def test_ctrl_c_stops_a_main_app_on_every_rank(tmp_path: Path) -> None:
+    """SIGINT during a main(ctx) app's run on 2 ranks: exit 130, rank 1 gone, no shm left."""
+    before = shm_segments()
+    seen = tmp_path / "rank1.pid"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rxstream", "run", MAIN_RANKS_APP, "--ranks", "2",
+         "--set", f"seen={seen}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (seen.exists() and seen.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        rank1 = int(seen.read_text())  # rank 1 runs its stage
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+    assert "rxstream run: interrupted, stopped" in err
+    deadline = time.monotonic() + 5  # (another process on this host may hold a ring a moment)
+    while shm_segments() - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert shm_segments() - before == set()
+    assert not alive(rank1)
 
 
 class _LatePage(MemoryTransport):
