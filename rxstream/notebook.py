@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import structlog
 
-from rxstream.doc import Doc, Ref
+from rxstream.doc import Doc, Ref, controls
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import StageStatistics
@@ -78,9 +78,12 @@ def widget(
     """An ipywidgets control two-way bound to the doc value at ``path`` (``"a.b"`` or a ref).
 
     The value's type picks the control: a checkbox for a bool, a slider for an int or a float
-    (from ``min`` to ``max``; by default 0 to twice the value), a text box for a str, and a
-    dropdown of ``choices`` when given. Moving the control writes the doc (``doc.steer`` with
-    ``steer=True``: a new generation); a write to the doc from anywhere moves the control.
+    (from ``min`` to ``max``), a text box for a str, and a dropdown of ``choices``. What is not
+    given comes from the doc's :func:`~rxstream.doc.controls`, as on the web page: a schema's
+    ``Literal`` gives the choices, a schema field's ``metadata`` the range, else the range
+    follows the value (see :mod:`rxstream.doc._controls`). Moving the control writes the doc
+    (``doc.steer`` with ``steer=True``: a new generation); a write to the doc from anywhere
+    moves the control.
     A write the doc refuses puts the control back and raises. ``continuous_update`` defaults to
     true for a slider that sets and false otherwise (a text box writes on Enter or blur).
     """
@@ -92,6 +95,9 @@ def widget(
         raise ValueError(f"{where} is a section, not a value: bind one of its keys ({keys})")
     label = description if description is not None else ref.path[-1]
     number = not isinstance(value, bool) and isinstance(value, int | float)
+    spec = next((c for c in controls(doc) if c.path == ref.dotted), None)
+    if choices is None and spec is not None and spec.kind == "choice":
+        choices = spec.choices
     if choices is None and not number:
         for name, given in (("min", min), ("max", max), ("step", step)):
             if given is not None:
@@ -111,6 +117,10 @@ def widget(
         control = ipywidgets.Checkbox(value=value, description=label, indent=False)
     elif number:
         integer = isinstance(value, int)
+        if spec is not None and spec.kind == "number":
+            min = spec.minimum if min is None else min
+            max = spec.maximum if max is None else max
+            step = (spec.step if not integer else 1) if step is None else step
         lo, hi, by = _slider_range(where, value, min, max, step, integer)
         slider = ipywidgets.IntSlider if integer else ipywidgets.FloatSlider
         control = slider(
@@ -156,7 +166,7 @@ def _slider_range(
     step: float | None,
     integer: bool,
 ) -> tuple[float, float, float]:
-    """The slider's min, max and step: the given ones, else 0 to twice the value."""
+    """The slider's min, max and step, checked (a missing bound: 0 to twice the value)."""
     for name, given in (("min", lo), ("max", hi), ("step", step)):
         if given is None:
             continue

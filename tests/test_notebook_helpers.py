@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import io
 import itertools
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pytest
@@ -210,7 +211,7 @@ def test_closed_widget_stops_following_the_doc(ctx: rxstream.Context) -> None:
             "gain",
             {"max": 2},
             ValueError,
-            r"^control\.gain is 3\.0, outside the slider's min=0 max=2$",
+            r"^control\.gain is 3\.0, outside the slider's min=0\.0 max=2$",
         ),
         (
             {"gain": 1.0},
@@ -499,3 +500,22 @@ def test_background_run_is_stopped_at_interpreter_exit(tmp_path: Path) -> None:
     )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=REPO)
     assert closed.exists()
+
+
+@dataclasses.dataclass
+class Look:
+    """A schema with a choice and a ranged number."""
+
+    model: Literal["smooth", "sharp"] = "smooth"
+    speed: float = dataclasses.field(default=1.0, metadata={"min": 0.5, "max": 4.0})
+
+
+def test_widget_takes_choices_and_ranges_from_a_schema(ctx: rxstream.Context) -> None:
+    """A Literal field gives a dropdown, a field's metadata the slider's range (as on the page)."""
+    doc = ctx.doc("look", schema=Look)
+    dropdown = widget(doc, "model")
+    assert (type(dropdown).__name__, list(dropdown.options)) == ("Dropdown", ["smooth", "sharp"])
+    slider = widget(doc, "speed")
+    assert (slider.min, slider.max) == (0.5, 4.0)
+    dropdown.value = "sharp"
+    assert doc.desired.model.value == "sharp"

@@ -4,9 +4,9 @@ A control's kind follows the leaf's current value and, with a dataclass schema, 
 annotation: ``Literal[...]`` → ``choice``, ``bool`` → ``toggle``, ``int``/``float`` →
 ``number``, ``str`` → ``text``; anything else (lists, ``None``) → ``json``. A number's range
 comes from the schema field's ``metadata`` (``field(default=0.5, metadata={"min": 0, "max":
-1, "step": 0.05})``) or, without one, from its default: ``[0, 1]`` for a default inside it,
-else ``[0, 2 * |default|]`` (at least ``[0, 10]``). The web page and the notebook widgets
-both build from this list.
+1, "step": 0.05})``) or, without one, from its value: ``[0, 1]`` for a float in ``[0, 1)``,
+else ``[0, 2 * value]`` (``[2 * value, -2 * value]`` below 0; an int's at least ``[0, 10]``).
+The web page and the notebook widgets both build from this list.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _control(path: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Contr
         return Control(path, "toggle", value)
     if isinstance(value, int | float):
         integer = isinstance(value, int) and hint is not float
-        low, high = _range(float(value))
+        low, high = _range(float(value), integer)
         low = float(meta.get("min", low))
         high = float(meta.get("max", high))
         step = meta.get("step", 1 if integer else (high - low) / 100)
@@ -103,9 +103,9 @@ def _control(path: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Contr
     return Control(path, "json", value)
 
 
-def _range(default: float) -> tuple[float, float]:
-    if 0.0 <= default <= 1.0:
+def _range(default: float, integer: bool) -> tuple[float, float]:
+    if not integer and 0.0 <= default < 1.0:
         return 0.0, 1.0
     if default < 0:
         return 2 * default, -2 * default
-    return 0.0, max(10.0, 2 * default)
+    return 0.0, max(10.0 if integer else 1.0, 2 * default)
