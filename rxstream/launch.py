@@ -68,6 +68,8 @@ _log = structlog.get_logger("rxstream")
 
 JOIN_S = 2.0
 """Seconds a stopping controller waits for a rank process (or a ``main`` coroutine)."""
+READY_S = 120.0
+"""How long the controller waits for a spawned rank to build its graph and start."""
 WATCH_S = 0.05
 """How often the controller checks on its ranks (a dead rank is noticed within ~this)."""
 STATUS_S = 0.5
@@ -527,6 +529,7 @@ def _rank_main(
         )
         listener.start()
         run.start()
+        sender.send(("ready", rank))
         reported = time.monotonic()
         while not run.done.wait(WATCH_S):
             stats = run.statistics()
@@ -767,6 +770,7 @@ def _launch_build(
     run: Run | None = None
     try:
         run = _rank_run(pipeline, 0, ranks.rings, ranks.releases)
+        ranks.wait_ready()
         egress.halt_at_frames(run)
         egress.open(pipeline.session())
         replicas = _replicate(ctx, ranks.conns)
@@ -826,6 +830,41 @@ class _Ranks:
             self.close()
             raise
 
+    def wait_ready(self, timeout: float = READY_S) -> None:
+        """Wait until every rank built its graph and started its run, so that rank 0 starts
+        its sources only once the whole pipeline can take their items (a rank importing
+        torch takes seconds). A rank that fails or dies first raises ``PipelineError``."""
+        waiting = dict(self.conns)
+        deadline = time.monotonic() + timeout
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise PipelineError(
+                    f"rank {min(waiting)}",
+                    TimeoutError(f"not ready after {timeout:g} s (ranks {sorted(waiting)})"),
+                )
+            sentinels = {self.procs[rank].sentinel: rank for rank in waiting}
+            ready = multiprocessing.connection.wait(
+                [*waiting.values(), *sentinels], timeout=min(left, WATCH_S)
+            )
+            for rank, conn in list(waiting.items()):
+                if conn in ready:
+                    try:
+                        message = conn.recv()
+                    except (EOFError, OSError):
+                        message = ("error", rank, "its process ended before it was ready", {})
+                    if message[0] == "ready":
+                        del waiting[rank]
+                    elif message[0] == "error":
+                        raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
+                elif self.procs[rank].sentinel in ready and not conn.poll():
+                    self.procs[rank].join(0.5)
+                    code = self.procs[rank].exitcode
+                    raise PipelineError(
+                        f"rank {rank}",
+                        RuntimeError(f"rank {rank} died (exit code {code}) before it was ready"),
+                    )
+
     def close(self) -> None:
         """Stop every rank, join it (kill it after ``JOIN_S``), close pipes, unlink rings."""
         for conn in self.conns.values():
@@ -862,6 +901,7 @@ class _MainRanks:
         ranks = _Ranks(self._spawn, pipeline)
         try:
             run = _rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
+            ranks.wait_ready()
         except BaseException:
             ranks.close()
             raise

@@ -265,6 +265,25 @@ def test_summarize_gives_the_hand_computed_percentiles() -> None:
     assert [r.input_seq for r in summarize(EXPECTED_RECORDS, slowest=2).slowest] == [0, 5]
 
 
+def test_summarize_lists_hops_in_path_order_when_some_records_lack_one() -> None:
+    """A hop first seen in a later record (a rank boundary) is listed after its predecessor."""
+
+    def record(seq: int, hops: list[str]) -> TimingRecord:
+        timings = tuple(HopTiming(name, 0.1, 1.0) for name in hops)
+        return TimingRecord(
+            "video", seq, 0, False, 0, seq, "input.recv", 1.1 * len(hops), None, timings
+        )
+
+    summary = summarize(
+        [
+            record(1, ["mouse", "window", "render", "video"]),  # the self test's drive: no boundary
+            record(2, ["mouse", "window", "window>render", "render", "video"]),
+        ]
+    )
+    assert [h.name for h in summary.hops] == ["mouse", "window", "window>render", "render", "video"]
+    assert [h.count for h in summary.hops] == [2, 2, 1, 2, 2]
+
+
 def test_summarize_agrees_with_numpy_on_the_golden_log() -> None:
     """The golden summary's percentiles are numpy.percentile's (linear) of the same values."""
     log = load(GOLDEN)

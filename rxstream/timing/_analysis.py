@@ -155,10 +155,15 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
     malformed = log.malformed if isinstance(log, TimingLog) else ()
     waits: dict[str, list[float]] = {}
     computes: dict[str, list[float]] = {}
+    order: list[str] = []  # the hops in path order, a hop first seen placed after its predecessor
     for record in records:
+        previous = None
         for hop in record.hops:
+            if hop.name not in waits:
+                order.insert(0 if previous is None else order.index(previous) + 1, hop.name)
             waits.setdefault(hop.name, []).append(hop.wait_ms)
             computes.setdefault(hop.name, []).append(hop.compute_ms)
+            previous = hop.name
     hops = tuple(
         HopSummary(
             name,
@@ -166,7 +171,7 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
             {q: _percentile(waits[name], q) for q in PERCENTILES},
             {q: _percentile(computes[name], q) for q in PERCENTILES},
         )
-        for name in waits
+        for name in order
     )
     totals = [r.total_ms for r in records]
     total = {f"p{q}": _percentile(totals, q) for q in PERCENTILES}
