@@ -191,3 +191,16 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
     assert calls.count("share") == calls.count("open") == calls.count("read") == 12
     # the consumer's stream waited on the producer's event before each read
     assert all(calls.index("wait") < calls.index("read") for _ in range(1))
+
+
+def test_rank_0_starts_its_sources_once_every_rank_is_ready(
+    tmp_path: Path, clean_host: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank slow to build holds rank 0's sources back until it can take their items."""
+    monkeypatch.setenv("RXSTREAM_TEST_REPORT", str(tmp_path))
+    app = str(Path(__file__).parent / "apps" / "slow_rank_app.py")
+    result = rxstream.launch(app, ranks=2, timeout=60)
+    assert result.egressed == 10
+    built = float((tmp_path / "rank1_built").read_text())
+    pulled = float((tmp_path / "first_pull").read_text())
+    assert pulled >= built
