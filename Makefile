@@ -16,10 +16,11 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The demo app headless for 5 s (120 frames at 24 fps), its autopilot moving the mouse, steering
+# The demo app headless on two ranks for 5 s (120 frames at 24 fps; render and decode on rank 1),
+# its autopilot moving the mouse, steering
 # and swapping the decoder: out/demo.mp4 (h264), out/timing.jsonl and the printed timing summary.
 demo: $(STAMP)
-	$(VENV)/bin/rxstream run examples/demo.py --frames 120 --set autopilot=true \
+	$(VENV)/bin/rxstream run examples/demo.py --ranks 2 --frames 120 --set autopilot=true \
 		--out out/demo.mp4 --log out/timing.jsonl
 	$(VENV)/bin/rxstream timing out/timing.jsonl --plot out/timing.png
 

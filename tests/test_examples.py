@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.mark.slow
 def test_demo_headless_writes_the_mp4_and_the_timing_log(tmp_path: Path) -> None:
-    """make demo's command: self test, autopilot steer and swap, an h264 MP4, a timing log."""
+    """make demo's command (2 ranks): self test, autopilot steer and swap, MP4, timing log."""
     video, log = tmp_path / "demo.mp4", tmp_path / "timing.jsonl"
     done = subprocess.run(
         [
@@ -25,6 +25,8 @@ def test_demo_headless_writes_the_mp4_and_the_timing_log(tmp_path: Path) -> None
             "rxstream",
             "run",
             str(ROOT / "examples" / "demo.py"),
+            "--ranks",
+            "2",
             "--frames",
             "120",
             "--set",
@@ -57,7 +59,15 @@ def test_demo_headless_writes_the_mp4_and_the_timing_log(tmp_path: Path) -> None
     seqs = [r.input_seq for r in inputs]
     assert seqs == sorted(seqs)
     assert len(set(seqs)) == len(seqs)
-    assert [h.name for h in inputs[-1].hops][-5:] == ["window", "render", "decode", "pace", "video"]
+    assert [h.name for h in inputs[-1].hops][-6:] == [
+        "window",
+        "window>render",
+        "render",
+        "decode",
+        "pace",
+        "video",
+    ]
+    assert "rank 1" in out
     steered = [r for r in timing.records if r.cutover and r.prompt_generation == 1]
     assert steered, "the autopilot's steer made no cutover record"
 
