@@ -17,8 +17,8 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 # The demo app headless on two ranks for 5 s (120 frames at 24 fps; render and decode on rank 1),
-# its autopilot moving the mouse, steering
-# and swapping the decoder: out/demo.mp4 (h264), out/timing.jsonl and the printed timing summary.
+# its autopilot moving the mouse, steering and swapping the decoder: out/demo.mp4 (h264),
+# out/timing.jsonl and the printed timing summary.
 demo: $(STAMP)
 	$(VENV)/bin/rxstream run examples/demo.py --ranks 2 --frames 120 --set autopilot=true \
 		--out out/demo.mp4 --log out/timing.jsonl
