@@ -490,10 +490,13 @@ def test_pipeline_topology_of_one_rank(ctx: rxstream.Context) -> None:
 
 
 def test_cli_prints_the_partitions_of_the_ranks_app(capsys: pytest.CaptureFixture[str]) -> None:
-    """``rxstream topology`` prints an app's partitions and connections, and the checks."""
+    """``rxstream topology`` prints an app's partitions, walks and connections, and the checks."""
     assert main(["topology", str(APPS / "ranks_app.py")]) == 0
     assert capsys.readouterr().out == (
         "partitions: rank0, rank1\n"
+        "walks:\n"
+        "  rank0: rank0.walk\n"
+        "  rank1: rank1.walk\n"
         "connections:\n"
         "  prepare>work: rank0 -> rank1, chunks EveryItem()\n"
         "client streams:\n"
