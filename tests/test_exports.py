@@ -11,7 +11,9 @@ import pytest
 PACKAGES = [
     "rxstream",
     "rxstream.doc",
+    "rxstream.distributed",
     "rxstream.ipc",
+    "rxstream.notebook",
     "rxstream.operators",
     "rxstream.runtime",
     "rxstream.testing",
