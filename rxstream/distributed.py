@@ -231,7 +231,7 @@ def launch_torchrun(
     )
     launch: Launch | None = None
     try:
-        with terminate_as_interrupt(lambda: None if launch is None else launch.failure):
+        with terminate_as_interrupt(lambda: None if launch is None else launch.verdict(0.5)):
             launch = Launch(env, entry, options)
             return launch.run()
     except PipelineError as exc:

@@ -56,6 +56,7 @@ from rxstream.runtime._run import Run
 from rxstream.stage import Node
 
 __all__ = [
+    "CATCH_UP_S",
     "HEAD_BYTES",
     "INLINE_BYTES",
     "DistChannel",
@@ -72,6 +73,8 @@ WINDOW = 2
 """Heads a writer may leave in flight (items whose arrays travel wait until sent)."""
 FOREVER = datetime.timedelta(days=10_000)
 """What a wait on a send or receive is given: gloo breaks the connection on a timeout."""
+CATCH_UP_S = 1.0
+"""How long an item of a newer generation waits for this rank's replicas to reach it."""
 DRAIN_S = 1.0
 """How long a closed reader waits for its writer's close mark before it stops counting."""
 
@@ -285,6 +288,8 @@ class DistChannel:
         """The other side's global rank (named in errors)."""
         self._shift = shift
         self.on_lost = on_lost
+        self.catch_up: Callable[[tuple[Any, ...]], None] | None = None
+        """Called by the reader's thread with each encoded item before it is handed on."""
         self._state = threading.Condition(threading.Lock())
         self._closed = False
         self._lost: BaseException | None = None
@@ -427,8 +432,11 @@ class DistChannel:
                 end = obj.__class__.__name__ == "_End"
                 if not end:
                     posted = _wire(group.recv, [head], peer)
-                if self._shift and type(obj) is tuple:
-                    obj = shift_stamps(obj, self._shift)
+                if type(obj) is tuple:
+                    if self._shift:
+                        obj = shift_stamps(obj, self._shift)
+                    if self.catch_up is not None:
+                        self.catch_up(obj)
                 with self._state:
                     self._items += 1
                     while self._handoff and not self._closed:
@@ -581,6 +589,8 @@ class DistRun(Run):
         for link in self._links.values():
             if link.on_lost is None:
                 link.on_lost = self.fail
+            if link.side == "reader":
+                link.catch_up = self._catch_up
         super().__init__(
             plan,
             mode="threads",
@@ -592,6 +602,19 @@ class DistRun(Run):
             releases=releases,
             cuda_api=cuda_api,
         )
+
+    def _catch_up(self, wire: tuple[Any, ...]) -> None:
+        """Hold an item of a generation this rank has not seen until its replicas have it.
+
+        The controller's doc write and generation change left before the item did, but over
+        another connection: the item may overtake them. Waits ``CATCH_UP_S`` at most.
+        """
+        gens = self.generations
+        if gens.prompt >= wire[1] and gens.flush >= wire[2]:  # see encode: the generations
+            return
+        deadline = time.monotonic() + CATCH_UP_S
+        while (gens.prompt < wire[1] or gens.flush < wire[2]) and time.monotonic() < deadline:
+            time.sleep(0.001)
 
     def _boundary(self, upstream: Node, node: Node) -> Boundary:
         name = self.plan.edge_name(upstream, node)

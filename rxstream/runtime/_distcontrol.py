@@ -251,7 +251,7 @@ class Control:
             for subscription in replicas:
                 subscription.dispose()
         if failure is not None:
-            self._failed(failure)
+            self.failed(failure)
         self.broadcast(("stop", failure))
         run.stop(0.45)
         until = time.monotonic() + JOIN_S
@@ -261,7 +261,7 @@ class Control:
                 break
             failure = self._failure(run, now)
             if failure is not None:
-                self._failed(failure)
+                self.failed(failure)
                 self.broadcast(("stop", failure))
         total = _egressed(run.statistics()) + sum(e for e, _ in self.finals.values())
         self.broadcast(("bye", total))
@@ -272,7 +272,7 @@ class Control:
             stats[rank] = rank_stats
         return LaunchResult(world, MappingProxyType(stats), total)
 
-    def _failed(self, failure: BaseException) -> None:
+    def failed(self, failure: BaseException) -> None:
         """Say it now: torchrun may stop this process soon after a rank died."""
         self.launch.failure = failure
         _log.error("rank_failed", rank=self.rank, error=str(failure))
@@ -316,7 +316,7 @@ class Control:
                 failure = own or lost
                 break
         if failure is not None:
-            self._failed(failure)
+            self.failed(failure)
         run.stop(0.45)
         if failure is None:
             stats = run.statistics()
@@ -325,7 +325,7 @@ class Control:
             while self.bye is None and self.wait() < until:
                 failure = self.lost(time.monotonic())
                 if failure is not None:
-                    self._failed(failure)
+                    self.failed(failure)
                     break
         if failure is not None:
             raise failure

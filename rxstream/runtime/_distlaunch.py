@@ -98,7 +98,8 @@ def exit_now(status: int) -> None:
 def terminate_as_interrupt(known: Callable[[], BaseException | None]) -> Iterator[None]:
     """SIGTERM (torchrun stopping its workers once one failed) raises, so cleanup runs.
 
-    It raises the job's failure when this rank knows it already, else a KeyboardInterrupt.
+    ``known()`` gives the job's failure as this rank knows it (it may wait a little for the
+    controller's word); that is raised, else a KeyboardInterrupt.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -147,6 +148,8 @@ class Launch:
         self.options = options
         self.failure: BaseException | None = None
         """How the job failed, once this rank knows (SIGTERM then raises it)."""
+        self.plane: Control | None = None
+        """The control plane, once it is up."""
         self.rank = env.rank
         self.world = env.world
         self.dist = dist
@@ -161,6 +164,23 @@ class Launch:
         if options.log is not None and has_sink(self.plan, self.rank):
             configure_logging(options.log)
         self.offsets = self._clock_offsets()
+
+    def verdict(self, wait: float) -> BaseException | None:
+        """The job's failure as this rank knows it, waiting up to ``wait`` s for the word.
+
+        For a SIGTERM from torchrun, which stops the other workers once one has failed: the
+        controller's ``stop`` may be on its way.
+        """
+        deadline = time.monotonic() + wait
+        while self.failure is None:
+            plane = self.plane
+            if plane is not None and plane.stop is not None and plane.stop[0] is not None:
+                plane.failed(plane.stop[0])
+            elif time.monotonic() >= deadline:
+                break
+            else:
+                time.sleep(0.01)
+        return self.failure
 
     # --- setting up ---------------------------------------------------------------------------
 
@@ -297,7 +317,7 @@ class Launch:
         try:
             rings, owned, releases = share_rings(self)
             channels = self._channels()
-            control = Control(self)
+            control = self.plane = Control(self)
             ctx = self.ctx
             run = DistRun(
                 self.plan,
@@ -310,6 +330,7 @@ class Launch:
                 releases=releases,
                 cuda_api=ctx.cuda_api,
             )
+            run.on_done(control.changed.set)  # a failing boundary wakes the watch at once
             if self.rank == 0:
                 return control.lead(run, self.options)
             return control.follow(run)

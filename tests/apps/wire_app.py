@@ -15,7 +15,7 @@ rank 2: ``finish`` and the sink ``video``.
 ``mode`` in the control doc: ``normal``; ``raise`` (``work`` raises at frame 5); ``die``
 (rank 1's process exits at frame 5); ``freeze`` (rank 1 stops itself with SIGSTOP at frame
 5, its sockets open: only heartbeats tell); ``die0`` (rank 0, the controller, exits at frame
-5). Rank 2 appends what egressed to
+5). Rank 2 appends what reached ``finish`` to
 ``$RXSTREAM_WIRE_OUT/egress.jsonl`` and the timing records to ``timing.jsonl``; rank 1 writes
 when it froze or died to ``rank1.txt`` (the host's monotonic clock).
 """
