@@ -19,10 +19,12 @@ takes the head into a buffer it reuses, takes each tensor into memory of its own
 array comes back as numpy over that memory, a tensor as a tensor), and unpickles.
 
 ``send`` in gloo completes only once the receiver posted the matching ``recv``: a writer
-waits while its reader is not taking. The reader's thread takes one item ahead into a hand-off
-of one, so at most three items are between the two stages (one being sent, one taken, one
-handed off). CUDA tensors go through the boundary's NCCL group when it has one, else through
-host memory over gloo, and come back on the receiver's current CUDA device.
+waits while its reader is not taking. A writer may leave ``WINDOW`` heads in flight (an item
+with arrays waits until all of it was taken: the arrays are the payload's memory); the
+reader's thread takes one item ahead into a hand-off of one, and posts the next head's
+receive before handing an item on. So at most four items are between the two stages, as many
+as a boundary ring's slots. CUDA tensors go through the boundary's NCCL group when it has
+one, else through host memory over gloo, and come back on the receiver's current CUDA device.
 
 Stop: the writer's ``close`` sends a *close* mark after its last item, and the reader's thread
 keeps taking (and dropping, counted) until that mark or the end marker arrives, so a writer
