@@ -79,7 +79,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", metavar="MP4", help="also write the egress to this MP4 (h264)")
     run.add_argument("--out-stream", metavar="NAME", help="the stream --out writes")
-    run.add_argument("--log", metavar="JSONL", help="write the timing log here (started afresh)")
+    run.add_argument(
+        "--log",
+        "--timing-log",
+        dest="log",
+        metavar="JSONL",
+        help="write the timing log here (started afresh; --timing-log under torchrun, whose "
+        "own parser takes --log for its --log-dir)",
+    )
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
     test.add_argument(
@@ -122,6 +129,7 @@ def _seconds(text: str) -> float:
 def _run(args: argparse.Namespace) -> int:
     from rxstream._exceptions import SettingError
     from rxstream._settings import split_setting
+    from rxstream.distributed import torchrun_env
     from rxstream.launch import launch, load_app
     from rxstream.topology import DeploymentError, load_serving_config
 
@@ -167,8 +175,10 @@ def _run(args: argparse.Namespace) -> int:
 
     def opened() -> None:
         where = f"serving {transport.url}" if transport is not None else "headless"
+        job = torchrun_env()
+        ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
         print(
-            f"rxstream run: {args.app} on {args.ranks} rank(s), {where}; Ctrl-C stops",
+            f"rxstream run: {args.app} on {ranks}, {where}; Ctrl-C stops",
             file=sys.stderr,
             flush=True,
         )

@@ -261,6 +261,14 @@ def test_run_two_ranks_writes_the_mp4_and_the_log_from_the_sink_rank(tmp_path: P
     assert summary.returncode == 0, summary.stderr
 
 
+def test_timing_log_is_another_spelling_of_log() -> None:
+    """--timing-log (what torchrun lets through) sets the same option as --log."""
+    from rxstream.cli import _parser
+
+    args = _parser().parse_args(["run", "app.py", "--timing-log", "t.jsonl"])
+    assert args.log == "t.jsonl"
+
+
 # --- main(ctx) apps -----------------------------------------------------------------------------
 
 
