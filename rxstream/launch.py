@@ -996,22 +996,30 @@ class _RankRun:
 
 
 def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:
-    """Send every doc write and generation change to every rank, as it happens."""
-    subscriptions: list[Any] = []
+    """Send every doc write and generation change to every spawned rank, as it happens."""
 
     def broadcast(message: tuple[Any, ...]) -> None:
         for conn in conns.values():
             _send(conn, message)
 
+    return replicate(ctx, broadcast)
+
+
+def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any]:
+    """``send`` every doc write and generation change of ``ctx`` as it happens (the messages
+    ranks apply with ``doc.replicate`` and ``generations.replicate``); the subscriptions to
+    dispose. The spawn launch and the torchrun control plane both use it."""
+    subscriptions: list[Any] = []
+
     def doc_writer(name: str, doc: Doc) -> Callable[[Snapshot], None]:
-        return lambda snapshot: broadcast(("doc", name, thaw(snapshot), doc.version))
+        return lambda snapshot: send(("doc", name, thaw(snapshot), doc.version))
 
     for name, doc in ctx.docs.items():
         subscriptions.append(doc.snapshots.subscribe(doc_writer(name, doc)))
     gens = ctx.generations
 
     def on_generations(state: GenerationState) -> None:
-        broadcast(("generations", state, gens.steered_at))
+        send(("generations", state, gens.steered_at))
 
     gens.listeners.append(on_generations)
     subscriptions.append(_Unlisten(gens.listeners, on_generations))

@@ -21,7 +21,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 import numpy as np
 import structlog
@@ -282,7 +282,30 @@ def _check_format(format: str, quality: int) -> None:
         raise ValueError(f"quality must be an int from 1 to 100, got {quality!r}")
 
 
-class FrameView:
+class _Shown:
+    """A live view: shown as its ``widget`` in a cell, closed by ``close()`` or ``with``."""
+
+    widget: Any
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+
+class FrameView(_Shown):
     """A live image (``ipywidgets.Image``) that shows the newest frame, at most ``fps`` a second.
 
     Feed it from any thread: as the session transport (``Context(transport=view.transport())``,
@@ -384,20 +407,6 @@ class FrameView:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=1.0)
 
-    def __enter__(self) -> FrameView:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
-
     def __repr__(self) -> str:
         return f"<FrameView {self.stream or '*'} shown {self.shown} of {self.received}>"
 
@@ -432,7 +441,7 @@ class FrameTransport(Transport):
 # --- statistics -----------------------------------------------------------------------------
 
 
-class StatsView:
+class StatsView(_Shown):
     """A live table of ``pipeline.statistics()`` (``ipywidgets.HTML``), refreshed every
     ``interval`` seconds by a background thread until :meth:`close`."""
 
@@ -477,20 +486,6 @@ class StatsView:
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=1.0)
         self.refresh()
-
-    def __enter__(self) -> StatsView:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
 
 
 def _statistics_html(stats: Mapping[str, StageStatistics], caption: str = "") -> str:

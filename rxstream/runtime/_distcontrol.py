@@ -23,10 +23,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
-from rxstream.context import Context
-from rxstream.doc import Doc, GenerationState, Snapshot
-from rxstream.doc._snapshot import thaw
-from rxstream.launch import LaunchResult
+from rxstream.launch import LaunchResult, replicate
 from rxstream.runtime._distboundary import DistChannel, DistRun, RankLost
 from rxstream.runtime._stats import StageStatistics
 
@@ -349,25 +346,6 @@ class Control:
             thread.join(0.5)
 
 
-def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any]:
-    """Send every doc write and generation change to every rank, as it happens."""
-    subscriptions: list[Any] = []
-
-    def doc_writer(name: str, doc: Doc) -> Callable[[Snapshot], None]:
-        return lambda snapshot: send(("doc", name, thaw(snapshot), doc.version))
-
-    for name, doc in ctx.docs.items():
-        subscriptions.append(doc.snapshots.subscribe(doc_writer(name, doc)))
-    gens = ctx.generations
-
-    def on_generations(state: GenerationState) -> None:
-        send(("generations", state, gens.steered_at))
-
-    gens.listeners.append(on_generations)
-    subscriptions.append(_Unlisten(gens.listeners, on_generations))
-    return subscriptions
-
-
 # --- statistics over the wire -----------------------------------------------------------------
 
 
@@ -394,14 +372,3 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, PipelineError):
         return str(exc)
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-class _Unlisten:
-    """Disposes of a generations listener (as a subscription is disposed of)."""
-
-    def __init__(self, listeners: list[Any], listener: Any) -> None:
-        self._listeners, self._listener = listeners, listener
-
-    def dispose(self) -> None:
-        if self._listener in self._listeners:
-            self._listeners.remove(self._listener)
