@@ -58,7 +58,7 @@ from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import RING_SLOT_BYTES, RING_SLOTS, Run
-from rxstream.runtime._stats import StageStatistics
+from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 from rxstream.timing import TimingRecord
 from rxstream.transport import MemoryTransport, Session, Transport
 
@@ -421,27 +421,6 @@ def _configure_quiet(quiet: bool) -> None:
 # --- statistics ---------------------------------------------------------------------------------
 
 
-def _stats_payload(stats: Mapping[str, StageStatistics]) -> dict[str, dict[str, Any]]:
-    """Statistics in a form that pickles (MappingProxyType does not)."""
-    out = {}
-    for name, stage in stats.items():
-        fields = dict(stage.__dict__)
-        fields["dropped"] = dict(stage.dropped)
-        out[name] = fields
-    return out
-
-
-def _stats_from(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, StageStatistics]:
-    return {
-        name: StageStatistics(**{**fields, "dropped": MappingProxyType(dict(fields["dropped"]))})
-        for name, fields in payload.items()
-    }
-
-
-def _egressed(stats: Mapping[str, StageStatistics]) -> int:
-    return sum(s.items_out for s in stats.values() if s.kind == "stream")
-
-
 # --- a rank process ----------------------------------------------------------------------------
 
 
@@ -533,19 +512,19 @@ def _rank_main(
         reported = time.monotonic()
         while not run.done.wait(WATCH_S):
             stats = run.statistics()
-            sender.send(("egressed", rank, _egressed(stats)))
+            sender.send(("egressed", rank, egressed(stats)))
             if time.monotonic() - reported >= STATUS_S:
                 reported = time.monotonic()
-                sender.send(("stats", rank, _stats_payload(stats)))
+                sender.send(("stats", rank, stats_to_wire(stats)))
         run.stop(0.45)
         stats = run.statistics()
         if run.error is not None:
-            sender.send(("error", rank, _describe(run.error), _stats_payload(stats)))
+            sender.send(("error", rank, describe(run.error), stats_to_wire(stats)))
         else:
-            sender.send(("done", rank, _egressed(stats), _stats_payload(stats)))
+            sender.send(("done", rank, egressed(stats), stats_to_wire(stats)))
     except BaseException as exc:
         with contextlib.suppress(OSError):
-            sender.send(("error", rank, _describe(exc), {}))
+            sender.send(("error", rank, describe(exc), {}))
     finally:
         for ring in rings.values():
             ring.close()
@@ -558,7 +537,9 @@ def _send(conn: Connection, message: tuple[Any, ...]) -> None:
         conn.send(message)
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An error as one line for another process: a PipelineError as it reads, else its type
+    and message (the torchrun control plane uses it too)."""
     if isinstance(exc, PipelineError):
         return str(exc)
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -710,13 +691,13 @@ def _launch_main(
             launcher.close()
     stats = dict(egress.pipeline.statistics()) if egress.pipeline is not None else {}
     statistics: dict[int, Mapping[str, StageStatistics]] = {0: stats}
-    egressed = _egressed(stats)
+    total = egressed(stats)
     ranked = None if launcher is None else launcher.last_of(egress.pipeline)
     if ranked is not None:
         watch = ranked.watch
         statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
-        egressed += sum(watch.egressed.values())
-    return LaunchResult(spawn.world, MappingProxyType(statistics), egressed)
+        total += sum(watch.egressed.values())
+    return LaunchResult(spawn.world, MappingProxyType(statistics), total)
 
 
 async def _supervise(
@@ -1092,7 +1073,7 @@ class _Watch:
                 if now > stopping_until:
                     break  # a rank that does not report in time is killed by the caller
                 continue
-            total = sum(self.egressed.values()) + _egressed(run.statistics())
+            total = sum(self.egressed.values()) + egressed(run.statistics())
             # a finite run ends by itself: every rank completes once the end reaches it
             ended = (
                 (frames is not None and total >= frames)
@@ -1108,7 +1089,7 @@ class _Watch:
                         _send(conn, ("stop",))
                 stopping_until = now + JOIN_S
         self.stats[0] = dict(run.statistics())
-        total = sum(self.egressed.values()) + _egressed(self.stats[0])
+        total = sum(self.egressed.values()) + egressed(self.stats[0])
         return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total)
 
     def _read(self, rank: int, conn: Connection) -> None:
@@ -1125,13 +1106,13 @@ class _Watch:
             elif kind == "egressed":
                 self.egressed[rank] = message[2]
             elif kind == "stats":
-                self.live[rank] = _stats_from(message[2])
+                self.live[rank] = stats_from_wire(message[2])
             elif kind == "done":
-                self.egressed[rank], self.stats[rank] = message[2], _stats_from(message[3])
+                self.egressed[rank], self.stats[rank] = message[2], stats_from_wire(message[3])
                 self.finished.add(rank)
                 return
             elif kind == "error":
-                self.stats[rank] = _stats_from(message[3])
+                self.stats[rank] = stats_from_wire(message[3])
                 error = PipelineError(f"rank {rank}", RuntimeError(message[2]))
                 self.run.fail(error)
                 raise error

@@ -13,7 +13,6 @@ from __future__ import annotations
 import queue
 import threading
 import time
-import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
-from rxstream.launch import LaunchResult, replicate
+from rxstream.launch import LaunchResult, describe, replicate
 from rxstream.runtime._distboundary import DistChannel, DistRun, RankLost
-from rxstream.runtime._stats import StageStatistics
+from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 
 if TYPE_CHECKING:
     from rxstream.runtime._distlaunch import Launch
@@ -174,11 +173,11 @@ class Control:
         ctx = self.launch.ctx
         if kind == "report":
             self.reports[peer] = (message[1], message[2])
-            self.live[peer] = _stats_from(message[3])
+            self.live[peer] = stats_from_wire(message[3])
         elif kind == "error":
             self.errors.setdefault(peer, message[1])
         elif kind == "final":
-            self.finals[peer] = (message[1], _stats_from(message[2]))
+            self.finals[peer] = (message[1], stats_from_wire(message[2]))
         elif kind == "doc":
             _, name, state, version = message
             ctx.doc(name).replicate(state, version)
@@ -236,7 +235,7 @@ class Control:
                 failure = self._failure(run, now)
                 if failure is not None:
                     break
-                total = _egressed(run.statistics()) + sum(e for e, _ in self.reports.values())
+                total = egressed(run.statistics()) + sum(e for e, _ in self.reports.values())
                 done = sum(1 for _, completed in self.reports.values() if completed)
                 if (
                     ((run.done.is_set() or not run.local) and done == world - 1)
@@ -260,7 +259,7 @@ class Control:
             if failure is not None:
                 self.failed(failure)
                 self.broadcast(("stop", failure))
-        total = _egressed(run.statistics()) + sum(e for e, _ in self.finals.values())
+        total = egressed(run.statistics()) + sum(e for e, _ in self.finals.values())
         self.broadcast(("bye", total))
         if failure is not None:
             raise failure
@@ -301,7 +300,7 @@ class Control:
             now = self.wait()
             stats = run.statistics()
             completed = (run.done.is_set() or not run.local) and run.error is None
-            controller.send(("report", _egressed(stats), completed, _stats_payload(stats)))
+            controller.send(("report", egressed(stats), completed, stats_to_wire(stats)))
             if own is None and run.error is not None:
                 own = run.error
                 controller.send(("error", self._as_reported(own)))
@@ -317,7 +316,7 @@ class Control:
         run.stop(0.45)
         if failure is None:
             stats = run.statistics()
-            controller.send(("final", _egressed(stats), _stats_payload(stats)))
+            controller.send(("final", egressed(stats), stats_to_wire(stats)))
             until = time.monotonic() + JOIN_S
             while self.bye is None and self.wait() < until:
                 failure = self.lost(time.monotonic())
@@ -347,28 +346,3 @@ class Control:
 
 
 # --- statistics over the wire -----------------------------------------------------------------
-
-
-def _stats_payload(stats: Mapping[str, StageStatistics]) -> dict[str, dict[str, Any]]:
-    """Statistics as plain dicts (a MappingProxyType does not pickle)."""
-    return {
-        name: {**stage.__dict__, "dropped": dict(stage.dropped)} for name, stage in stats.items()
-    }
-
-
-def _stats_from(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, StageStatistics]:
-    return {
-        name: StageStatistics(**{**fields, "dropped": MappingProxyType(dict(fields["dropped"]))})
-        for name, fields in payload.items()
-    }
-
-
-def _egressed(stats: Mapping[str, StageStatistics]) -> int:
-    """Items the sinks among ``stats`` egressed."""
-    return sum(s.items_out for s in stats.values() if s.kind == "stream")
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, PipelineError):
-        return str(exc)
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()

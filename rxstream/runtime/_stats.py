@@ -4,10 +4,18 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import Any
 
 from rxstream._table import table
 
-__all__ = ["StageCounters", "StageStatistics", "format_statistics"]
+__all__ = [
+    "StageCounters",
+    "StageStatistics",
+    "egressed",
+    "format_statistics",
+    "stats_from_wire",
+    "stats_to_wire",
+]
 
 
 @dataclass(frozen=True)
@@ -144,3 +152,24 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
             )
         )
     return "\n".join(table(rows, left=2))
+
+
+def stats_to_wire(stats: Mapping[str, StageStatistics]) -> dict[str, dict[str, Any]]:
+    """Statistics as plain dicts, to cross a process boundary (a MappingProxyType does not
+    pickle); :func:`stats_from_wire` reads them back."""
+    return {
+        name: {**stage.__dict__, "dropped": dict(stage.dropped)} for name, stage in stats.items()
+    }
+
+
+def stats_from_wire(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, StageStatistics]:
+    """The statistics :func:`stats_to_wire` sent."""
+    return {
+        name: StageStatistics(**{**fields, "dropped": MappingProxyType(dict(fields["dropped"]))})
+        for name, fields in payload.items()
+    }
+
+
+def egressed(stats: Mapping[str, StageStatistics]) -> int:
+    """Items the sinks among ``stats`` egressed."""
+    return sum(s.items_out for s in stats.values() if s.kind == "stream")
