@@ -11,8 +11,8 @@ and drops it:
 
 - ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB), read in place.
 - rxstream boundary: the same ring carrying what a rank boundary carries: a ``PipelineItem``
-  (metadata, a stamp chain of three hops and the boundary's own stamp) encoded as the
-  boundary encodes it, and decoded back into an item on the consumer.
+  (metadata, a stamp chain of three hops and the boundary's own stamp) packed as the
+  boundary's writer packs it, and unpacked into an item, stamped, as its reader does.
 - ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread).
 - ``torch.multiprocessing`` Queue, fresh tensor: each item a new CPU tensor (made before the
   clock starts), moved to shared memory by torch's reducer and mapped by the consumer.
@@ -61,8 +61,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from rxstream.distributed import DistChannel, open_group
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.item import PipelineItem, PipelineMetadata, _stamped
-from rxstream.runtime._boundary import decode, encode
+from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped
+from rxstream.runtime._boundary import decode, encode, pack, unpack
 
 SPAWN = multiprocessing.get_context("spawn")
 STOP = None
@@ -139,10 +139,12 @@ def ring_consumer(data: RingHandle, acks: Connection) -> None:
 def boundary_consumer(data: RingHandle, acks: Connection) -> None:
     ring = ShmRing.attach(data)
 
-    def get() -> Any:
+    def get() -> Any:  # what the boundary's reader does: unpack, stamp, build the item
         value = ring.get()
-        wire = isinstance(value, tuple) and len(value) == 11  # commands are 2-tuples
-        return decode(value).payload if wire else value
+        if type(value) is not bytes and not (isinstance(value, tuple) and len(value) == 3):
+            return value  # a command: a 2-tuple, or STOP
+        payload, metadata, link = unpack(value)
+        return _linked(payload, metadata, (link, "b>c.out", time.monotonic())).payload
 
     try:
         serve(get, acks)
@@ -242,8 +244,8 @@ class BoundaryTransport(RingTransport):
             head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
         put = self.ring.put
 
-        def put_item(payload: Any) -> None:
-            put(encode(_stamped(head, payload, ("b>c.in", time.monotonic()))))
+        def put_item(payload: Any) -> None:  # what the boundary's writer does
+            put(pack(head, payload, ("b>c.in", time.monotonic())))
 
         self.put = put_item
 

@@ -115,13 +115,13 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     return fresh
 
 
-def _chained(payload: Any, base: PipelineMetadata, stamps: tuple[Any, ...]) -> PipelineItem:
-    """A new item of ``payload`` over ``base`` whose chain starts with the flat ``stamps``."""
+def _linked(payload: Any, base: PipelineMetadata, link: tuple[Any, ...] | None) -> PipelineItem:
+    """A new item of ``payload`` over ``base`` whose stamp chain is ``link`` (or none)."""
     fresh = _new(PipelineItem)
     state = fresh.__dict__
     state["payload"] = payload
     state["_md"] = base
-    state["_st"] = (None, *stamps)
+    state["_st"] = link
     return fresh
 
 
