@@ -133,8 +133,8 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
     wire = (payload, _values(base.__dict__), link)
     kind = type(payload)
     if kind in _SCALARS or (kind in _BUFFERS and len(payload) <= _INLINE_BYTES):
-        try:
-            return marshal.dumps(wire)
+        try:  # version 2: no object references (nothing in the form is worth sharing)
+            return marshal.dumps(wire, 2)
         except ValueError:  # not marshal's (or a chain nested too deep): the ring frames it
             pass
     return wire
