@@ -204,3 +204,36 @@ def test_rank_0_starts_its_sources_once_every_rank_is_ready(
     built = float((tmp_path / "rank1_built").read_text())
     pulled = float((tmp_path / "first_pull").read_text())
     assert pulled >= built
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_small_plain_payloads_cross_a_ring_with_their_metadata(
+    timing: bool, clean_host: None
+) -> None:
+    """Numbers, strings, bytes, None and pickled objects cross as they were, metadata intact."""
+    ctx = rxstream.Context(timing=timing)
+    payloads: list[object] = [0, -7, 3.5, "text", "é" * 100, b"\x00\xff", None, b"", 2**80]
+    payloads += [(1, "a"), {"k": [1, 2]}, b"x" * 70_000]  # not marshalled: framed by the ring
+    pipeline = (
+        ctx.input("client")
+        | ctx.pipe(lambda x: x, name="a")
+        | ctx.pipe(lambda x: x, name="b", rank=1)
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    for at_ms, sample in enumerate(payloads, start=1000):
+        pipeline.feed("client", sample, at_ms=at_ms)
+    transport = ctx.transport
+    assert isinstance(transport, MemoryTransport)
+    for _ in range(500):
+        if len(transport.items("out")) == len(payloads):
+            break
+        time.sleep(0.01)
+    pipeline.stop()
+    items = transport.items("out")
+    assert [item.payload for item in items] == payloads
+    assert [item.metadata.input_seq for item in items] == list(range(1, len(payloads) + 1))
+    assert [item.metadata.input_at_ms for item in items] == list(range(1000, 1000 + len(payloads)))
+    hops = [hop for hop, _ in items[0].metadata.timeline]
+    expected = ["input.recv", "client.in", "client.out", "a.in", "a.out", "a>b.in", "a>b.out"]
+    assert hops == ([*expected, "b.in", "b.out"] if timing else [])
