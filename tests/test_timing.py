@@ -703,3 +703,17 @@ def test_fields_and_from_fields_round_trip(record: TimingRecord) -> None:
     assert TimingRecord.from_fields(json.loads(json.dumps(flat))) == record
     assert flat["hops"] == ",".join(hop.name for hop in record.hops)
     assert len(flat) == 10 + 2 * len(record.hops)
+
+
+def test_two_input_streams_into_one_sink_each_get_their_records(ctx: rxstream.Context) -> None:
+    """input_seq counts per stream: the sink reports each stream's inputs, not only the highest."""
+    pipeline = [ctx.input("pointer"), ctx.input("keys")] | ctx.merge() | ctx.stream("out")
+    with capture_timing() as records:
+        pipeline.feed("pointer", (0.1, 0.1), at_ms=1)
+        pipeline.feed("pointer", (0.2, 0.2), at_ms=2)
+        pipeline.feed("pointer", (0.3, 0.3), at_ms=3)
+        pipeline.feed("keys", "a", at_ms=4)
+        pipeline.feed("keys", "b", at_ms=5)
+        pipeline.drive(frames=5)
+    got = sorted((r.hops[0].name, r.input_seq) for r in records)
+    assert got == [("keys", 1), ("keys", 2), ("pointer", 1), ("pointer", 2), ("pointer", 3)]

@@ -4,19 +4,20 @@ The sink stamps ``<name>.in``/``<name>.out`` around the hand-off to the transpor
 every item on, so the run can count what egressed and ``drive()`` can return it (a drive
 returns its items and sends nothing to the transport, which only a threaded run opens). It folds
 the timeline of each conditioned window into one :class:`~rxstream.timing.TimingRecord`:
-the first frame of every new ``input_seq``, and every cutover (a steer or a rebuild), never
-an idle repeat. The record is logged as ``[timing:<name>]`` and given to ``on_timing`` and
-to the transport's ``on_timing``.
+the first frame of every new ``input_seq`` of each input stream, and every cutover (a steer or
+a rebuild), never an idle repeat. The record is logged as ``[timing:<name>]`` and given to
+``on_timing`` and to the transport's ``on_timing``.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 from reactivex import abc
 
-from rxstream.item import PipelineItem, _base, now
+from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
 from rxstream.runtime._shell import StageShell
 from rxstream.timing._emit import emit
@@ -33,6 +34,13 @@ def _no_send(stream: str, item: PipelineItem) -> None:
 
 def _no_timing(record: TimingRecord) -> None:
     pass
+
+
+def _input_of(timeline: tuple[tuple[str, float], ...]) -> str:
+    """The input stream an input's timeline started at: ``input.recv``, then ``<name>.in``."""
+    if len(timeline) > 1 and timeline[0][0] == "input.recv":
+        return timeline[1][0].removesuffix(".in")
+    return ""
 
 
 def sink_operator(
@@ -52,7 +60,15 @@ def sink_operator(
         timing = shell.timing
 
         def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
-            reported = [0]
+            reported: dict[str, int] = {}  # the newest input_seq reported, per input stream
+            last: list[Any] = [None, ""]  # the last input seen and its stream (frames repeat it)
+
+            def fresh(item: PipelineItem, md: PipelineMetadata) -> bool:
+                """Whether the item's input is newer than what its stream reported so far."""
+                seen = (md.input_seq, md.input_at_ms)
+                if seen != last[0]:  # find the input stream once per input, not per frame
+                    last[0], last[1] = seen, _input_of(item.metadata.timeline)
+                return md.input_seq > reported.get(last[1], 0)
 
             def on_next(item: PipelineItem) -> None:
                 started = now()
@@ -64,8 +80,10 @@ def sink_operator(
                     return
                 out = forward(item, item.payload, started)
                 md = _base(out)
-                if timing and not md.idle and (md.input_seq > reported[0] or md.cutover):
-                    reported[0] = max(reported[0], md.input_seq)
+                seq = md.input_seq
+                if timing and not md.idle and (md.cutover or (seq and fresh(out, md))):
+                    if seq:
+                        reported[last[1]] = max(reported.get(last[1], 0), seq)
                     try:
                         record = fold(stream, out.metadata, time.time() * 1000)
                         emit(record, on_timing)
