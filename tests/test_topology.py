@@ -549,10 +549,12 @@ def test_cli_prints_client_streams_with_their_consumer(
     assert "  mouse: client -> rank0, max 100 items, consumed by 'mouse' (walk rank0.walk)\n" in out
 
 
-def test_the_docs_example_prints_what_the_docs_say() -> None:
-    """docs/topology.md's worked example runs and prints the output shown under it."""
-    text = (Path(__file__).resolve().parent.parent / "docs" / "topology.md").read_text("utf-8")
-    section = text[text.index("## A worked example") :]
+@pytest.mark.parametrize("heading", ["## A worked example", "## Worked example: walks and chunks"])
+def test_the_docs_examples_print_what_the_docs_say(heading: str) -> None:
+    """Each worked example of docs/topology.md runs and prints the output shown under it."""
+    root = Path(__file__).resolve().parent.parent
+    text = (root / "docs" / "topology.md").read_text("utf-8")
+    section = text[text.index(heading) :]
     found = re.search(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", section, re.S)
     assert found is not None
     done = subprocess.run(
@@ -561,6 +563,7 @@ def test_the_docs_example_prints_what_the_docs_say() -> None:
         text=True,
         timeout=60,
         check=False,
+        cwd=root,
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == found.group(2)

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -565,24 +562,6 @@ def test_a_walks_inner_stage_failure_names_the_inner_stage(ctx: rxstream.Context
         PipelineError, match=r"^stage 'a\.broken' failed on item pts=0 input_seq=0: ValueError"
     ):
         pipeline.drive(frames=1)
-
-
-def test_the_docs_walks_example_prints_what_the_docs_say() -> None:
-    """docs/topology.md's walks example runs and prints the output shown under it."""
-    text = (ROOT / "docs" / "topology.md").read_text("utf-8")
-    section = text[text.index("## Worked example: walks and chunks") :]
-    found = re.search(r"```python\n(.*?)```\n\nprints\n\n```\n(.*?)```", section, re.S)
-    assert found is not None
-    done = subprocess.run(
-        [sys.executable, "-c", found.group(1)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout == found.group(2)
 
 
 def test_cuda_tensors_cross_a_walk_driving_edge_through_the_bridge() -> None:
