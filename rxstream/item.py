@@ -5,6 +5,8 @@ the stage shell keeps the metadata: 1:1 stages keep it and add their stamps, 1:N
 it to every child, N:1 stages merge it with :func:`merge_metadata`.
 """
 
+import numbers
+import operator
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -41,6 +43,21 @@ class PipelineMetadata:
     input_at_ms: int = 0
     timeline: Timeline = ()
 
+    def __post_init__(self) -> None:
+        """Every value as the plain Python type its field declares (a numpy ``pts`` as ``int``).
+
+        So metadata crosses ranks as it is: marshal, which carries it, writes anything with a
+        buffer (a numpy scalar) as ``bytes``. A value that is not of its field's kind raises
+        ``TypeError`` naming the field.
+        """
+        state = self.__dict__
+        for name, value in state.items():
+            if type(value) is not _KINDS[name]:
+                state[name] = _plain(name, value)
+        timeline = state["timeline"]
+        if timeline and not _stamps_plain(timeline):
+            state["timeline"] = _plain("timeline", list(timeline))
+
 
 @dataclass(frozen=True)
 class PipelineItem:
@@ -73,9 +90,11 @@ def evolve_metadata(metadata: PipelineMetadata, **changes: Any) -> PipelineMetad
     The copy bypasses ``__init__``: the per-hop path cannot afford a ten-field frozen
     constructor (~3x slower here), and the fields are checked against the class instead.
     """
-    for key in changes:
+    for key, value in changes.items():
         if key not in _FIELDS:
             raise TypeError(f"PipelineMetadata has no field {key!r}; fields are {sorted(_FIELDS)}")
+        if type(value) is not _KINDS[key] or (key == "timeline" and not _stamps_plain(value)):
+            changes[key] = _plain(key, value)
     fresh = _new(PipelineMetadata)
     state = fresh.__dict__
     state.update(metadata.__dict__)
@@ -152,6 +171,77 @@ def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:
 
 
 _FIELDS = frozenset(PipelineMetadata.__dataclass_fields__)
+_KINDS: dict[str, type] = {
+    "prompt_generation": int,
+    "flush_generation": int,
+    "cutover": bool,
+    "drop_generation": int,
+    "pts": int,
+    "idle": bool,
+    "capture_ts": float,  # or None
+    "input_seq": int,
+    "input_at_ms": int,
+    "timeline": tuple,
+}
+"""Each field's plain Python type (``float`` for ``capture_ts``, which may also be ``None``)."""
+assert _KINDS.keys() == _FIELDS
+
+
+def _built(**values: Any) -> PipelineMetadata:
+    """A PipelineMetadata of ``values`` (every field, plain already), without ``__init__``."""
+    fresh = _new(PipelineMetadata)
+    fresh.__dict__.update(values)
+    return fresh
+
+
+def _plain(name: str, value: Any) -> Any:
+    """``value`` as field ``name``'s plain type, or ``TypeError`` naming field and value."""
+    kind = _KINDS[name]
+    try:
+        if kind is int:
+            return operator.index(value)  # numpy integers, bools; not floats or strings
+        if kind is bool:
+            if value in (0, 1) and not isinstance(value, (str, bytes)):
+                return bool(value)
+        elif kind is float:
+            if value is None:
+                return None
+            if isinstance(value, numbers.Real):
+                return float(value)
+        elif isinstance(value, Iterable):  # the timeline
+            return tuple((_hop(hop), float(t)) for hop, t in value)
+    except (TypeError, ValueError):
+        pass
+    rule = {
+        int: "an integer",
+        bool: "a bool",
+        float: "a real number or None",
+        tuple: "a sequence of (hop, time) pairs: a str and a real number each",
+    }[kind]
+    raise TypeError(
+        f"PipelineMetadata.{name} must be {rule}, got {value!r} ({type(value).__name__})"
+    )
+
+
+def _stamps_plain(timeline: Any) -> bool:
+    """Whether every stamp of ``timeline`` is a plain ``(str, float)`` pair."""
+    return all(map(_is_stamp, timeline))
+
+
+def _is_stamp(stamp: Any) -> bool:
+    """Whether ``stamp`` is a plain ``(str, float)`` pair."""
+    return (
+        type(stamp) is tuple
+        and len(stamp) == 2
+        and type(stamp[0]) is str
+        and type(stamp[1]) is float
+    )
+
+
+def _hop(hop: Any) -> str:
+    if type(hop) is not str:
+        raise TypeError(hop)
+    return hop
 
 
 def merge_metadata(
@@ -174,7 +264,7 @@ def merge_metadata(
             newest = md
     if newest is None:
         newest = last
-    return PipelineMetadata(
+    return _built(
         prompt_generation=max(md.prompt_generation for md in metadatas),
         flush_generation=max(md.flush_generation for md in metadatas),
         cutover=any(md.cutover for md in metadatas),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from typing import Any
 
@@ -322,3 +323,46 @@ def test_merge_pts_and_capture_ts_ignore_order_before_the_last(
 def test_merge_of_one_is_that_one_plus_stamps(md: PipelineMetadata, extra: Timeline) -> None:
     """A single input merges to itself with the stamps appended to its timeline."""
     assert merge_metadata([md], extra) == dataclasses.replace(md, timeline=md.timeline + extra)
+
+
+def test_metadata_holds_plain_python_values() -> None:
+    """numpy scalars and lists given to the metadata become the plain types its fields declare."""
+    import numpy as np
+
+    given: dict[str, Any] = {
+        "pts": np.int64(5),
+        "cutover": np.bool_(True),
+        "capture_ts": np.float32(0.5),
+        "input_seq": np.uint8(3),
+        "timeline": [("a.in", np.float64(1.25))],
+    }
+    md = PipelineMetadata(**given)
+    assert dataclasses.astuple(md) == (0, 0, True, 0, 5, False, 0.5, 3, 0, (("a.in", 1.25),))
+    assert [type(v) for v in md.__dict__.values()] == [
+        int, int, bool, int, int, bool, float, int, int, tuple,
+    ]  # fmt: skip
+    assert type(md.timeline[0][1]) is float
+    evolved = evolve_metadata(md, pts=np.int32(9), capture_ts=None)  # evolve takes Any
+    assert (type(evolved.pts), evolved.capture_ts) == (int, None)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "rule"),
+    [
+        ("pts", 1.5, "an integer"),
+        ("input_seq", "3", "an integer"),
+        ("cutover", "yes", "a bool"),
+        ("capture_ts", "now", "a real number or None"),
+        ("timeline", [(1, 2.0)], r"a sequence of \(hop, time\) pairs"),
+        ("timeline", [("a.in",)], r"a sequence of \(hop, time\) pairs"),
+    ],
+)
+def test_metadata_value_of_the_wrong_kind_names_field_rule_and_value(
+    field: str, value: Any, rule: str
+) -> None:
+    """A value that is not of its field's kind raises TypeError naming the field, rule, value."""
+    pattern = rf"^PipelineMetadata\.{field} must be {rule}.*, got {re.escape(repr(value))} \("
+    with pytest.raises(TypeError, match=pattern):
+        PipelineMetadata(**{field: value})
+    with pytest.raises(TypeError, match=pattern):
+        evolve_metadata(PipelineMetadata(), **{field: value})
