@@ -61,8 +61,9 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from rxstream.distributed import DistChannel, open_group
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped
-from rxstream.runtime._boundary import decode, encode, pack, unpack
+from rxstream.item import PipelineItem, PipelineMetadata, _stamped
+from rxstream.runtime._boundary import Boundary, decode, encode
+from rxstream.runtime._stats import StageCounters
 
 SPAWN = multiprocessing.get_context("spawn")
 STOP = None
@@ -105,12 +106,50 @@ def touch(item: Any) -> int:
     return int(flat[0]) + int(flat[-1])
 
 
+PLACEMENTS = {"os": None, "cross": (0, 1), "same": (0, 0)}
+"""Where the producer and the consumers run: ``os`` leaves it to the scheduler (what a
+pipeline's ranks get); ``cross`` pins the producer to CPU 0 and every consumer to CPU 1;
+``same`` puts them all on CPU 0 (no cross-core wake-up: the software's own cost, steady to 1%).
+
+Placement moves a round trip more than any transport does: on these 2-core VMs the same
+Pipe round trip takes ~11 µs on one core and 40-60 µs across cores, and unpinned processes
+land either way (the scheduler moves a woken process next to its waker, or not)."""
+_PLACEMENT = "RXSTREAM_BENCH_CONSUMER_CPU"
+"""The environment variable that tells spawned consumers their CPU (empty: anywhere)."""
+
+
+def pin(cpu: int | None) -> None:
+    """Run this process on ``cpu`` only (``None``, or a CPU the machine lacks: anywhere)."""
+    if cpu is not None and hasattr(os, "sched_setaffinity") and cpu < (os.cpu_count() or 1):
+        os.sched_setaffinity(0, {cpu})
+
+
+def consumer_cpu() -> int | None:
+    """The CPU this run's consumers go to (from the environment the producer set)."""
+    value = os.environ.get(_PLACEMENT, "")
+    return int(value) if value else None
+
+
+HOP = "b>c"
+"""The boundary's name: between stages ``b`` (this process) and ``c`` (the consumer)."""
+
+
+def upstream_item() -> PipelineItem:
+    """An item as it reaches a boundary: metadata and the stamps of three stages before it."""
+    t = time.monotonic()
+    head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
+    for stage in ("src", "a", "b"):
+        head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
+    return head
+
+
 # --- consumers (spawned) --------------------------------------------------------------------
 
 
 def serve(get: Callable[[], Any], acks: Connection) -> None:
     """The consumer loop every transport shares: a command, then its items; acks on a Pipe."""
     gc.disable()
+    pin(consumer_cpu())
     ack = acks.send_bytes
     ack(b"k")  # ready: imports done
     while True:
@@ -138,13 +177,13 @@ def ring_consumer(data: RingHandle, acks: Connection) -> None:
 
 def boundary_consumer(data: RingHandle, acks: Connection) -> None:
     ring = ShmRing.attach(data)
+    receive = Boundary(HOP, ring).receiver()
 
-    def get() -> Any:  # what the boundary's reader does: unpack, stamp, build the item
+    def get() -> Any:  # what the boundary's reader does: get, then its receiver
         value = ring.get()
         if type(value) is not bytes and not (isinstance(value, tuple) and len(value) == 3):
             return value  # a command: a 2-tuple, or STOP
-        payload, metadata, link = unpack(value)
-        return _linked(payload, metadata, (link, "b>c.out", time.monotonic())).payload
+        return receive(value).payload
 
     try:
         serve(get, acks)
@@ -193,7 +232,7 @@ def pipe_consumer(data: Connection, acks: Connection) -> None:
 class Transport:
     """Put an item or a command; the consumer process behind it acks over a bare Pipe."""
 
-    put: Callable[[Any], None]
+    put: Callable[[Any], object]
     """Hand one item (or command) to the consumer."""
 
     def __init__(self, name: str, context: Any, target: Callable[..., None], data: Any) -> None:
@@ -233,19 +272,21 @@ class RingTransport(Transport):
 
 
 class BoundaryTransport(RingTransport):
-    """The ring with items framed as a boundary frames them (commands go as they are)."""
+    """The ring with items sent by a boundary's writer (commands go as they are)."""
 
     def __init__(self) -> None:
         self.ring = ShmRing.create(slots=8, slot_bytes=8 << 20)
         Transport.__init__(self, BOUNDARY, SPAWN, boundary_consumer, self.ring.handle())
-        t = time.monotonic()
-        head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
-        for stage in ("src", "a", "b"):
-            head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
-        put = self.ring.put
+        send = Boundary(HOP, self.ring).sender(StageCounters("b", "pipe"))
+        head = upstream_item()
+        made: dict[int, PipelineItem] = {}  # per payload, the item the upstream stage made
 
-        def put_item(payload: Any) -> None:  # what the boundary's writer does
-            put(pack(head, payload, ("b>c.in", time.monotonic())))
+        def put_item(payload: Any) -> None:
+            item = made.get(id(payload))
+            if item is None or item.payload is not payload:
+                made.clear()
+                made[id(payload)] = item = _stamped(head, payload, ())
+            send(item)
 
         self.put = put_item
 
@@ -273,10 +314,7 @@ class GlooTransport(Transport):
         if not self.items:
             self.put = channel.put
             return
-        t = time.monotonic()
-        head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
-        for stage in ("src", "a", "b"):
-            head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
+        head = upstream_item()
         put = channel.put
 
         def put_item(payload: Any) -> None:
@@ -381,10 +419,15 @@ QUICK = {"big": Plan(20, 20, 4, 4), "small": Plan(300, 1_000, 40, 40)}
 FULL = {"big": Plan(300, 300, 30, 30), "small": Plan(3_000, 20_000, 1_000, 200)}
 
 
-def run(reps: int, plans: dict[str, Plan]) -> dict[tuple[str, str, str], list[float]]:
+def run(
+    reps: int, plans: dict[str, Plan], placement: str
+) -> dict[tuple[str, str, str], list[float]]:
     """Every transport once per repetition, interleaved; the raw figures by key."""
     import torch.multiprocessing as tmp
 
+    cpus = PLACEMENTS[placement]
+    os.environ[_PLACEMENT] = "" if cpus is None else str(cpus[1])  # the consumers read it
+    pin(None if cpus is None else cpus[0])  # the consumers inherit it, then go to theirs
     transports: list[Transport] = [
         RingTransport(),
         BoundaryTransport(),
@@ -429,7 +472,7 @@ def measure(name: str, plan: Plan, transports: list[Transport]) -> dict[tuple[st
     for transport in transports:
         if transport.name == PIPE and name != SMALL:
             continue
-        slow = transport.name in (QUEUE, TORCH)
+        slow = transport.name in (QUEUE, TORCH, GLOO, GLOO_BOUNDARY)
         trips = plan.slow_trips if slow else plan.trips
         count = plan.slow_batch if slow else plan.batch
         if transport.name == TORCH:
@@ -533,6 +576,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="ShmRing vs its baselines, process to process")
     parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
+    parser.add_argument(
+        "--placement",
+        choices=sorted(PLACEMENTS),
+        default="os",
+        help="os: the scheduler places the processes (default); cross: producer on CPU 0, "
+        "consumers on CPU 1; same: all on CPU 0 (the software's own cost)",
+    )
     args = parser.parse_args(argv)
     reps = args.reps or (2 if args.quick else 7)
     plans = QUICK if args.quick else FULL
@@ -540,20 +590,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch
 
     began = _perf()
-    got = run(reps, plans)
+    got = run(reps, plans, args.placement)
     took = _perf() - began
     command = " ".join(["python bench/ipc.py", *(sys.argv[1:] if argv is None else argv)])
     big, small = plans["big"], plans["small"]
     print(
         f"# {command}: {reps} repetitions (after one warm-up), interleaved; latency "
-        f"{big.trips}/{small.trips} round trips (frames/1 KB; Queue and torch: "
+        f"{big.trips}/{small.trips} round trips (frames/1 KB; Queue, torch, gloo: "
         f"{big.slow_trips}/{small.slow_trips}), throughput {big.batch}/{small.batch} items "
         f"({big.slow_batch}/{small.slow_batch}); took {took:.0f} s"
     )
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
         f"numpy {np.__version__}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
-        f"{platform.machine()}"
+        f"{platform.machine()}; placement {args.placement}"
     )
     print()
     lines, targets = report(got)

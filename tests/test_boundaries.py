@@ -168,6 +168,55 @@ def test_order_and_metadata_cross_intact(hop: Hop) -> None:
     assert hops == ["src.in", "src.out", "up.in", "up.out", *crossing, "down.in", "down.out"]
 
 
+@pytest.mark.parametrize("payload", ["array", "bytes"])
+def test_metadata_values_cross_with_their_types(hop: Hop, payload: str) -> None:
+    """A numpy scalar given as metadata crosses as its plain value, never as its bytes.
+
+    (marshal, which small payloads and plain arrays cross with, writes a numpy scalar as bytes;
+    the metadata holds plain values from the start.)
+    """
+    if payload == "bytes" and hop.kind == "cuda":
+        pytest.skip("the cuda hop carries tensors")
+    made = [
+        hop.payload(np.arange(6, dtype=np.float32) + i) if payload == "array" else b"%d" % i
+        for i in range(3)
+    ]
+    given: list[dict[str, Any]] = [
+        {"pts": np.int64(10 * i), "capture_ts": np.float32(0.5)} for i in range(3)
+    ]
+    sent = [
+        rxstream.PipelineItem(value, rxstream.PipelineMetadata(**numpy_values))
+        for value, numpy_values in zip(made, given, strict=True)
+    ]
+    pipeline = hop.pipeline(sent, lambda x: x if isinstance(x, bytes) else to_numpy(x))
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    got = hop.delivered
+    assert [item.metadata.pts for item in got] == [0, 10, 20]
+    assert {type(item.metadata.pts) for item in got} == {int}
+    assert {item.metadata.capture_ts for item in got} == {0.5}
+    if payload == "array":
+        assert [float(item.payload[0]) for item in got] == [0.0, 1.0, 2.0]
+    else:
+        assert [item.payload for item in got] == [b"0", b"1", b"2"]
+
+
+def test_a_downstream_that_keeps_every_view_does_not_stall_the_ring() -> None:
+    """When every slot is leased to items downstream keeps, the reader copies the next one out.
+
+    The sink keeps all 24 arrays, views of the ring's 4 slots as they come; the source's
+    items all arrive, and only those that came while every slot was leased are copies.
+    """
+    hop = Hop("ring")
+    arrays = [np.full((256,), i, dtype=np.int64) for i in range(24)]
+    pipeline = hop.pipeline(arrays, lambda x: x)  # downstream keeps the slot's view
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    got = hop.delivered
+    assert [int(item.payload[0]) for item in got] == list(range(24))
+    assert all(np.array_equal(item.payload, want) for item, want in zip(got, arrays, strict=True))
+
+
 def test_backpressure_holds_the_source(hop: Hop) -> None:
     """A slow downstream holds a generator source: it never runs far ahead of delivery."""
     pulled = [0]

@@ -19,6 +19,7 @@ from hypothesis.extra import numpy as hnp
 import rxstream.ipc
 from rxstream import PipelineItem, PipelineMetadata
 from rxstream.ipc import FramingError, frame, unframe
+from rxstream.ipc._framing import frame_array
 from rxstream.item import _stamped
 from rxstream.testing import assert_same
 
@@ -366,3 +367,73 @@ def test_frame_unframe_round_trips_tensors(
     assert got.dtype == tensor.dtype
     assert got.shape == tensor.shape
     assert torch.equal(got, tensor)
+
+
+# --- arrays framed without pickle -------------------------------------------------------------
+
+PICKLE_HEAD = 0x80  # pickle's PROTO opcode: the first byte of every protocol-2+ pickle
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        np.arange(6, dtype=">i4"),  # byte order is part of the description
+        np.array([True, False, True]),
+        np.array([1 + 2j, -3j], dtype=np.complex64),
+        np.array(3.5),  # 0-d
+        np.empty((0, 3), dtype=np.uint16),
+    ],
+    ids=["float32-3d", "big-endian", "bool", "complex64", "0-d", "empty"],
+)
+def test_plain_arrays_are_described_not_pickled(array: np.ndarray) -> None:
+    """A C-order array of numbers frames as a marshalled description and comes back as a view."""
+    header, buffers = frame(array)
+    assert header[0] != PICKLE_HEAD
+    got = unframe(header, buffers)
+    assert type(got) is np.ndarray
+    assert (got.dtype, got.shape) == (array.dtype, array.shape)
+    np.testing.assert_array_equal(got, array)
+    if array.size:
+        assert got.ctypes.data == data_address(buffers[0])  # a view, not a copy
+
+
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.asfortranarray(np.arange(12, dtype=np.int64).reshape(3, 4)),
+        np.arange(12, dtype=np.int64)[::2],
+        np.array([1, "a", None], dtype=object),
+        np.zeros(3, dtype=[("x", "<f4"), ("y", "<i2")]),
+        np.array(["2026-11-30"], dtype="datetime64[D]"),
+    ],
+    ids=["fortran", "strided", "object", "structured", "datetime"],
+)
+def test_other_arrays_take_numpys_pickling(array: np.ndarray) -> None:
+    """Arrays a dtype string and a shape cannot describe exactly are pickled, and round-trip."""
+    header, buffers = frame(array)
+    assert header[0] == PICKLE_HEAD
+    got = unframe(header, buffers)
+    assert got.dtype == array.dtype
+    assert got.shape == array.shape
+    assert got.tolist() == array.tolist()
+
+
+def test_frame_array_carries_the_values_beside_the_array() -> None:
+    """frame_array(array, rest) comes back as ``(array, *rest)``, the array out of band."""
+    array = np.arange(8, dtype=np.uint8)
+    rest = (7, "hop.in", (1.5, None, True), b"raw")
+    framed = frame_array(array, rest)
+    assert framed is not None
+    got = unframe(framed.header, framed.buffers)
+    assert type(got) is tuple
+    assert len(got) == 1 + len(rest)
+    np.testing.assert_array_equal(got[0], array)
+    assert got[1:] == rest
+
+
+def test_frame_array_declines_what_marshal_does_not_take() -> None:
+    """A companion marshal cannot write, or an array it cannot describe, gives ``None``."""
+    array = np.arange(4, dtype=np.float64)
+    assert frame_array(array, (object(),)) is None
+    assert frame_array(np.array([1, None], dtype=object)) is None

@@ -231,6 +231,61 @@ def test_items_without_buffers_are_not_leased(pair: tuple[ShmRing, ShmRing]) -> 
     assert other.statistics().slots_in_use == 0
 
 
+def test_a_read_out_slot_goes_back_on_the_consumers_next_get(ring_name: str) -> None:
+    """A slot whose item was copied out is free at once, and handed back by the next get.
+
+    Not during the get that read it: that pipe write would sit between the producer's put and
+    the consumer's item.
+    """
+    with (
+        ShmRing.create(slots=1, slot_bytes=4096, name=ring_name) as owner,
+        ShmRing.attach(owner.handle()) as other,
+    ):
+        taken = threading.Event()
+        seen: list[Any] = []
+
+        def produce() -> None:
+            seen.append(owner.put(b"first"))
+            taken.wait(5)
+            try:
+                owner.put(b"second", timeout=0.05)
+            except TimeoutError as exc:  # the consumer has not handed the slot back yet
+                seen.append(exc)
+            seen.append(owner.put(b"second", timeout=5))  # waits for the next get
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        assert other.get(timeout=5) == b"first"
+        assert other.statistics().slots_in_use == 0  # free, though not handed back
+        taken.set()
+        time.sleep(0.2)  # the producer's first try times out meanwhile
+        assert other.get(timeout=5) == b"second"  # hands the slot back, then takes it
+        producer.join(5)
+        assert seen[0] == 0
+        assert isinstance(seen[1], TimeoutError)
+        assert seen[2] > 0  # put says how long it waited for its slot
+
+
+def test_all_leased_counts_views_held_not_items_waiting(ring_name: str) -> None:
+    """A full ring is not leased; it is once views of every slot are held, until one goes."""
+    with (
+        ShmRing.create(slots=2, slot_bytes=4096, name=ring_name) as owner,
+        ShmRing.attach(owner.handle()) as other,
+    ):
+        owner.put(np.zeros(4))
+        owner.put(np.ones(4))
+        assert owner.all_in_use
+        assert not other.all_leased  # both written, neither got
+        first = other.get(timeout=5)
+        assert not other.all_leased
+        second = other.get(timeout=5)
+        assert other.all_leased
+        del first
+        gc.collect()
+        assert not other.all_leased
+        del second
+
+
 def test_producer_blocks_while_the_consumer_holds_both_views(ring_name: str) -> None:
     """With 2 slots the third put waits until the consumer drops one of its two views."""
     with ShmRing.create(slots=2, slot_bytes=4096, name=ring_name) as owner:

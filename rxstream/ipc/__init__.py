@@ -15,7 +15,7 @@ from rxstream._exceptions import (
     RingClosed,
     RingConflict,
 )
-from rxstream.ipc._framing import frame, unframe
+from rxstream.ipc._framing import Framed, frame, unframe
 from rxstream.ipc._ring import RingHandle, RingStatistics, ShmRing
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "CudaTensorRef",
     "CudaUnavailableError",
     "FakeCudaApi",
+    "Framed",
     "FramingError",
     "PayloadTooLarge",
     "RingClosed",

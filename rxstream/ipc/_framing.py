@@ -12,31 +12,46 @@ CUDA tensors are refused here: they cross ranks through the CUDA IPC bridge, wit
 from __future__ import annotations
 
 import io
+import marshal
 import pickle
 import sys
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 
 from rxstream._exceptions import FramingError
 from rxstream.item import PipelineItem
 
-__all__ = ["Buffer", "frame", "unframe"]
+__all__ = ["Buffer", "Framed", "frame", "frame_array", "unframe"]
 
 Buffer = pickle.PickleBuffer | memoryview
 """An out-of-band buffer: what :func:`frame` hands out and :func:`unframe` takes back."""
 
+
+class Framed(NamedTuple):
+    """An object framed: what :func:`frame` gives, and what a ring puts as it is."""
+
+    header: bytes
+    """The pickle (or, for an array, the marshalled description)."""
+    buffers: list[Buffer]
+    """The out-of-band buffers, in the order the header refers to them."""
+
+
 _PROTOCOL = 5
 
 
-def frame(obj: object) -> tuple[bytes, list[Buffer]]:
+def frame(obj: object) -> Framed:
     """``obj`` as a pickle header and the out-of-band buffers (array memory, not copied).
 
     Raises :class:`FramingError` naming the payload's type when ``obj`` cannot be pickled or
     holds a tensor that is not on the CPU.
     """
+    if type(obj) is np.ndarray:
+        fast = frame_array(obj)
+        if fast is not None:
+            return fast
     buffers: list[Buffer] = []
     try:
         if type(obj) in _PLAIN or (type(obj) is np.ndarray and not obj.dtype.hasobject):
@@ -51,14 +66,47 @@ def frame(obj: object) -> tuple[bytes, list[Buffer]]:
             f"cannot send a payload of type {type(payload).__name__!r} across a rank "
             f"boundary: {exc}"
         ) from exc
-    return header, buffers
+    return Framed(header, buffers)
 
 
 def unframe(header: bytes | memoryview, buffers: Iterable[Buffer]) -> Any:
     """The object :func:`frame` framed; arrays and tensors are views of ``buffers``."""
-    return pickle.loads(header, buffers=buffers)
+    if header[0] != _ARRAY_HEAD:
+        return pickle.loads(header, buffers=buffers)
+    described = marshal.loads(header)
+    (buffer,) = buffers
+    array = np.frombuffer(cast(memoryview, buffer), described[0]).reshape(described[1])
+    return array if len(described) == 2 else (array, *described[2])
 
 
+def frame_array(array: np.ndarray[Any, Any], rest: tuple[Any, ...] | None = None) -> Framed | None:
+    """``array`` (or the tuple ``(array, *rest)``) framed without pickle; ``None`` if it cannot be.
+
+    For arrays of booleans or numbers in C order. The header is ``marshal`` (version 2) of
+    ``(dtype, shape)`` or ``(dtype, shape, rest)``, a tuple, whose first byte is never a
+    pickle's: about 1 µs a side, against 5-15 for numpy's own pickling. marshal writes any
+    object with a buffer (a numpy scalar, an array) as ``bytes``, so ``rest`` must hold only
+    what marshal gives back as it was (``int``, ``float``, ``bool``, ``None``, ``str``,
+    ``bytes`` and tuples of them): the caller vouches for that.
+    """
+    dtype = array.dtype
+    if dtype.kind not in _NUMBERS or not array.flags.c_contiguous:
+        return None
+    try:
+        if rest is None:
+            header = marshal.dumps((dtype.str, array.shape), 2)
+        else:
+            header = marshal.dumps((dtype.str, array.shape, rest), 2)
+    except ValueError:  # not marshal's (or nested too deep): pickle decides
+        return None
+    return Framed(header, [pickle.PickleBuffer(cast(memoryview, array))])
+
+
+_ARRAY_HEAD = marshal.dumps((), 2)[0]
+"""The first byte of a header :func:`_array_frame` made (a marshalled tuple); pickle's is
+0x80 (its protocol opcode)."""
+_NUMBERS = frozenset("biufc")
+"""The dtype kinds a header names by ``dtype.str`` alone: booleans and numbers."""
 _PLAIN = frozenset({bytes, bytearray, str, int, float, complex, bool, type(None)})
 """Types that cannot hold an item or a tensor: framed by plain ``pickle.dumps``."""
 

@@ -51,7 +51,7 @@ from rxstream._exceptions import (
     RingClosed,
     RingConflict,
 )
-from rxstream.ipc._framing import Buffer, frame, unframe
+from rxstream.ipc._framing import Buffer, Framed, frame, unframe
 
 __all__ = ["RingHandle", "RingStatistics", "ShmRing"]
 
@@ -180,6 +180,10 @@ class ShmRing:
         self._get_wait_ns = 0  # the consumer's
         self._free_poll = select.poll()
         self._free_poll.register(self._free_r, select.POLLIN)
+        self._ready_poll = select.poll()
+        self._ready_poll.register(self._ready_r, select.POLLIN)
+        self._taken: int | None = None  # a slot get read out and hands back on its next call
+        self._leased = 0  # slots whose items' views the consumer's side still holds
         self._index_bytes = [_INDEX.pack(i) for i in range(handle.slots)]
         self._index_of = {packed: i for i, packed in enumerate(self._index_bytes)}
         self._final: RingStatistics | None = None
@@ -261,9 +265,11 @@ class ShmRing:
 
     # --- the producer -------------------------------------------------------------------------
 
-    def put(self, obj: object, timeout: float | None = None) -> None:
+    def put(self, obj: object, timeout: float | None = None) -> int:
         """Frame ``obj`` into a free slot and tell the consumer; blocks while none is free.
 
+        ``bytes`` go in as they are, a :class:`~rxstream.ipc.Framed` as it was framed.
+        Returns the nanoseconds this call waited for a free slot (backpressure; 0 mostly).
         Raises :class:`RingClosed` once either side closed the ring, :class:`PayloadTooLarge`
         for an item larger than a slot (nothing is written), :class:`FramingError` for an
         object that cannot be framed, and ``TimeoutError`` when no slot came free in
@@ -272,16 +278,17 @@ class ShmRing:
         if self._producer != _get_ident():
             self._claim(_PRODUCER)
         self._putting = True  # close() lets go of the fds and mapping only between calls
+        waited = self._put_wait_ns
         try:
             if self._closed or self._words[_W_CLOSED]:
                 raise RingClosed(f"ring {self._name!r} is closed")
             if type(obj) is bytes:  # as is: no pickle on either side
                 header, count = obj, _RAW_BYTES
-            else:
-                header, buffers = frame(obj)
+            else:  # framed already (a boundary's array item), or framed here
+                header, buffers = obj if type(obj) is Framed else frame(obj)
                 if buffers:
                     self._put_buffers(header, buffers, timeout)
-                    return
+                    return self._put_wait_ns - waited
                 count = 0
             size = len(header)
             end = _SLOT_HEAD.size + size
@@ -294,6 +301,7 @@ class ShmRing:
             _SLOT_HEAD.pack_into(seg, base, size, count)
             seg[base + _SLOT_HEAD.size : base + end] = header
             self._commit(slot, end)
+            return self._put_wait_ns - waited
         finally:
             self._putting = False
             if self._closed:
@@ -359,7 +367,7 @@ class ShmRing:
         started = _perf()
         try:
             while not free:
-                if timeout is not None and not _readable(self._free_r, started, timeout):
+                if timeout is not None and not _readable(self._free_poll, started, timeout):
                     raise TimeoutError(
                         f"no slot of ring {self._name!r} came free within {timeout} s "
                         f"(all {self._slots} are written and not handed back)"
@@ -388,6 +396,10 @@ class ShmRing:
         try:
             if self._closed:
                 raise RingClosed(f"ring {self._name!r} is closed")
+            taken = self._taken
+            if taken is not None:  # the previous call's slot, read out: back to the producer
+                self._taken = None
+                os.write(self._free_w, self._index_bytes[taken])
             pending = self._pending
             if not pending:
                 self._wait_ready(timeout)
@@ -396,13 +408,15 @@ class ShmRing:
             header_len, count = _SLOT_HEAD.unpack_from(self._seg, base)
             if count and count != _RAW_BYTES:
                 return self._take_leased(slot, base, header_len, count)
-            # no buffers: nothing points into the slot once read; it goes back at once
+            # no buffers: nothing points into the slot once read. It is free now and goes
+            # back to the producer on the next call: the pipe write stays off the way from
+            # the producer's put to this item's consumer
             try:
                 header = self._seg[base + _SLOT_HEAD.size : base + _SLOT_HEAD.size + header_len]
                 return bytes(header) if count else pickle.loads(header)
             finally:
                 self._states[slot] = _FREE
-                os.write(self._free_w, self._index_bytes[slot])
+                self._taken = slot
         finally:
             self._getting = False
             if self._closed:
@@ -416,7 +430,7 @@ class ShmRing:
         started = _perf()
         try:
             while True:
-                if timeout is not None and not _readable(self._ready_r, started, timeout):
+                if timeout is not None and not _readable(self._ready_poll, started, timeout):
                     raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
                 if self._read_indices(self._ready_r, pending):
                     self._peer_closed = True
@@ -434,6 +448,8 @@ class ShmRing:
         """Unframe the item in ``slot`` over views of it; the views lease the slot."""
         table = struct.unpack_from(f"<{2 * count}Q", self._seg, base + _SLOT_HEAD.size)
         owner = self._array[base : base + self._stride]  # every view of the slot keeps it
+        with self._lock:
+            self._leased += 1
         lease = weakref.finalize(owner, self._release, slot)
         lease.atexit = False
         view = owner.data
@@ -444,6 +460,7 @@ class ShmRing:
     def _release(self, slot: int) -> None:
         """Hand ``slot`` back to the producer: the last view of it is gone (any thread)."""
         with self._lock:
+            self._leased -= 1
             if self._released:  # this side closed: nobody waits for the slot
                 return
             self._states[slot] = _FREE
@@ -525,6 +542,15 @@ class ShmRing:
             return _FREE not in bytes(self._states)
         except ValueError:  # the mapping was let go: released memoryview
             return False
+
+    @property
+    def all_leased(self) -> bool:
+        """Whether every slot is leased to views of items this side got (the consumer's).
+
+        Then the producer waits until one of those views goes. Slots written and waiting for
+        ``get`` do not count: a full ring whose consumer keeps up is not leased. A cheap read.
+        """
+        return self._leased >= self._slots
 
     def statistics(self) -> RingStatistics:
         """The ring's counters now (after this side closed: as they were at its close)."""
@@ -632,14 +658,10 @@ def _raw(buffer: Buffer) -> memoryview:
     return buffer.raw()
 
 
-def _readable(fd: int, started: float, timeout: float) -> bool:
-    """Wait until ``fd`` has something to read, at most ``timeout`` s from ``started``."""
-    remaining = started + timeout - time.perf_counter()
-    if remaining <= 0:
-        return bool(select.select([fd], [], [], 0)[0])
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(math.ceil(remaining * 1000)))
+def _readable(poller: select.poll, started: float, timeout: float) -> bool:
+    """Wait until ``poller``'s pipe has something to read, at most ``timeout`` s from
+    ``started``."""
+    return bool(poller.poll(max(0, math.ceil((started + timeout - time.perf_counter()) * 1000))))
 
 
 def _tracker_id() -> tuple[int, int] | None:

@@ -32,11 +32,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.ipc import ShmRing
+from rxstream.ipc._framing import frame_array
 from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.runtime._cudaxing import CudaCrossing
@@ -118,9 +120,14 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
     they are: neither side frames or pickles. Measured with both processes on one core, a
     1 KB item's round trip: ~16 µs, against ~24 through :func:`encode`, the ring's framing and
     :func:`decode` (a bare Pipe ~11, the ring alone ~12); pickle instead of marshal ~1 µs
-    more. marshal is exact for the types it takes, and both sides of a ring run the same
-    interpreter; a value it does not take (a subclass, a numpy scalar in the metadata) leaves
-    the form to the ring's framing, like any other payload (arrays and tensors out of band).
+    more. With a plain array payload (numbers in C order) the form is framed here with
+    marshal too, the array out of band (:func:`~rxstream.ipc._framing.frame_array`).
+
+    marshal is exact for builtin values only (it writes anything with a buffer, a numpy
+    scalar, as ``bytes``), and both sides of a ring run the same interpreter. Metadata values
+    are plain by construction (:class:`PipelineMetadata` and ``evolve_metadata`` make a
+    numpy ``pts`` an ``int``), and the engine makes the stamps (``str``, ``float``); any other
+    payload is left to the ring's pickle framing (arrays and tensors out of band).
     """
     state = item.__dict__
     base = state.get("_md")
@@ -130,13 +137,18 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
         link = state["_st"]
     if stamps:
         link = (link, *stamps)
-    wire = (payload, _values(base.__dict__), link)
+    values = _values(base.__dict__)
+    wire = (payload, values, link)
     kind = type(payload)
     if kind in _SCALARS or (kind in _BUFFERS and len(payload) <= _INLINE_BYTES):
         try:  # version 2: no object references (nothing in the form is worth sharing)
             return marshal.dumps(wire, 2)
-        except ValueError:  # not marshal's (or a chain nested too deep): the ring frames it
+        except ValueError:  # not marshal's (or a chain nested too deep): framed
             pass
+    elif kind is np.ndarray:  # described by marshal, the array out of band
+        framed = frame_array(payload, (values, link))
+        if framed is not None:
+            return framed
     return wire
 
 
@@ -182,9 +194,6 @@ _INLINE_BYTES = 64 << 10
 """The largest ``bytes``/``str`` payload :func:`pack` marshals (a larger one is framed: the
 ring's raw-bytes path would copy it once more on the reader)."""
 
-_POLL_S = 0.1
-"""How often a reader waiting on an empty ring checks whether the run is stopping."""
-
 
 class Boundary:
     """One edge across ranks, as seen from this process: its ring, writer and reader."""
@@ -220,27 +229,11 @@ class Boundary:
         ``stage`` and the type.
         """
         ring = self.ring
-        in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
-        portable = not isinstance(ring, ShmRing)  # a torch.distributed channel: encode's form
+        send = self.sender(counters)
 
         def on_next(item: PipelineItem) -> None:
-            started = now()
-            payload = item.payload if cuda is None else cuda.export(item.payload)
-            stamps = (in_hop, started) if timing else ()
-            if portable:
-                wire = encode(_stamped(item, payload, stamps))
-            else:
-                wire = pack(item, payload, stamps)
             try:
-                waited = ring.put_wait_ns
-                try:
-                    ring.put(wire)
-                except FramingError as exc:
-                    if portable or not isinstance(exc.__cause__, RecursionError):
-                        raise
-                    ring.put(_flattened(wire))  # a chain deeper than pickle nests
-                # a full ring is backpressure: its wait is the upstream stage's stall, not work
-                counters.stalled_s += max(0, ring.put_wait_ns - waited) / 1e9
+                send(item)
             except RingClosed:
                 counters.drop("stopped")
             except FramingError as exc:
@@ -255,6 +248,37 @@ class Boundary:
             on_done()
 
         return attach(upstream, on_next, fail, on_completed)
+
+    def sender(self, counters: StageCounters) -> Callable[[PipelineItem], None]:
+        """The writer's step for one item: stamp it, pack it and put it into the ring.
+
+        Raises :class:`RingClosed` once the ring is closed and :class:`FramingError` for a
+        payload that cannot cross. A full ring blocks it (backpressure): the wait counts on
+        ``counters`` as the upstream stage's stall, not as its work.
+        """
+        ring = self.ring
+        put = ring.put
+        in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
+        portable = not isinstance(ring, ShmRing)  # a torch.distributed channel: encode's form
+
+        def send(item: PipelineItem) -> None:
+            started = now()
+            payload = item.payload if cuda is None else cuda.export(item.payload)
+            stamps = (in_hop, started) if timing else ()
+            if portable:
+                wire = encode(_stamped(item, payload, stamps))
+            else:
+                wire = pack(item, payload, stamps)
+            try:
+                waited = put(wire)
+            except FramingError as exc:
+                if portable or not isinstance(exc.__cause__, RecursionError):
+                    raise
+                waited = put(_flattened(wire))  # a chain deeper than pickle nests
+            if waited:
+                counters.stalled_s += waited / 1e9
+
+        return send
 
     # --- the downstream side --------------------------------------------------------------
 
@@ -271,8 +295,7 @@ class Boundary:
         """
         self._dropped = counters
         ring = self.ring
-        out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
-        unwire = _decoded if not isinstance(ring, ShmRing) else unpack  # see write
+        receive = self.receiver()
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
@@ -280,27 +303,14 @@ class Boundary:
             def pump() -> None:
                 try:
                     while not halted():
-                        try:
-                            got: Any = ring.get(timeout=_POLL_S)
-                        except TimeoutError:
-                            continue
+                        # no timeout: a halting run closes the ring, and the close wakes this
+                        got: Any = ring.get()
                         self._got += 1
                         if got is END or isinstance(got, _End):
                             observer.on_completed()
                             return
-                        framed = type(got) is not bytes  # bytes: marshalled whole, no lease
-                        payload, metadata, link = unwire(got)
-                        if framed and ring.all_in_use:
-                            # every slot is leased to views that downstream keeps: this item
-                            # is copied out, so its slot goes back and the producer goes on
-                            payload = pickle.loads(pickle.dumps(payload, protocol=5))
-                        if cuda is not None:
-                            payload = cuda.open(payload)
-                        if timing:
-                            link = (link, out_hop, now())
-                        item = _linked(payload, metadata, link)
-                        # no lease or CUDA ref outlives its stage because of us
-                        got = payload = None
+                        item = receive(got)
+                        got = None  # no lease or CUDA ref outlives its stage because of us
                         observer.on_next(item)
                         del item
                 except RingClosed:
@@ -313,6 +323,28 @@ class Boundary:
             return Disposable()
 
         return Observable(subscribe)
+
+    def receiver(self) -> Callable[[Any], PipelineItem]:
+        """The reader's step for what :meth:`ShmRing.get` gave: the item, stamped.
+
+        When every slot is leased to views that downstream keeps, the payload is copied out of
+        its slot (one copy, only then), so the slot goes back and the producer goes on.
+        """
+        ring = self.ring
+        out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
+        unwire = _decoded if not isinstance(ring, ShmRing) else unpack  # see sender
+
+        def receive(got: Any) -> PipelineItem:
+            payload, metadata, link = unwire(got)
+            if type(got) is not bytes and ring.all_leased:  # this item leases the last slot
+                payload = pickle.loads(pickle.dumps(payload, protocol=5))
+            if cuda is not None:
+                payload = cuda.open(payload)
+            if timing:
+                link = (link, out_hop, now())
+            return _linked(payload, metadata, link)
+
+        return receive
 
     def close(self, timeout: float) -> bool:
         """Close the ring (waking both sides) and join the reader; whether it ended."""

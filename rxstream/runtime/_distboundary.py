@@ -317,12 +317,13 @@ class DistChannel:
 
     # --- the writer -----------------------------------------------------------------------
 
-    def put(self, obj: object, timeout: float | None = None) -> None:
+    def put(self, obj: object, timeout: float | None = None) -> int:
         """Send ``obj`` (an encoded item or the end marker); returns once the peer took it.
 
-        Raises :class:`RingClosed` once closed, :class:`FramingError` for what cannot be
-        pickled. ``timeout`` is not supported (a gloo wait that times out breaks the
-        connection): it must be ``None``.
+        Returns the nanoseconds this call waited for sends to complete. Raises
+        :class:`RingClosed` once closed, :class:`FramingError` for what cannot be pickled.
+        ``timeout`` is not supported (a gloo wait that times out breaks the connection): it
+        must be ``None``.
         """
         if timeout is not None:
             raise ValueError(f"timeout must be None on a DistChannel, got {timeout!r}")
@@ -346,9 +347,11 @@ class DistChannel:
             except RuntimeError as exc:
                 self._broken(exc)
             finally:
-                self._put_wait_ns += time.perf_counter_ns() - started
+                waited = time.perf_counter_ns() - started
+                self._put_wait_ns += waited
             self._bytes += sum(t.numel() for _, t in messages)
             self._ended = end
+            return waited
         finally:
             with self._state:
                 self._sending = False
@@ -498,7 +501,7 @@ class DistChannel:
             self._get_wait_ns += time.perf_counter_ns() - started
 
     @property
-    def all_in_use(self) -> bool:
+    def all_leased(self) -> bool:
         """Always false: what the reader hands on is its own memory, leased to nothing."""
         return False
 
@@ -626,7 +629,7 @@ class DistRun(Run):
         boundary = self.boundaries.get(name)
         if boundary is None:
             # a channel offers what a Boundary uses of its ring: put, get, close, statistics,
-            # put_wait_ns and all_in_use; CUDA tensors cross inside it, not as IPC refs
+            # put_wait_ns and all_leased; CUDA tensors cross inside it, not as IPC refs
             boundary = Boundary(name, cast(ShmRing, link), timing=self.timing)
             self.boundaries[name] = boundary
         return boundary
