@@ -443,6 +443,7 @@ def _rank_run(
         rings=rings,
         releases=releases,
         cuda_api=ctx.cuda_api,
+        replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
     )
 
 

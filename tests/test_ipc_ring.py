@@ -737,3 +737,63 @@ def test_process_with_its_own_resource_tracker_does_not_unlink_on_exit(ring_name
         assert os.path.exists(f"/dev/shm/{ring_name}")
         ring.put(1)
         assert ring.get(timeout=5) == 1
+
+
+# --- a boundary's reader on a rank that replicates the generations -----------------------------
+
+
+def _boundary_pair(ring_name: str, replicas: Any) -> tuple[ShmRing, ShmRing, Any, Any]:
+    """A ring, its other side, a boundary writer's send and a reader's receive over them."""
+    from rxstream.runtime._boundary import Boundary
+    from rxstream.runtime._stats import StageCounters
+
+    owner = ShmRing.create(slots=2, slot_bytes=4096, name=ring_name)
+    other = ShmRing.attach(owner.handle())
+    send = Boundary("a>b", owner).sender(StageCounters("a", "pipe"))
+    receive = Boundary("a>b", other, replicas=replicas).receiver()
+    return owner, other, send, receive
+
+
+def test_reader_holds_a_newer_generation_until_the_replicas_reach_it(ring_name: str) -> None:
+    """An item of a generation this rank has not seen waits for its replicas (the doc with them).
+
+    The controller's steer goes to the rank over another connection than the item, which may
+    overtake it; a stage here would then read the doc as it was before the steer.
+    """
+    from rxstream.doc._generations import Generations
+
+    replicas = Generations()
+    owner, other, send, receive = _boundary_pair(ring_name, replicas)
+    try:
+        send(PipelineItem(b"old", PipelineMetadata()))
+        assert receive(other.get(timeout=5)).payload == b"old"  # generation 0: no wait
+        send(PipelineItem(b"new", PipelineMetadata(prompt_generation=1)))
+        steer = threading.Timer(0.1, replicas.steer)
+        steer.start()
+        got = receive(other.get(timeout=5))
+        seen = replicas.prompt  # what a stage reading the doc now would see
+        steer.join()
+        assert (got.payload, got.metadata.prompt_generation, seen) == (b"new", 1, 1)
+    finally:
+        other.close()
+        owner.close()
+        owner.unlink()
+
+
+def test_reader_waits_for_replicas_a_bounded_time(
+    ring_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Replicas that never come do not hold the item for good: it goes on after CATCH_UP_S."""
+    from rxstream.doc._generations import Generations
+    from rxstream.runtime import _boundary
+
+    monkeypatch.setattr(_boundary, "CATCH_UP_S", 0.05)
+    owner, other, send, receive = _boundary_pair(ring_name, Generations())
+    try:
+        send(PipelineItem(b"x", PipelineMetadata(prompt_generation=3, flush_generation=2)))
+        got = receive(other.get(timeout=5))
+        assert (got.payload, got.metadata.prompt_generation) == (b"x", 3)
+    finally:
+        other.close()
+        owner.close()
+        owner.unlink()

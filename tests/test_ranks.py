@@ -237,3 +237,19 @@ def test_small_plain_payloads_cross_a_ring_with_their_metadata(
     hops = [hop for hop, _ in items[0].metadata.timeline]
     expected = ["input.recv", "client.in", "client.out", "a.in", "a.out", "a>b.in", "a>b.out"]
     assert hops == ([*expected, "b.in", "b.out"] if timing else [])
+
+
+def test_ranks_other_than_the_controller_replicate_and_catch_up() -> None:
+    """A launched rank > 0 runs as a replica (its readers catch up); rank 0 steers."""
+    from rxstream.launch import _rank_run
+
+    ctx = rxstream.Context()
+    pipeline = (
+        ctx.source([1, 2], name="src") | ctx.pipe(lambda x: x, rank=1) | ctx.stream("out", rank=1)
+    )
+    runs = [_rank_run(pipeline, rank, {}, {}) for rank in (0, 1)]
+    try:
+        assert [run.replica for run in runs] == [False, True]
+    finally:
+        for run in runs:
+            assert run.stop(5) == []

@@ -29,6 +29,7 @@ import marshal
 import operator
 import pickle
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,7 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from rxstream._exceptions import FramingError, PipelineError, RingClosed
+from rxstream.doc._generations import Generations
 from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
 from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped, now
@@ -45,7 +47,7 @@ from rxstream.runtime._cudaxing import CudaCrossing
 from rxstream.runtime._stats import StageCounters
 from rxstream.typing import ItemStream
 
-__all__ = ["END", "Boundary", "decode", "encode", "pack", "unpack"]
+__all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]
 
 
 class _End:
@@ -195,16 +197,44 @@ _INLINE_BYTES = 64 << 10
 ring's raw-bytes path would copy it once more on the reader)."""
 
 
+CATCH_UP_S = 1.0
+"""How long an item of a newer generation waits for this rank's replicas to reach it."""
+
+
+def catch_up(replicas: Generations, prompt: int, flush: int) -> None:
+    """Hold an item of generations ``prompt``/``flush`` until this rank's replicas have them.
+
+    The controller's doc write and generation change left before the item did, but over
+    another connection: the item may overtake them, and a stage here would read the doc as it
+    was before the steer. The doc write goes first on that connection, so once the
+    generations are here, so is the doc. Waits ``CATCH_UP_S`` at most.
+    """
+    if replicas.prompt >= prompt and replicas.flush >= flush:
+        return
+    deadline = time.monotonic() + CATCH_UP_S
+    while (replicas.prompt < prompt or replicas.flush < flush) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 class Boundary:
     """One edge across ranks, as seen from this process: its ring, writer and reader."""
 
     def __init__(
-        self, name: str, ring: ShmRing, *, timing: bool = True, cuda: CudaCrossing | None = None
+        self,
+        name: str,
+        ring: ShmRing,
+        *,
+        timing: bool = True,
+        cuda: CudaCrossing | None = None,
+        replicas: Generations | None = None,
     ) -> None:
         self.name = name
         self.ring = ring
         self.cuda = cuda
         """How CUDA tensors cross (``None``: this process has no CUDA; they cannot)."""
+        self.replicas = replicas
+        """This rank's replicated generations, when another rank steers (see :func:`catch_up`);
+        ``None``: the generations are this process's own."""
         self._in_hop = f"{name}.in"
         self._out_hop = f"{name}.out"
         self._timing = timing
@@ -331,11 +361,13 @@ class Boundary:
         its slot (one copy, only then), so the slot goes back and the producer goes on.
         """
         ring = self.ring
-        out_hop, timing, cuda = self._out_hop, self._timing, self.cuda
+        out_hop, timing, cuda, replicas = self._out_hop, self._timing, self.cuda, self.replicas
         unwire = _decoded if not isinstance(ring, ShmRing) else unpack  # see sender
 
         def receive(got: Any) -> PipelineItem:
             payload, metadata, link = unwire(got)
+            if replicas is not None:
+                catch_up(replicas, metadata.prompt_generation, metadata.flush_generation)
             if type(got) is not bytes and ring.all_leased:  # this item leases the last slot
                 payload = pickle.loads(pickle.dumps(payload, protocol=5))
             if cuda is not None:

@@ -52,7 +52,7 @@ from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._boundary import Boundary
+from rxstream.runtime._boundary import CATCH_UP_S, Boundary, catch_up
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._run import Run
 from rxstream.stage import Node
@@ -75,8 +75,6 @@ WINDOW = 2
 """Heads a writer may leave in flight (items whose arrays travel wait until sent)."""
 FOREVER = datetime.timedelta(days=10_000)
 """What a wait on a send or receive is given: gloo breaks the connection on a timeout."""
-CATCH_UP_S = 1.0
-"""How long an item of a newer generation waits for this rank's replicas to reach it."""
 DRAIN_S = 1.0
 """How long a closed reader waits for its writer's close mark before it stops counting."""
 
@@ -606,20 +604,12 @@ class DistRun(Run):
             rings=rings,
             releases=releases,
             cuda_api=cuda_api,
+            replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:
-        """Hold an item of a generation this rank has not seen until its replicas have it.
-
-        The controller's doc write and generation change left before the item did, but over
-        another connection: the item may overtake them. Waits ``CATCH_UP_S`` at most.
-        """
-        gens = self.generations
-        if gens.prompt >= wire[1] and gens.flush >= wire[2]:  # see encode: the generations
-            return
-        deadline = time.monotonic() + CATCH_UP_S
-        while (gens.prompt < wire[1] or gens.flush < wire[2]) and time.monotonic() < deadline:
-            time.sleep(0.001)
+        """Hold an item of a generation this rank has not seen until its replicas have it."""
+        catch_up(self.generations, wire[1], wire[2])  # see encode: the generations
 
     def _boundary(self, upstream: Node, node: Node) -> Boundary:
         name = self.plan.edge_name(upstream, node)

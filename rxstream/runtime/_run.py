@@ -77,9 +77,13 @@ class Run:
         rings: Mapping[str, ShmRing] | None = None,
         releases: Mapping[str, tuple[Connection, Connection]] | None = None,
         cuda_api: Any = None,
+        replica: bool = False,
     ) -> None:
         self.plan = plan
         self.rank = rank
+        self.replica = replica
+        """Whether ``generations`` replicate another rank's (this rank's boundary readers then
+        hold an item of a newer generation until the replicas reach it)."""
         """The rank this process runs (``None``: every rank, in this process)."""
         self.local = tuple(n for n in plan.nodes if rank is None or plan.ranks[n] == rank)
         self._rings = dict(rings or {})
@@ -196,7 +200,8 @@ class Run:
                 release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
                 local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
                 cuda = CudaCrossing(self._cuda_api, release, local=local)
-            boundary = Boundary(name, ring, timing=self.timing, cuda=cuda)
+            replicas = self.generations if self.replica else None
+            boundary = Boundary(name, ring, timing=self.timing, cuda=cuda, replicas=replicas)
             self.boundaries[name] = boundary
         return boundary
 
