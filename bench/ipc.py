@@ -11,8 +11,9 @@ and drops it:
 
 - ``ShmRing``: ``ring.put`` / ``ring.get`` (8 slots of 8 MiB), read in place.
 - rxstream boundary: the same ring carrying what a rank boundary carries: a ``PipelineItem``
-  (metadata, a stamp chain of three hops and the boundary's own stamp) packed as the
-  boundary's writer packs it, and unpacked into an item, stamped, as its reader does.
+  (metadata, a stamp chain of three hops and the boundary's own stamp), put by a
+  ``Boundary``'s sender and, after the reader's ``get``, rebuilt by its receiver: the code a
+  rank boundary runs per item.
 - ``multiprocessing.Queue``: the array pickled through the queue's pipe (a feeder thread).
 - ``torch.multiprocessing`` Queue, fresh tensor: each item a new CPU tensor (made before the
   clock starts), moved to shared memory by torch's reducer and mapped by the consumer.
@@ -26,6 +27,10 @@ and drops it:
 
 Every consumer acks the same way, one byte back over a bare ``multiprocessing.Pipe``, so the
 transports differ on the forward path only.
+
+Placement (``--placement``, see ``PLACEMENTS``): by default the producer runs on CPU 0 and
+every consumer on CPU 1, two ranks on two cores; ``os`` leaves it to the scheduler, ``same``
+puts everything on CPU 0 (the software's own cost, steady to 1%).
 
 Measures, per payload and transport:
 1. latency, one in flight: put, then wait for the consumer's ack; median round trip.
@@ -106,14 +111,16 @@ def touch(item: Any) -> int:
     return int(flat[0]) + int(flat[-1])
 
 
-PLACEMENTS = {"os": None, "cross": (0, 1), "same": (0, 0)}
-"""Where the producer and the consumers run: ``os`` leaves it to the scheduler (what a
-pipeline's ranks get); ``cross`` pins the producer to CPU 0 and every consumer to CPU 1;
-``same`` puts them all on CPU 0 (no cross-core wake-up: the software's own cost, steady to 1%).
+PLACEMENTS = {"cross": (0, 1), "os": None, "same": (0, 0)}
+"""Where the producer and the consumers run: ``cross`` (the default) pins the producer to CPU 0
+and every consumer to CPU 1, as two ranks on two cores; ``os`` leaves it to the scheduler;
+``same`` puts them all on CPU 0 (no cross-core wake-up: the software's own cost).
 
 Placement moves a round trip more than any transport does: on these 2-core VMs the same
 Pipe round trip takes ~11 µs on one core and 40-60 µs across cores, and unpinned processes
-land either way (the scheduler moves a woken process next to its waker, or not)."""
+land either way, each consumer its own way and from one repetition to the next (the
+scheduler moves a woken process next to its waker, or not), so with ``os`` a baseline and a
+transport are often not measured under the same conditions."""
 _PLACEMENT = "RXSTREAM_BENCH_CONSUMER_CPU"
 """The environment variable that tells spawned consumers their CPU (empty: anywhere)."""
 
@@ -579,9 +586,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--placement",
         choices=sorted(PLACEMENTS),
-        default="os",
-        help="os: the scheduler places the processes (default); cross: producer on CPU 0, "
-        "consumers on CPU 1; same: all on CPU 0 (the software's own cost)",
+        default="cross",
+        help="cross: producer on CPU 0, consumers on CPU 1 (default); os: the scheduler "
+        "places the processes; same: all on CPU 0 (the software's own cost)",
     )
     args = parser.parse_args(argv)
     reps = args.reps or (2 if args.quick else 7)
