@@ -8,9 +8,10 @@ it to every child, N:1 stages merge it with :func:`merge_metadata`.
 import numbers
 import operator
 import time
+import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "PipelineItem",
@@ -171,20 +172,21 @@ def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:
 
 
 _FIELDS = frozenset(PipelineMetadata.__dataclass_fields__)
-_KINDS: dict[str, type] = {
-    "prompt_generation": int,
-    "flush_generation": int,
-    "cutover": bool,
-    "drop_generation": int,
-    "pts": int,
-    "idle": bool,
-    "capture_ts": float,  # or None
-    "input_seq": int,
-    "input_at_ms": int,
-    "timeline": tuple,
-}
+
+
+def _kind(hint: Any) -> type:
+    """The plain type of an annotation: ``int``, ``float`` for ``float | None``, ``tuple``."""
+    origin = typing.get_origin(hint)
+    if origin is None:
+        return cast(type, hint)
+    if origin is tuple:
+        return tuple
+    (kind,) = (arg for arg in typing.get_args(hint) if arg is not type(None))
+    return cast(type, kind)
+
+
+_KINDS = {name: _kind(hint) for name, hint in typing.get_type_hints(PipelineMetadata).items()}
 """Each field's plain Python type (``float`` for ``capture_ts``, which may also be ``None``)."""
-assert _KINDS.keys() == _FIELDS
 
 
 def _built(**values: Any) -> PipelineMetadata:
