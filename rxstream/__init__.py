@@ -12,6 +12,7 @@ from rxstream._exceptions import (
 )
 from rxstream.context import Context
 from rxstream.doc import Doc
+from rxstream.ipc import RingSpec
 from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata
 from rxstream.launch import LaunchResult, launch
 from rxstream.pipeline import Pipeline
@@ -30,6 +31,7 @@ __all__ = [
     "PipelineItem",
     "PipelineMetadata",
     "PipelineStateError",
+    "RingSpec",
     "RxStreamError",
     "SelfTestError",
     "Stage",

@@ -130,6 +130,13 @@ class FramingError(RxStreamError, TypeError):
 class PayloadTooLarge(RxStreamError, ValueError):
     """A framed item larger than a ring slot; names both sizes and the ``slot_bytes=`` knob."""
 
+    def __init__(self, message: str, *, size: int = 0, slot_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        """The framed item's bytes."""
+        self.slot_bytes = slot_bytes
+        """The bytes a slot of the ring holds."""
+
 
 class RingClosed(RxStreamError):
     """A put on a closed ring, or a get on a closed ring that has been drained."""

@@ -18,6 +18,7 @@ from reactivex import Observable
 
 from rxstream._exceptions import SelfTestError, StageBuildError
 from rxstream.doc import Doc, Generations
+from rxstream.ipc import RingSpec
 from rxstream.operators import (
     check_source,
     combine_operator,
@@ -89,6 +90,25 @@ class Context:
         self._replicas = dict(replicas or {})
         self._launcher: Launcher | None = None
         """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
+        self._ring_spec = RingSpec()
+
+    @property
+    def ring_spec(self) -> RingSpec:
+        """The geometry of every rank boundary's shared-memory ring (default: 4 slots of 8 MiB).
+
+        Set it in ``build(ctx)`` for items a slot cannot hold, e.g. 4K frames:
+        ``ctx.ring_spec = RingSpec(slot_bytes=32 << 20)``. Rank 0's setting makes the rings of
+        a launch (every rank builds the same graph, so every rank's is the same).
+        """
+        return self._ring_spec
+
+    @ring_spec.setter
+    def ring_spec(self, spec: RingSpec) -> None:
+        if not isinstance(spec, RingSpec):
+            raise TypeError(
+                f"ctx.ring_spec must be a rxstream.RingSpec, got {spec!r} ({type(spec).__name__})"
+            )
+        self._ring_spec = spec
 
     def doc(
         self,

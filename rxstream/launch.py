@@ -57,7 +57,7 @@ from rxstream.ipc import RingHandle, ShmRing
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._run import RING_SLOT_BYTES, RING_SLOTS, Run
+from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 from rxstream.timing import TimingRecord
 from rxstream.transport import MemoryTransport, Session, Transport
@@ -444,6 +444,7 @@ def _rank_run(
         releases=releases,
         cuda_api=ctx.cuda_api,
         replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
+        ring_spec=ctx.ring_spec,
     )
 
 
@@ -787,9 +788,10 @@ class _Ranks:
         self.procs: dict[int, Any] = {}
         context = multiprocessing.get_context("spawn")
         try:
+            spec = pipeline.context.ring_spec
             for up, down in plan.boundaries:
                 name = plan.edge_name(up, down)
-                self.rings[name] = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+                self.rings[name] = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
                 self.releases[name] = context.Pipe(duplex=False)
             handles = {name: ring.handle() for name, ring in self.rings.items()}
             docs = {n: (thaw(d.snapshot()), d.version) for n, d in pipeline.context.docs.items()}

@@ -232,6 +232,7 @@ class Pipeline:
                 generations=self._context.generations,
                 timing=self._context.timing,
                 cuda_api=self._context.cuda_api,
+                ring_spec=self._context.ring_spec,
             )
         self._run, self._ranks = run, ranks
         self._stopped = False
@@ -395,6 +396,7 @@ class Pipeline:
             generations=self._context.generations,
             timing=self._context.timing,
             collect="items" if items else "payloads",
+            ring_spec=self._context.ring_spec,
         )
         self._run, self._ranks = run, None
         run.drive(frames, interval)

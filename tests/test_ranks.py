@@ -97,6 +97,52 @@ def test_a_finite_launch_delivers_everything_before_it_ends(clean_host: None) ->
     assert all(s.dropped_total == 0 for r in result.statistics.values() for s in r.values())
 
 
+def test_frames_larger_than_a_default_slot_cross_with_the_apps_ring_spec(
+    clean_host: None,
+) -> None:
+    """ctx.ring_spec set in build(ctx) sizes every boundary's slots: 9.4 MB frames cross."""
+    result = rxstream.launch(APP, ranks=2, config={"mode": "big"}, timeout=60)
+    assert result.egressed == 6  # rank 1 checked every byte of every frame
+
+
+def test_a_frame_too_large_for_the_slots_names_the_setting(clean_host: None) -> None:
+    """Without it the run fails naming the boundary, both sizes and what to set."""
+    with pytest.raises(
+        PipelineError,
+        match=(
+            r"stage 'prepare' failed on item pts=0 input_seq=0: PayloadTooLarge: a framed item of "
+            r"9,437,\d+ bytes does not fit a slot of boundary 'prepare>work' \(8,388,608 bytes\); "
+            r"give boundaries larger slots where the pipeline is built: "
+            r"ctx.ring_spec = rxstream.RingSpec\(slot_bytes=10 << 20\)"
+        ),
+    ):
+        rxstream.launch(APP, ranks=2, config={"mode": "big_default"}, timeout=60)
+
+
+def test_ring_spec_rules_name_the_field_and_value() -> None:
+    """RingSpec and ctx.ring_spec refuse what a ring cannot be, naming field, rule and value."""
+    assert rxstream.RingSpec() == rxstream.RingSpec(slots=4, slot_bytes=8 << 20)
+    with pytest.raises(ValueError, match=r"^slots must be between 1 and 1024, got 0$"):
+        rxstream.RingSpec(slots=0)
+    with pytest.raises(ValueError, match=r"^slot_bytes must be >= 256, got 100$"):
+        rxstream.RingSpec(slot_bytes=100)
+    with pytest.raises(TypeError, match=r"^slot_bytes must be an int, got '8M' \(str\)$"):
+        rxstream.RingSpec(slot_bytes="8M")  # type: ignore[arg-type]
+    ctx = rxstream.Context()
+    with pytest.raises(
+        TypeError, match=r"^ctx.ring_spec must be a rxstream.RingSpec, got 33554432"
+    ):
+        ctx.ring_spec = 32 << 20  # type: ignore[assignment]
+    ctx.ring_spec = rxstream.RingSpec(slots=2, slot_bytes=1 << 20)
+    pipeline = ctx.source([np.zeros(1 << 19, np.uint8)] * 5) | ctx.pipe(lambda x: x, rank=1)
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    assert pipeline._run is not None
+    assert [(r.ring._slots, r.ring._slot_bytes) for r in pipeline._run.boundaries.values()] == [
+        (2, 1 << 20)
+    ]
+
+
 def test_launch_refuses_too_few_ranks() -> None:
     """An app that places stages on rank 1 cannot run on one rank."""
     with pytest.raises(rxstream.PipelineStateError, match=r"on 2 ranks, but only 1 were"):

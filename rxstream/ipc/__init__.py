@@ -16,7 +16,7 @@ from rxstream._exceptions import (
     RingConflict,
 )
 from rxstream.ipc._framing import Framed, frame, unframe
-from rxstream.ipc._ring import RingHandle, RingStatistics, ShmRing
+from rxstream.ipc._ring import RingHandle, RingSpec, RingStatistics, ShmRing
 
 __all__ = [
     "CudaApi",
@@ -34,6 +34,7 @@ __all__ = [
     "RingClosed",
     "RingConflict",
     "RingHandle",
+    "RingSpec",
     "RingStatistics",
     "ShmRing",
     "TorchCuda",
@@ -41,7 +42,7 @@ __all__ = [
     "unframe",
 ]
 
-for _name in ("RingHandle", "RingStatistics", "ShmRing"):
+for _name in ("RingHandle", "RingSpec", "RingStatistics", "ShmRing"):
     globals()[_name].__module__ = __name__
 del _name
 

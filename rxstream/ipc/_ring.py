@@ -53,7 +53,7 @@ from rxstream._exceptions import (
 )
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
 
-__all__ = ["RingHandle", "RingStatistics", "ShmRing"]
+__all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
 NAME_PREFIX = "rxs_"
 """The prefix of the segment names :meth:`ShmRing.create` makes up."""
@@ -88,6 +88,37 @@ _perf = time.perf_counter
 
 def _align(n: int) -> int:
     return (n + _ALIGN - 1) & -_ALIGN
+
+
+@dataclass(frozen=True)
+class RingSpec:
+    """A ring's geometry: ``slots`` slots of ``slot_bytes`` each.
+
+    The default is a rank boundary's: 4 slots of 8 MiB, enough for a 1080p RGB uint8 frame
+    (6.2 MB) with its header; a 4K one (24.9 MB) wants ``RingSpec(slot_bytes=32 << 20)``. Set
+    it for an app's boundaries with ``ctx.ring_spec = …`` in ``build(ctx)``. Four slots keep a
+    few items in flight while the reader holds one; each slot is shared memory
+    (``slots * slot_bytes`` a boundary).
+    """
+
+    slots: int = 4
+    """How many items the ring holds at once (written and waiting, or leased): 1 to 1024."""
+    slot_bytes: int = 8 << 20
+    """The most bytes one framed item may take (its header and its arrays): at least 256."""
+
+    def __post_init__(self) -> None:
+        _check_geometry(self.slots, self.slot_bytes)
+
+
+def _check_geometry(slots: int, slot_bytes: int) -> None:
+    """``ValueError`` (``TypeError`` for a non-int) naming the field, the rule and the value."""
+    for name, value in (("slots", slots), ("slot_bytes", slot_bytes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    if not 1 <= slots <= MAX_SLOTS:
+        raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
+    if slot_bytes < MIN_SLOT_BYTES:
+        raise ValueError(f"slot_bytes must be >= {MIN_SLOT_BYTES}, got {slot_bytes}")
 
 
 @dataclass(frozen=True)
@@ -198,10 +229,7 @@ class ShmRing:
 
         ``name`` names the segment (default: ``rxs_`` and random hex).
         """
-        if not 1 <= slots <= MAX_SLOTS:
-            raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
-        if slot_bytes < MIN_SLOT_BYTES:
-            raise ValueError(f"slot_bytes must be >= {MIN_SLOT_BYTES}, got {slot_bytes}")
+        _check_geometry(slots, slot_bytes)
         name = name or f"{NAME_PREFIX}{secrets.token_hex(8)}"
         size = _align(_WORDS * 8 + slots) + slots * _align(slot_bytes)
         segment = _Segment(name=name, create=True, size=size)
@@ -358,7 +386,9 @@ class ShmRing:
         return PayloadTooLarge(
             f"a framed item of {size:,} bytes does not fit a ring slot of "
             f"{self._slot_bytes:,} bytes; create the ring with a larger slot_bytes= "
-            f"(at least {size:,})"
+            f"(at least {size:,})",
+            size=size,
+            slot_bytes=self._slot_bytes,
         )
 
     def _wait_free(self, timeout: float | None) -> int:

@@ -37,7 +37,7 @@ import numpy as np
 from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
-from rxstream._exceptions import FramingError, PipelineError, RingClosed
+from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
@@ -266,8 +266,10 @@ class Boundary:
                 send(item)
             except RingClosed:
                 counters.drop("stopped")
-            except FramingError as exc:
+            except (FramingError, PayloadTooLarge) as exc:
                 md = item.metadata
+                if isinstance(exc, PayloadTooLarge):
+                    exc = self._too_large(exc)
                 fail(PipelineError(stage, exc, pts=md.pts, input_seq=md.input_seq))
 
         def on_completed() -> None:
@@ -278,6 +280,17 @@ class Boundary:
             on_done()
 
         return attach(upstream, on_next, fail, on_completed)
+
+    def _too_large(self, exc: PayloadTooLarge) -> PayloadTooLarge:
+        """The ring's error, with what an app can do about it (ShmRing.create is not its)."""
+        mib = -(-exc.size // (1 << 20))
+        return PayloadTooLarge(
+            f"a framed item of {exc.size:,} bytes does not fit a slot of boundary "
+            f"{self.name!r} ({exc.slot_bytes:,} bytes); give boundaries larger slots where the "
+            f"pipeline is built: ctx.ring_spec = rxstream.RingSpec(slot_bytes={mib} << 20)",
+            size=exc.size,
+            slot_bytes=exc.slot_bytes,
+        )
 
     def sender(self, counters: StageCounters) -> Callable[[PipelineItem], None]:
         """The writer's step for one item: stamp it, pack it and put it into the ring.

@@ -38,7 +38,6 @@ from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._distboundary import DistChannel, DistRun
 from rxstream.runtime._distcontrol import Control, Options, describe
 from rxstream.runtime._plan import Plan
-from rxstream.runtime._run import RING_SLOT_BYTES, RING_SLOTS
 from rxstream.timing import configure_logging
 
 if TYPE_CHECKING:
@@ -412,7 +411,8 @@ def share_rings(
         if name in launch.cross:
             continue
         if plan.ranks[up] == rank:
-            ring = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+            spec = launch.pipeline.context.ring_spec
+            ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
             mine[name] = (
                 ring,
                 multiprocessing.Pipe(duplex=False),

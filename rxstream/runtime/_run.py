@@ -22,7 +22,7 @@ from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
-from rxstream.ipc import ShmRing
+from rxstream.ipc import RingSpec, ShmRing
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -55,11 +55,6 @@ __all__ = ["Run"]
 
 _log = structlog.get_logger("rxstream")
 
-RING_SLOTS = 4
-"""Slots of a boundary's ring: items in flight across it (with one leased by the reader)."""
-RING_SLOT_BYTES = 8 << 20
-"""Bytes a slot holds: one framed item (a 1080p RGB frame is 6.2 MB)."""
-
 
 class Run:
     """The live state of one run: shells, threads, sources, completion and the first error."""
@@ -78,6 +73,7 @@ class Run:
         releases: Mapping[str, tuple[Connection, Connection]] | None = None,
         cuda_api: Any = None,
         replica: bool = False,
+        ring_spec: RingSpec | None = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -90,6 +86,8 @@ class Run:
         self._releases = dict(releases or {})
         self._cuda_api = cuda_api if cuda_api is not None else default_cuda_api()
         self._owned_rings: list[ShmRing] = []
+        self._ring_spec = ring_spec or RingSpec()
+        """The geometry of the rings this run makes (its ranks are all in this process)."""
         self.boundaries: dict[str, Boundary] = {}
         self.generations = generations
         self.timing = timing
@@ -193,7 +191,8 @@ class Run:
         if boundary is None:
             ring = self._rings.get(name)
             if ring is None:  # every rank in this process: the run owns the ring
-                ring = ShmRing.create(slots=RING_SLOTS, slot_bytes=RING_SLOT_BYTES)
+                spec = self._ring_spec
+                ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
                 self._owned_rings.append(ring)
             cuda = None
             if self._cuda_api is not None:

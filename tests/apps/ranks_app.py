@@ -7,6 +7,9 @@
 - ``finite``: 30 frames, then the source ends; rank 1 is slow, so the end must wait for it.
 - ``steer``: rank 0's source steers the prompt at the 10th frame; rank 1 records, per frame,
   the prompt it reads inline and the frame's generation.
+- ``big``: 6 frames of 9.4 MB (more than a default slot holds) through rings of 16 MiB
+  slots (``ctx.ring_spec``); rank 1 checks every byte. ``big_default``: the same frames
+  with the default slots.
 
 Rank 1 appends one JSON line per frame to the file named by ``out`` (when set).
 """
@@ -29,17 +32,25 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     """The same graph on every rank."""
     doc = ctx.doc("control", defaults={"mode": "normal", "out": "", "died": "", "prompt": "a"})
     mode = doc.desired.mode.value
+    big = mode in ("big", "big_default")
+    if mode == "big":
+        ctx.ring_spec = rxstream.RingSpec(slot_bytes=16 << 20)
 
     def frames() -> Iterator[Any]:
-        for index in range(30) if mode == "finite" else itertools.count():
+        for index in range(30) if mode == "finite" else range(6) if big else itertools.count():
             if mode == "steer" and index == 10:
                 doc.steer(prompt="b")
             if mode == "unpicklable" and index == 3:
                 yield (x for x in range(3))
-            yield np.full((4, 4), index, dtype=np.int64)
+            if big:
+                yield np.full((1536, 2048, 3), index, dtype=np.uint8)
+            else:
+                yield np.full((4, 4), index, dtype=np.int64)
 
     def rank1(frame: np.ndarray, item: rxstream.PipelineItem | None = None) -> np.ndarray:
-        index = int(frame[0, 0])
+        index = int(frame.flat[0])
+        if big and not (frame.shape == (1536, 2048, 3) and (frame == index).all()):
+            raise RuntimeError(f"frame {index} arrived changed")
         if mode == "die" and index == 5:
             died = doc.desired.died.value
             if died:  # when it died, on the host's monotonic clock
@@ -56,7 +67,7 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
         out = doc.desired.out.value
         if out:
             line = {
-                "index": int(item.payload[0, 0]),
+                "index": int(item.payload.flat[0]),
                 "generation": item.metadata.prompt_generation,
                 "prompt": doc.desired.prompt.value,
                 "hops": [hop for hop, _ in item.metadata.timeline],
