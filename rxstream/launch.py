@@ -991,8 +991,9 @@ def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:
 
 def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any]:
     """``send`` every doc write and generation change of ``ctx`` as it happens (the messages
-    ranks apply with ``doc.replicate`` and ``generations.replicate``); the subscriptions to
-    dispose. The spawn launch and the torchrun control plane both use it."""
+    ranks apply with ``doc.replicate`` and ``generations.replicate``), and the generations as
+    they are now; the subscriptions to dispose. The spawn launch and the torchrun control
+    plane both use it."""
     subscriptions: list[Any] = []
 
     def doc_writer(name: str, doc: Doc) -> Callable[[Snapshot], None]:
@@ -1007,6 +1008,7 @@ def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any
 
     gens.listeners.append(on_generations)
     subscriptions.append(_Unlisten(gens.listeners, on_generations))
+    on_generations(gens.state())  # as they are now: a steer made before the ranks started
     return subscriptions
 
 

@@ -347,7 +347,8 @@ def test_run_main_app_on_two_ranks_egresses_the_frames_from_rank_1(
 def test_doc_writes_of_a_main_app_reach_its_stages_on_rank_1(
     tmp_path: Path, rings_made: list[str]
 ) -> None:
-    """main's writes reach rank 1: the one before run() at spawn, the one during it at once."""
+    """main's writes reach rank 1: the one before run() at spawn (a steer, its generation too),
+    the one during it at once."""
     page = MemoryTransport(keep=100)
     result = launch(
         MAIN_RANKS_APP, 2, frames=20, transport=page, settings=[f"seen={tmp_path / 'seen'}"]
@@ -360,6 +361,8 @@ def test_doc_writes_of_a_main_app_reach_its_stages_on_rank_1(
     assert tags[0] == "before run"  # rank 1 read it before main wrote "during run"
     assert tags[-1] == "during run"
     assert tags == sorted(tags)  # once read there, the new value stays
+    assert {p["generation"] for p in payloads} == {1}  # rank 1 knows the steer before run()
+    assert result.statistics[1]["work"].dropped_total == 0
     assert (result.ranks, result.egressed, sorted(result.statistics)) == (2, 20, [0, 1])
     assert not alive(payloads[0]["pid"])
 

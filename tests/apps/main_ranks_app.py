@@ -2,9 +2,10 @@
 
 ``main`` feeds numbered ticks into ``ticks`` (rank 0); ``work`` (rank 1 when ``ctx.world > 1``)
 turns each into ``{"n", "tag", "rank", "pid"}``, reading the control doc's ``tag`` inline, and
-``out`` (rank 1 too) egresses it. ``main`` writes ``tag`` twice: ``before run`` before its
-pipeline runs and ``during run`` after feeding tick 1 — on two ranks with ``seen`` set, only
-once rank 1 wrote its pid to the file ``seen`` names, on its first tick.
+``out`` (rank 1 too) egresses it, with the prompt generation ``work``'s rank knows. ``main``
+writes ``tag`` twice: ``before run`` (a steer: generation 1) before its pipeline runs and
+``during run`` after feeding tick 1 — on two ranks with ``seen`` set, only once rank 1 wrote
+its pid to the file ``seen`` names, on its first tick.
 
 - ``normal``: as above, until the session ends.
 - ``raise``: ``work`` raises on tick 5; ``main`` prints ``main caught: <error>`` and re-raises.
@@ -35,7 +36,13 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
             raise RuntimeError(f"rank {ctx.rank} broke on tick 5")
         if n == 5 and mode == "die":
             os._exit(3)
-        out = {"n": n, "tag": doc.desired.tag.value, "rank": ctx.rank, "pid": os.getpid()}
+        out = {
+            "n": n,
+            "tag": doc.desired.tag.value,
+            "rank": ctx.rank,
+            "pid": os.getpid(),
+            "generation": ctx.generations.prompt,
+        }
         seen = doc.desired.seen.value
         if seen and ctx.rank > 0 and not os.path.exists(seen):
             Path(seen).write_text(str(os.getpid()))
@@ -56,7 +63,7 @@ async def main(ctx: rxstream.Context) -> None:
         (first,) = pipeline.drive(frames=1)
         assert first["n"] == 1, first
     doc = ctx.control
-    doc.set(tag="before run")
+    doc.steer(tag="before run")
     session = asyncio.ensure_future(pipeline.run())
     try:
         pipeline.feed("ticks", 1)
