@@ -793,15 +793,20 @@ class _Ranks:
                 name = plan.edge_name(up, down)
                 self.rings[name] = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
                 self.releases[name] = context.Pipe(duplex=False)
-            handles = {name: ring.handle() for name, ring in self.rings.items()}
+            touching: dict[int, dict[str, RingHandle]] = {r: {} for r in range(spawn.world)}
+            for up, down in plan.boundaries:  # a rank opens only its own boundaries' rings:
+                name = plan.edge_name(up, down)  # its close at the end closes them for both
+                for r in {plan.ranks[up], plan.ranks[down]}:
+                    touching[r][name] = self.rings[name].handle()
             docs = {n: (thaw(d.snapshot()), d.version) for n, d in pipeline.context.docs.items()}
             layout = _layout(pipeline)
             for rank in range(1, spawn.world):
                 parent, child = context.Pipe()
                 self.conns[rank] = parent
+                setup = _RankSetup(spawn, rank, touching[rank], docs, layout)
                 proc = context.Process(
                     target=_rank_main,
-                    args=(_RankSetup(spawn, rank, handles, docs, layout), self.releases, child),
+                    args=(setup, self.releases, child),
                     name=f"rxstream-rank-{rank}",
                     daemon=True,
                 )

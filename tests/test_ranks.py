@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 
 import rxstream
-from rxstream import PipelineError
+from rxstream import LaunchResult, PipelineError
 from rxstream.transport import MemoryTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +142,27 @@ def test_ring_spec_rules_name_the_field_and_value() -> None:
     assert [(r.ring._slots, r.ring._slot_bytes) for r in pipeline._run.boundaries.values()] == [
         (2, 1 << 20)
     ]
+
+
+def test_a_rank_without_stages_ends_at_once_and_leaves_the_rings_alone(clean_host: None) -> None:
+    """Launched on 3 ranks, a 2-rank app's rank 2 reports done at once, and the run ends by
+    itself when the source's 30 frames are delivered (no timeout: it must end on its own).
+
+    Rank 2 opens no ring: a rank closes the rings it opened when it ends, which would close
+    ranks 0 and 1's boundary for them.
+    """
+    results: list[LaunchResult] = []
+    launcher = threading.Thread(
+        target=lambda: results.append(rxstream.launch(APP, ranks=3, config={"mode": "finite"})),
+        daemon=True,
+    )
+    launcher.start()
+    launcher.join(60)  # a guard against a run that never ends, not a measure
+    assert not launcher.is_alive(), "the launch did not end by itself"
+    (result,) = results
+    assert (result.ranks, result.egressed) == (3, 30)
+    assert result.statistics[2] == {}
+    assert result.statistics[1]["video"].items_out == 30
 
 
 def test_launch_refuses_too_few_ranks() -> None:

@@ -381,6 +381,8 @@ class Run:
             thread.start()
         if self.error is not None:  # wiring failed: nothing to pump
             return
+        if not self._ends:  # no stage runs here (a rank the app places nothing on): done
+            self._finish()
         for node, puller in self._pullers.items():
             source = threading.Thread(
                 target=self._pump,
