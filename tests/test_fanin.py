@@ -48,6 +48,33 @@ def test_merge_passes_every_item_in_arrival_order(ctx: Context) -> None:
     assert drive([a, b] | ctx.merge(), 3) == [0, "x", 1, "y", 2, "z"]
 
 
+def test_merge_lets_one_cutover_through_per_steer(ctx: Context) -> None:
+    """Both sources mark their first item after a steer; the merge passes the first mark only.
+
+    (A mark on a later item of an input, say a ``doc.bind`` swap's, is kept: see the next test.)
+    """
+    doc = ctx.doc("control", defaults={"prompt": "a"})
+
+    def steering() -> Iterator[str]:
+        for index in range(4):
+            if index == 2:
+                doc.steer(prompt="b")
+            yield f"a{index}"
+
+    a, b = ctx.source(steering, name="a"), ctx.source("wxyz", name="b")
+    out = drive_items([a, b] | ctx.merge(name="mix") | ctx.pipe(str, name="after"), 4)
+    assert [(i.payload, i.metadata.prompt_generation, i.metadata.cutover) for i in out] == [
+        ("a0", 0, False),
+        ("w", 0, False),
+        ("a1", 0, False),
+        ("x", 0, False),
+        ("a2", 1, True),
+        ("y", 1, False),  # b's source marked it too: the steer's second mark
+        ("a3", 1, False),
+        ("z", 1, False),
+    ]
+
+
 def test_merge_follows_virtual_arrival_times(ctx: Context) -> None:
     """A source behind an unbatch delivers its burst at once; merge keeps that order."""
     a = ctx.source([[0, 1, 2], [3]], name="a") | ctx.unbatch()

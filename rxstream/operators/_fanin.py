@@ -16,7 +16,15 @@ import reactivex
 from reactivex import Observable, Observer, abc, operators
 from reactivex.disposable import CompositeDisposable
 
-from rxstream.item import PipelineItem, merge_metadata, now
+from rxstream.item import (
+    PipelineItem,
+    PipelineMetadata,
+    _base,
+    _linked,
+    evolve_metadata,
+    merge_metadata,
+    now,
+)
 from rxstream.operators._core import attach
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
@@ -148,27 +156,68 @@ def combine_operator(fn: Callable[..., Any] | None = None) -> Callable[[StageShe
 
 
 def merge_operator() -> Callable[[StageShell], Operator]:
-    """Every item of every input, in arrival order, metadata kept (plus stamps)."""
+    """Every item of every input, in arrival order, metadata kept (plus stamps).
+
+    One cutover a steer: every source marks its first item of a new generation, so with two
+    sources merged the steer would reach egress twice. The first input to bring the new
+    generation's marked item keeps the mark; the first items of that generation from the
+    other inputs lose it (a mark on a later item of an input, a ``doc.bind`` swap's, stays).
+    """
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
-            source = reactivex.merge(*ports)
-
             def subscribe(
                 observer: abc.ObserverBase[PipelineItem],
                 scheduler: abc.SchedulerBase | None = None,
             ) -> abc.DisposableBase:
-                def on_next(item: PipelineItem) -> None:
+                n = len(ports)
+                done = [False] * n
+                seen = [-1] * n  # the newest prompt generation each input brought
+                cut = [-1]  # the newest generation whose cutover went out
+
+                def on_next(index: int, item: PipelineItem) -> None:
                     started = now()
                     counters.items_in += 1
+                    base = _base(item)
+                    generation = base.prompt_generation
+                    if generation > seen[index]:  # this input's first item of a generation
+                        seen[index] = generation
+                        if base.cutover:
+                            if cut[0] == generation:  # another input's went out already
+                                item = _uncut(item, base)
+                            else:
+                                cut[0] = max(cut[0], generation)
                     observer.on_next(shell.forward(item, item.payload, started))
 
-                return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
+                def on_completed(index: int) -> None:
+                    done[index] = True
+                    if all(done):
+                        observer.on_completed()
+
+                def port(index: int, stream: ItemStream) -> abc.DisposableBase:
+                    return attach(
+                        stream,
+                        lambda item: on_next(index, item),
+                        observer.on_error,
+                        lambda: on_completed(index),
+                        scheduler,
+                    )
+
+                # every port reaches this stage's thread through its inbox: one at a time
+                return CompositeDisposable([port(i, stream) for i, stream in enumerate(ports)])
 
             return Observable(subscribe)
 
         return operator
 
     return build
+
+
+def _uncut(item: PipelineItem, base: PipelineMetadata) -> PipelineItem:
+    """``item`` without its cutover mark (its stamps kept)."""
+    chain = item.__dict__.get("_st")
+    if "_md" not in item.__dict__:  # an item whose metadata is built: the timeline is in it
+        return PipelineItem(item.payload, evolve_metadata(base, cutover=False))
+    return _linked(item.payload, evolve_metadata(base, cutover=False), chain)
