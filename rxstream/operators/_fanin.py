@@ -2,9 +2,12 @@
 
 Each output of ``zip``/``combine`` is one group of input items; its metadata follows the N:1
 rule (:func:`rxstream.item.merge_metadata`), so the newest input's correlation and timeline
-travel on. ``items_in`` counts arrivals on every input; an arrival that never becomes part of
-an output is counted as dropped, reason ``unpaired``: for ``combine`` a value replaced before
-every input had one, for ``zip`` what is left unpaired when it completes.
+travel on (``cutover`` if any input had it: an input's marked item marks every ``combine``
+output it is part of). ``merge`` passes a steer's mark once, however many of its inputs'
+sources marked it (:class:`_Cutovers`). ``items_in`` counts arrivals on every input; an
+arrival that never becomes part of an output is counted as dropped, reason ``unpaired``: for
+``combine`` a value replaced before every input had one, for ``zip`` what is left unpaired
+when it completes.
 """
 
 from __future__ import annotations
@@ -32,6 +35,32 @@ from rxstream.typing import ItemStream, Operator
 __all__ = ["combine_groups", "combine_operator", "merge_operator", "merged", "zip_operator"]
 
 Group = tuple[PipelineItem, ...]
+
+
+class _Cutovers:
+    """One cutover a steer at a merge.
+
+    Every source marks its first item of a new prompt generation, so two sources would bring a
+    steer's mark twice. The first input to bring the new generation's marked item keeps the
+    mark; the first items of that generation from the other inputs lose it. A mark on a later
+    item of an input (a ``doc.bind`` swap's) is kept.
+    """
+
+    def __init__(self, inputs: int) -> None:
+        self._seen = [-1] * inputs  # the newest prompt generation each input brought
+        self._cut = -1  # the newest generation whose mark went out
+
+    def admit(self, index: int, item: PipelineItem) -> PipelineItem:
+        """``item``, arriving on input ``index``: as it is, or without a second mark."""
+        base = _base(item)
+        generation = base.prompt_generation
+        if generation > self._seen[index]:  # this input's first item of a generation
+            self._seen[index] = generation
+            if base.cutover:
+                if self._cut == generation:  # another input's went out already
+                    return _uncut(item, base)
+                self._cut = max(self._cut, generation)
+        return item
 
 
 def combine_groups(ports: Sequence[ItemStream], shell: StageShell) -> Observable[Group]:
@@ -156,13 +185,8 @@ def combine_operator(fn: Callable[..., Any] | None = None) -> Callable[[StageShe
 
 
 def merge_operator() -> Callable[[StageShell], Operator]:
-    """Every item of every input, in arrival order, metadata kept (plus stamps).
-
-    One cutover a steer: every source marks its first item of a new generation, so with two
-    sources merged the steer would reach egress twice. The first input to bring the new
-    generation's marked item keeps the mark; the first items of that generation from the
-    other inputs lose it (a mark on a later item of an input, a ``doc.bind`` swap's, stays).
-    """
+    """Every item of every input, in arrival order, metadata kept (plus stamps); one cutover
+    a steer (:class:`_Cutovers`)."""
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
@@ -174,21 +198,12 @@ def merge_operator() -> Callable[[StageShell], Operator]:
             ) -> abc.DisposableBase:
                 n = len(ports)
                 done = [False] * n
-                seen = [-1] * n  # the newest prompt generation each input brought
-                cut = [-1]  # the newest generation whose cutover went out
+                admit = _Cutovers(n).admit
 
                 def on_next(index: int, item: PipelineItem) -> None:
                     started = now()
                     counters.items_in += 1
-                    base = _base(item)
-                    generation = base.prompt_generation
-                    if generation > seen[index]:  # this input's first item of a generation
-                        seen[index] = generation
-                        if base.cutover:
-                            if cut[0] == generation:  # another input's went out already
-                                item = _uncut(item, base)
-                            else:
-                                cut[0] = max(cut[0], generation)
+                    item = admit(index, item)
                     observer.on_next(shell.forward(item, item.payload, started))
 
                 def on_completed(index: int) -> None:
