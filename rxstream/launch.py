@@ -555,14 +555,9 @@ def _listen(conn: Connection, ctx: Context, run: Run) -> None:
         except (EOFError, OSError):  # the controller is gone: stop
             run.fail(PipelineError("controller", RuntimeError("rank 0 went away")))
             return
-        kind = message[0]
-        if kind == "doc":
-            _, name, state, version = message
-            ctx.doc(name).replicate(state, version)
-        elif kind == "generations":
-            _, state, steered_at = message
-            ctx.generations.replicate(state, steered_at)
-        elif kind == "stop":
+        if apply_replica(ctx, message):
+            continue
+        if message[0] == "stop":
             run.halt()
             run.done.set()
             return
@@ -1015,6 +1010,21 @@ def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any
     subscriptions.append(_Unlisten(gens.listeners, on_generations))
     on_generations(gens.state())  # as they are now: a steer made before the ranks started
     return subscriptions
+
+
+def apply_replica(ctx: Context, message: tuple[Any, ...]) -> bool:
+    """Apply a message :func:`replicate` sent (a doc write, the generations) to this rank's
+    ``ctx``; whether it was one."""
+    kind = message[0]
+    if kind == "doc":
+        _, name, state, version = message
+        ctx.doc(name).replicate(state, version)
+    elif kind == "generations":
+        _, state, steered_at = message
+        ctx.generations.replicate(state, steered_at)
+    else:
+        return False
+    return True
 
 
 class _Unlisten:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
-from rxstream.launch import LaunchResult, describe, replicate
+from rxstream.launch import LaunchResult, apply_replica, describe, replicate
 from rxstream.runtime._distboundary import DistChannel, DistRun, RankLost
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 
@@ -169,8 +169,9 @@ class Control:
             self.changed.set()
 
     def _apply(self, peer: int, message: tuple[Any, ...]) -> None:
+        if apply_replica(self.launch.ctx, message):  # a doc write, the generations
+            return
         kind = message[0]
-        ctx = self.launch.ctx
         if kind == "report":
             self.reports[peer] = (message[1], message[2])
             self.live[peer] = stats_from_wire(message[3])
@@ -178,12 +179,6 @@ class Control:
             self.errors.setdefault(peer, message[1])
         elif kind == "final":
             self.finals[peer] = (message[1], stats_from_wire(message[2]))
-        elif kind == "doc":
-            _, name, state, version = message
-            ctx.doc(name).replicate(state, version)
-        elif kind == "generations":
-            _, state, steered_at = message
-            ctx.generations.replicate(state, steered_at)
         elif kind == "stop":
             self.stop = (message[1],)
         elif kind == "bye":
