@@ -41,12 +41,13 @@ from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
 from rxstream.topology._edges import check_chunks
 from rxstream.transport import CODECS, MemoryTransport, Transport
-from rxstream.typing import InboxPolicy, OnError, PaceOverflow, StageFn
+from rxstream.typing import InboxPolicy, OnError, PaceOverflow, PacePhase, StageFn
 
 __all__ = ["Context"]
 
 _log = structlog.get_logger("rxstream")
 _OVERFLOWS = get_args(PaceOverflow)
+_PHASES = get_args(PacePhase)
 
 
 class Context:
@@ -298,11 +299,14 @@ class Context:
         capacity: int = DEFAULT_CAPACITY,
         name: str | None = None,
         rank: int | None = None,
+        phase: PacePhase = "lock",
     ) -> Stage:
-        """Fixed-rate output at ``fps``; ``pts`` counts in ``time_base`` (default ``1/fps``).
+        """Steady output at ``fps``; ``pts`` counts in ``time_base`` (default ``1/fps``).
 
         On underflow the last frame repeats marked ``idle=True``; on overflow ``throttle``
-        holds the upstream (backpressure) and ``latest`` drops the oldest frame.
+        holds the upstream (backpressure) and ``latest`` drops the oldest frame. ``phase``
+        ``"lock"`` places the ticks just after the frames arrive (each period within ±10 % of
+        ``1/fps``); ``"fixed"`` keeps a fixed grid from the first frame.
         """
         label = name or "pace"
         if isinstance(fps, bool) or not isinstance(fps, int | float | Fraction):
@@ -313,6 +317,10 @@ class Context:
             raise StageBuildError(
                 f"overflow must be one of {', '.join(_OVERFLOWS)}, got {overflow!r} "
                 f"for stage {label!r}"
+            )
+        if phase not in _PHASES:
+            raise StageBuildError(
+                f"phase must be one of {', '.join(_PHASES)}, got {phase!r} for stage {label!r}"
             )
         period = Fraction(fps).limit_denominator(1001) ** -1
         base = period if time_base is None else Fraction(time_base)
@@ -328,10 +336,10 @@ class Context:
             "pace",
             name,
             "pace",
-            build=pace_operator(float(period), int(ratio), capacity, overflow),
+            build=pace_operator(float(period), int(ratio), capacity, overflow, phase),
             rank=rank,
             inbox=InboxSpec(capacity, "latest" if overflow == "latest" else "block"),
-            options={"fps": fps, "time_base": base, "overflow": overflow},
+            options={"fps": fps, "time_base": base, "overflow": overflow, "phase": phase},
         )
 
     def unbatch(

@@ -15,6 +15,7 @@ __all__ = [
     "OnError",
     "Operator",
     "PaceOverflow",
+    "PacePhase",
     "StageFn",
 ]
 
@@ -35,3 +36,6 @@ OnError: TypeAlias = Literal["raise", "skip"]
 
 PaceOverflow: TypeAlias = Literal["throttle", "latest"]
 """What ``pace`` does when frames come faster than its rate: hold the upstream, or drop."""
+
+PacePhase: TypeAlias = Literal["lock", "fixed"]
+"""Where ``pace`` puts its ticks: locked to just after the arrivals, or on a fixed grid."""

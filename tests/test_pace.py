@@ -1,4 +1,5 @@
-"""ctx.pace on virtual time: pts in the time base, idle repeats, overflow policies, build errors.
+"""ctx.pace on virtual time: pts in the time base, idle repeats, overflow policies, build errors,
+and the phase lock (steady rate, bounded slew, idle repeat, catch-up) against the fixed grid.
 
 Everything runs through ``pipeline.drive(interval=...)``: sources are pulled ``interval``
 virtual seconds apart and the pace ticks run on the drive's virtual clock, so the number of
@@ -8,14 +9,23 @@ private stage shell and clock, so it is not driven through ``reactivex.testing``
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import itertools
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import pytest
+from reactivex.subject import Subject
 
 from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
+from rxstream.doc._generations import Generations
+from rxstream.operators._pace import MIN_LEAD, SLEW, pace_operator
+from rxstream.runtime._shell import StageShell
+from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
+from rxstream.typing import PacePhase
 
 
 def frames(out: list[PipelineItem]) -> list[tuple[Any, int, bool]]:
@@ -55,8 +65,9 @@ def test_pts_steps_in_the_declared_time_base(
 
 
 def test_underflow_repeats_the_last_frame_marked_idle(ctx: Context) -> None:
-    """Frames every 0.25 s at 10 fps: each tick without a new frame repeats the last, idle."""
-    out = drive_items(ctx.source(range(10)) | ctx.pace(fps=10), 3, interval=0.25)
+    """Frames every 0.25 s at 10 fps on the grid: each tick without a new frame repeats the last."""
+    pace = ctx.pace(fps=10, phase="fixed")
+    out = drive_items(ctx.source(range(10)) | pace, 3, interval=0.25)
     assert frames(out) == [
         (0, 0, False),
         (0, 1, True),
@@ -124,7 +135,7 @@ def test_empty_upstream_completes_without_output(ctx: Context) -> None:
 
 def test_overflow_latest_drops_the_oldest_and_counts_it(ctx: Context) -> None:
     """overflow='latest' (capacity 2): frames every 30 ms into 10 fps drop the oldest, counted."""
-    pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest")
+    pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest", phase="fixed")
     out = drive_items(pipeline, 8, interval=0.03)
     assert frames(out) == [
         (0, 0, False),
@@ -140,7 +151,7 @@ def test_overflow_latest_drops_the_oldest_and_counts_it(ctx: Context) -> None:
 
 def test_overflow_latest_respects_the_capacity(ctx: Context) -> None:
     """overflow='latest' with capacity=1 keeps only the newest frame between ticks."""
-    pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest", capacity=1)
+    pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
     out = drive_items(pipeline, 8, interval=0.03)
     assert [item.payload for item in out] == [0, 3, 6, 7]
     assert dict(pipeline.statistics()["pace"].dropped) == {"latest": 4}
@@ -199,3 +210,174 @@ def test_bad_pace_arguments_raise_stage_build_error(
     """Bad fps, overflow or time_base fail at build time with a message stating the rule."""
     with pytest.raises(StageBuildError, match=message):
         ctx.pace(**kwargs)
+
+
+# --- the phase lock, on virtual time ------------------------------------------------------------
+#
+# These drive the pace core alone on a VirtualClock: each frame arrives at a virtual time the
+# test chooses (a Subject fed by scheduled actions), and every emission is recorded with the
+# virtual time of its tick, so holds and periods are exact. P is the frame period (10 fps).
+
+P = 0.1
+
+
+@dataclass(frozen=True)
+class Tick:
+    """One emission of the pace: when (virtual s), which frame, idle or not."""
+
+    at: float
+    frame: int
+    idle: bool
+
+
+def run_pace(arrivals: Sequence[float], *, phase: PacePhase = "lock") -> list[Tick]:
+    """Frames 0, 1, ... arriving at ``arrivals`` into a 10 fps pace; every tick it emits."""
+    clock = VirtualClock()
+    shell = StageShell(
+        "pace", "pace", clock, "raise", _unexpected, _unexpected, Generations(), timing=False
+    )
+    subject: Subject[PipelineItem] = Subject()
+    ticks: list[Tick] = []
+    stream = pace_operator(P, 1, 2, "throttle", phase)(shell)([subject])
+
+    def record(item: PipelineItem) -> None:
+        ticks.append(Tick(clock.clock(), item.payload, item.metadata.idle))
+
+    stream.subscribe(record)
+    for frame, at in enumerate(arrivals):
+        clock.schedule_absolute(at, _feed(subject, frame))
+
+    def complete(_scheduler: Any, _state: Any = None) -> None:
+        subject.on_completed()
+
+    clock.schedule_absolute(max(arrivals) + 1e-6, complete)
+    clock.run()
+    return ticks
+
+
+def _feed(subject: Subject[PipelineItem], frame: int) -> Any:
+    """A scheduled action that pushes frame ``frame`` into ``subject``."""
+
+    def action(_scheduler: Any, _state: Any = None) -> None:
+        subject.on_next(PipelineItem(frame, PipelineMetadata()))
+
+    return action
+
+
+def _unexpected(*args: Any) -> None:
+    """A shell callback the pace must never use here (failures, async calls)."""
+    raise AssertionError(f"unexpected call with {args!r}")
+
+
+def holds(ticks: list[Tick], arrivals: Sequence[float]) -> list[float]:
+    """How long each real frame waited between its arrival and its tick (s), in frame order."""
+    return [tick.at - arrivals[tick.frame] for tick in ticks if not tick.idle]
+
+
+def periods(ticks: list[Tick]) -> list[float]:
+    """The time between consecutive ticks (s)."""
+    return [b.at - a.at for a, b in itertools.pairwise(ticks)]
+
+
+# Frame 0 arrives at 0 s (it anchors the ticks), every later frame 40 ms before its grid tick
+# (a slow first frame): on a fixed grid each waits 40 ms for its tick.
+LATE_PHASE = [0.0] + [k * P - 0.04 for k in range(1, 200)]
+
+
+def test_fixed_grid_holds_frames_for_the_rest_of_the_period() -> None:
+    """phase='fixed': ticks exactly on the grid from the first frame; each frame waits 40 ms."""
+    ticks = run_pace(LATE_PHASE, phase="fixed")
+    assert [tick.frame for tick in ticks] == list(range(200))
+    assert not any(tick.idle for tick in ticks)
+    assert [tick.at for tick in ticks] == pytest.approx([k * P for k in range(200)], abs=1e-9)
+    assert holds(ticks, LATE_PHASE)[1:] == pytest.approx([0.04] * 199, abs=1e-9)
+
+
+def test_lock_moves_the_ticks_to_just_after_the_arrivals() -> None:
+    """phase='lock': the hold converges from 40 ms to the minimum lead, frames in order."""
+    ticks = run_pace(LATE_PHASE)
+    assert [tick.frame for tick in ticks if not tick.idle] == list(range(200))
+    settled = holds(ticks, LATE_PHASE)[60:]
+    assert max(settled) <= MIN_LEAD + 1e-6
+    assert min(settled) >= 0.0
+
+
+def test_lock_keeps_the_rate_over_many_periods() -> None:
+    """Steady arrivals at the rate: after locking, one tick per period, each one a real frame."""
+    ticks = run_pace(LATE_PHASE)
+    assert sum(tick.idle for tick in ticks) == 0
+    settled = periods(ticks)[60:]
+    assert settled == pytest.approx([P] * len(settled), rel=1e-3)
+    assert (ticks[-1].at - ticks[60].at) / (len(ticks) - 61) == pytest.approx(P, rel=1e-4)
+
+
+def jittery_arrivals(seed: int) -> list[float]:
+    """300 frames at the rate with ±20 ms jitter, a 0.5 s stall and a burst of three."""
+    rng = random.Random(seed)
+    times = [k * P + rng.uniform(-0.02, 0.02) for k in range(300)]
+    times[100:] = [t + 0.5 for t in times[100:]]  # the upstream stalls for half a second
+    times[201] = times[202] = times[200]  # then three frames at once
+    return sorted(max(t, 0.0) for t in times)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_lock_slews_every_period_within_ten_percent(seed: int) -> None:
+    """Jitter, a stall and a burst: no period is ever outside 1/fps ± 10 %."""
+    arrivals = jittery_arrivals(seed)
+    ticks = run_pace(arrivals)
+    assert [tick.frame for tick in ticks if not tick.idle] == list(range(300))
+    spans = periods(ticks)
+    assert min(spans) >= (1 - SLEW) * P - 1e-9
+    assert max(spans) <= (1 + SLEW) * P + 1e-9
+    assert min(spans) < 0.95 * P  # the lock did slew (the burst made it catch up)
+
+
+def test_lock_repeats_idle_on_underflow_at_the_rate() -> None:
+    """A 0.45 s gap in the arrivals: the last frame repeats marked idle, one per period."""
+    arrivals = [k * P for k in range(10)] + [1.35 + k * P for k in range(10)]
+    ticks = run_pace(arrivals)
+    gap = [tick for tick in ticks if tick.idle]
+    assert [tick.frame for tick in gap] == [9] * len(gap)
+    assert 3 <= len(gap) <= 5
+    assert [tick.frame for tick in ticks if not tick.idle] == list(range(20))
+    assert all((1 - SLEW) * P - 1e-9 <= span <= (1 + SLEW) * P + 1e-9 for span in periods(ticks))
+
+
+def test_lock_catches_up_after_a_frame_misses_its_tick() -> None:
+    """A frame 40 ms late: one idle repeat, then ticks run fast until holds are short again."""
+    arrivals = [k * P for k in range(100)]
+    arrivals[50:] = [t + 0.005 for t in arrivals[50:]]
+    arrivals[50] += 0.04  # misses its tick; the ones after arrive on time
+    ticks = run_pace(arrivals)
+    assert [tick.frame for tick in ticks if tick.idle] == [49]
+    after = holds(ticks, arrivals)[51:]
+    assert after[0] > 0.5 * P  # frame 51 waited behind the late frame
+    assert max(after[15:]) < 0.02  # and the lock has caught up since
+    assert min(periods(ticks)) >= (1 - SLEW) * P - 1e-9
+
+
+def test_lock_does_not_speed_up_for_a_faster_upstream() -> None:
+    """Frames at twice the rate (buffered, throttled): the ticks keep 1/fps over the long run."""
+    arrivals = [k * P / 2 for k in range(400)]
+    ticks = run_pace(arrivals)
+    assert [tick.frame for tick in ticks] == list(range(400))
+    assert ticks[-1].at - ticks[0].at >= (399 - 1) * P  # at most one period gained
+    assert all(span >= (1 - SLEW) * P - 1e-9 for span in periods(ticks))
+    assert periods(ticks)[20:] == pytest.approx([P] * (399 - 20), rel=1e-6)
+
+
+def test_lock_and_fixed_both_drive_through_a_pipeline(ctx: Context) -> None:
+    """Under drive(), both phases emit every frame in order with pts counting ticks."""
+    for phase in ("lock", "fixed"):
+        pace = ctx.pace(fps=10, phase=phase, name=f"pace_{phase}")
+        out = drive_items(ctx.source(range(6), name=f"src_{phase}") | pace, 6, interval=0.1)
+        assert [item.payload for item in out if not item.metadata.idle] == list(range(6))
+        assert [item.metadata.pts for item in out] == list(range(len(out)))
+
+
+def test_bad_phase_raises_stage_build_error(ctx: Context) -> None:
+    """phase must be lock or fixed; anything else fails at build time naming the stage."""
+    with pytest.raises(
+        StageBuildError, match=r"^phase must be one of lock, fixed, got 'grid' for stage 'pace'$"
+    ):
+        ctx.pace(fps=24, phase="grid")  # type: ignore[arg-type]

@@ -34,8 +34,8 @@ SLEEP = 0.05
 
 
 def hop_sum(record: TimingRecord) -> float:
-    """The record's hops, wait and compute, summed (ms)."""
-    return sum(hop.wait_ms + hop.compute_ms for hop in record.hops)
+    """The record's hops, wait, hold and compute, summed (ms)."""
+    return sum(hop.wait_ms + hop.hold_ms + hop.compute_ms for hop in record.hops)
 
 
 def hops_of(record: TimingRecord) -> dict[str, HopTiming]:

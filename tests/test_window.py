@@ -115,11 +115,11 @@ def test_window_merges_generations_and_cutover(ctx: Context) -> None:
 
 
 def test_window_timeline_is_the_newest_tick_plus_its_own_stamps(ctx: Context) -> None:
-    """The timeline is the newest tick's (input.recv, source stamps) then window.in/.out."""
+    """The timeline is the newest tick's (input.recv, source stamps) then window.in/.hold/.out."""
     out = drive_items(ctx.source(ticks) | ctx.window(count=2, name="win"), 5)
     for item, newest in zip(out, [2, 4, 5], strict=True):
         hops = [hop for hop, _ in item.metadata.timeline]
-        assert hops == ["input.recv", "ticks.in", "ticks.out", "win.in", "win.out"]
+        assert hops == ["input.recv", "ticks.in", "ticks.out", "win.in", "win.hold", "win.out"]
         assert item.metadata.timeline[0] == ("input.recv", float(newest))
 
 

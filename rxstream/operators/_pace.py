@@ -1,14 +1,33 @@
-"""``ctx.pace(fps=…)``: fixed-rate output on the stage scheduler's timer.
+"""``ctx.pace(fps=…)``: steady-rate output on the stage scheduler's timer.
 
-Frames wait in a small buffer; every ``1/fps`` seconds a tick emits the oldest with the next
-``pts`` (``step`` units of the declared time base per frame). On underflow a tick repeats the
-last frame marked ``idle=True``. On overflow, ``throttle`` stops taking items from the inbox
-until a tick makes room (the inbox then fills and blocks the upstream: backpressure), and
-``latest`` drops the oldest buffered frame (counted, reason ``latest``). Ticks are anchored at
-the first frame's arrival and scheduled at absolute times, so they do not drift; a tick that
-comes more than one period late re-anchors instead of bursting to catch up. After the upstream
-completes, the buffer drains at the same rate and the stage completes (no idle tail). A frame
-of a stale generation (after a steer) is never repeated: that tick emits nothing.
+Frames wait in a small buffer; every tick emits the oldest with the next ``pts`` (``step``
+units of the declared time base per frame). On underflow a tick repeats the last frame marked
+``idle=True``. On overflow, ``throttle`` stops taking items from the inbox until a tick makes
+room (the inbox then fills and blocks the upstream: backpressure), and ``latest`` drops the
+oldest buffered frame (counted, reason ``latest``). After the upstream completes, the buffer
+drains at the same rate and the stage completes (no idle tail). A frame of a stale generation
+(after a steer) is never repeated: that tick emits nothing.
+
+Where the ticks fall (``phase``):
+
+- ``"fixed"``: a grid of ``1/fps`` anchored at the first frame's arrival, at absolute times so
+  it does not drift. A frame waits for the next grid tick, however far off that is.
+- ``"lock"`` (default): the same grid, moved by an offset that the pace steers so each tick
+  falls a small lead after the frame it emits arrived. After each real frame the offset moves
+  by half the error (the frame's hold minus the lead), at most 10 % of a period, so every
+  period stays within ±10 % of ``1/fps``. The offset stays within one period of the grid,
+  which keeps the long-run rate at ``fps`` (an upstream faster than ``fps`` cannot speed the
+  pace up); an idle repeat re-centres the grid on the current ticks (the pace ran dry, so the
+  arrivals, not the grid, set the phase). The lead is three times the mean deviation of the
+  arrivals from one period after the previous frame (between 1 ms and a quarter period; a
+  deviation counts for at most a quarter period): steady arrivals get a short lead, jittery
+  ones a longer lead, so a late frame rarely misses its tick.
+  A frame that does miss costs one idle repeat; the ticks then run up to 10 % fast until the
+  frames leave soon after they arrive again.
+
+In both, a tick that comes more than one period late re-anchors instead of bursting to catch
+up. The pace's output stamps ``pace.in`` (arrival), ``pace.hold`` (its tick) and ``pace.out``:
+the wait for the tick is the frame's hold, not compute (:mod:`rxstream.operators._hold`).
 """
 
 from __future__ import annotations
@@ -22,14 +41,22 @@ from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposab
 
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
 from rxstream.operators._core import attach, one_input
+from rxstream.operators._hold import held_stamps
 from rxstream.runtime._shell import StageShell
-from rxstream.typing import ItemStream, Operator, PaceOverflow
+from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
-__all__ = ["pace_operator"]
+__all__ = ["SLEW", "pace_operator"]
+
+SLEW = 0.1
+"""The most a phase-locked period differs from ``1/fps``, as a fraction of it."""
+GAIN = 0.5
+"""The share of a frame's phase error the lock corrects at the next tick."""
+MIN_LEAD = 0.001
+"""The shortest lead (s) the lock keeps between a frame's arrival and its tick."""
 
 
 def pace_operator(
-    period: float, step: int, capacity: int, overflow: PaceOverflow
+    period: float, step: int, capacity: int, overflow: PaceOverflow, phase: PacePhase = "lock"
 ) -> Callable[[StageShell], Operator]:
     """Emit one buffered frame every ``period`` seconds, ``pts`` advancing by ``step``."""
 
@@ -39,9 +66,8 @@ def pace_operator(
             observer: abc.ObserverBase[PipelineItem],
             scheduler: abc.SchedulerBase | None,
         ) -> abc.DisposableBase:
-            return _Pacer(shell, observer, period, step, capacity, overflow).attach(
-                source, scheduler
-            )
+            pacer = _Pacer(shell, observer, period, step, capacity, overflow, phase == "lock")
+            return pacer.attach(source, scheduler)
 
         return one_input(subscribe)
 
@@ -59,6 +85,7 @@ class _Pacer:
         step: int,
         capacity: int,
         overflow: PaceOverflow,
+        lock: bool,
     ) -> None:
         self.shell = shell
         self.sched = shell.scheduler
@@ -67,9 +94,20 @@ class _Pacer:
         self.step = step
         self.capacity = capacity
         self.throttle = overflow == "throttle"
-        self.buffer: deque[tuple[PipelineItem, float]] = deque()
+        self.lock = lock
+        self.stamps = held_stamps(shell)
+        # (item, arrival stamp on the monotonic clock, arrival on the scheduler's clock)
+        self.buffer: deque[tuple[PipelineItem, float, float]] = deque()
         self.anchor: float | None = None
         self.ticks = 0
+        self.offset = 0.0
+        """Where the lock has moved the ticks from the grid ``anchor + ticks * period``."""
+        self.jitter = period / 48
+        """Mean deviation of arrivals from the lock's expectation (starts at a lead of P/16)."""
+        self.lead = period / 16
+        """How long after its arrival the lock aims to emit a frame."""
+        self.expect: float | None = None
+        """The hold the next frame will have if it arrives one period after the last one."""
         self.last: PipelineItem | None = None
         self.done = False
         self.timer = SerialDisposable()
@@ -87,14 +125,15 @@ class _Pacer:
     def on_next(self, item: PipelineItem) -> None:
         self.shell.counters.items_in += 1
         buffer = self.buffer
-        buffer.append((item, now()))
+        at = self.sched.clock()
+        buffer.append((item, now(), at))
         if len(buffer) > self.capacity and not self.throttle:
             buffer.popleft()
             self.shell.counters.drop("latest")
         if self.throttle and len(buffer) >= self.capacity:
             self.sched.set_accepting(False)
         if self.anchor is None:
-            self.anchor = self.sched.clock()
+            self.anchor = at
             self._schedule(self.anchor)
 
     def on_error(self, error: Exception) -> None:
@@ -112,12 +151,16 @@ class _Pacer:
     def _tick(self, _scheduler: abc.SchedulerBase, _state: Any = None) -> None:
         shell = self.shell
         pts = self.ticks * self.step
+        assert self.anchor is not None
         if self.buffer:
-            item, arrived = self.buffer.popleft()
+            released = now()
+            item, arrived, at = self.buffer.popleft()
             self.sched.set_accepting(True)
             metadata = evolve_metadata(item.metadata, pts=pts, idle=False)
-            out = shell.emit(item.payload, _with_stamps(metadata, shell.stamps(arrived)))
+            out = shell.emit(item.payload, _with_stamps(metadata, self.stamps(arrived, released)))
             self.last = out
+            if self.lock:
+                self._steer(self.sched.clock() - at)
         elif self.done:
             self.observer.on_completed()
             return
@@ -128,17 +171,34 @@ class _Pacer:
             out = shell.emit(
                 last.payload, evolve_metadata(last.metadata, pts=pts, idle=True, cutover=False)
             )
+            self.anchor += self.offset  # ran dry: the grid re-centres on the ticks as they are
+            self.offset = 0.0
+            self.expect = None
         else:  # nothing to show: the last frame went stale with a steer
             out = None
-        assert self.anchor is not None
+            self.expect = None
         if out is None:
             self.anchor += self.period  # the skipped slot shifts the clock, not the pts
         else:
             self.ticks += 1
             self.observer.on_next(out)
-        due = self.anchor + self.ticks * self.period
+        due = self.anchor + self.ticks * self.period + self.offset
         late = self.sched.clock() - due
         if late > self.period:
             self.anchor += late
             due += late
         self._schedule(due)
+
+    def _steer(self, hold: float) -> None:
+        """Move the next tick toward ``lead`` after the arrivals: ``hold`` was this frame's."""
+        period = self.period
+        most = period / 4
+        if self.expect is not None:  # how far this arrival was from one period after the last
+            self.jitter += (min(abs(hold - self.expect), most) - self.jitter) / 8
+            self.lead = min(max(3 * self.jitter, MIN_LEAD), most)
+        error = hold - self.lead  # > 0: the frame waited longer than the lead, tick earlier
+        slew = SLEW * period
+        step = min(max(-GAIN * error, -slew), slew)
+        offset = min(max(self.offset + step, -period), period)
+        self.expect = hold + offset - self.offset
+        self.offset = offset

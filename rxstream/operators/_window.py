@@ -4,6 +4,10 @@ A window opens with its first item and is emitted when it holds ``count`` items 
 milliseconds after it opened, whichever comes first; empty windows are never emitted. The
 payload is the list of payloads; the metadata is the N:1 merge, so the newest tick's input
 correlation travels on. The time runs on the stage's scheduler (virtual under ``drive``).
+
+The output's stamps are ``window.in`` (the newest item's arrival), ``window.hold`` (the window
+closed) and ``window.out``: the time the newest item waited for its window to close is its
+hold, not compute (:mod:`rxstream.operators._hold`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposab
 
 from rxstream.item import PipelineItem, merge_metadata, now
 from rxstream.operators._core import attach, one_input
+from rxstream.operators._hold import held_stamps
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
@@ -27,6 +32,8 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
     span = None if ms is None else ms / 1000.0
 
     def build(shell: StageShell) -> Operator:
+        stamps = held_stamps(shell)
+
         def subscribe(
             source: ItemStream,
             observer: abc.ObserverBase[PipelineItem],
@@ -40,12 +47,13 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
             def flush() -> None:
                 if not window:
                     return
+                released = now()
                 items = list(window)
                 window.clear()
                 opened[0] += 1
                 timer.disposable = None
                 metadata = merge_metadata(
-                    [item.metadata for item in items], shell.stamps(arrived[0])
+                    [item.metadata for item in items], stamps(arrived[0], released)
                 )
                 observer.on_next(shell.emit([item.payload for item in items], metadata))
 

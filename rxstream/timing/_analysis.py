@@ -41,7 +41,10 @@ class TimingLog:
     other_events: int = 0
 
     def dataframe(self) -> Any:
-        """One row per (record, hop) as a pandas DataFrame (needs pandas installed)."""
+        """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
+
+        Columns: stream, input_seq, cutover, total_ms, hop, order, wait_ms, compute_ms, hold_ms.
+        """
         import pandas as pd
 
         rows = [
@@ -54,6 +57,7 @@ class TimingLog:
                 "order": index,
                 "wait_ms": hop.wait_ms,
                 "compute_ms": hop.compute_ms,
+                "hold_ms": hop.hold_ms,
             }
             for r in self.records
             for index, hop in enumerate(r.hops)
@@ -115,6 +119,10 @@ class HopSummary:
     count: int
     wait_ms: dict[int, float]
     compute_ms: dict[int, float]
+    hold_ms: dict[int, float] = field(default_factory=dict)
+    """Percentiles of the time the hop held its items (0 in records where it did not hold)."""
+    holds: bool = False
+    """Whether the hop held an item in any record (a ``pace``, a ``window``)."""
 
 
 @dataclass(frozen=True)
@@ -131,15 +139,7 @@ class Summary:
         """A plain dict for other tools (``rxstream timing --json``)."""
         return {
             "records": self.records,
-            "hops": [
-                {
-                    "name": h.name,
-                    "count": h.count,
-                    "wait_ms": {f"p{q}": round(v, 3) for q, v in h.wait_ms.items()},
-                    "compute_ms": {f"p{q}": round(v, 3) for q, v in h.compute_ms.items()},
-                }
-                for h in self.hops
-            ],
+            "hops": [_hop_json(h) for h in self.hops],
             "total_ms": {k: round(v, 3) for k, v in self.total_ms.items()},
             "slowest": [
                 {"stream": r.stream, "input_seq": r.input_seq, "total_ms": round(r.total_ms, 3)}
@@ -149,12 +149,26 @@ class Summary:
         }
 
 
+def _hop_json(h: HopSummary) -> dict[str, Any]:
+    """One hop of ``Summary.to_json``: ``hold_ms`` only for a hop that held items."""
+    entry: dict[str, Any] = {
+        "name": h.name,
+        "count": h.count,
+        "wait_ms": {f"p{q}": round(v, 3) for q, v in h.wait_ms.items()},
+        "compute_ms": {f"p{q}": round(v, 3) for q, v in h.compute_ms.items()},
+    }
+    if h.holds:
+        entry["hold_ms"] = {f"p{q}": round(v, 3) for q, v in h.hold_ms.items()}
+    return entry
+
+
 def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> Summary:
-    """Per hop count and p50/p95/p99 of wait and compute; the end-to-end distribution."""
+    """Per hop count and p50/p95/p99 of wait, hold and compute; the end-to-end distribution."""
     records = list(log.records if isinstance(log, TimingLog) else log)
     malformed = log.malformed if isinstance(log, TimingLog) else ()
     waits: dict[str, list[float]] = {}
     computes: dict[str, list[float]] = {}
+    holds: dict[str, list[float]] = {}
     order: list[str] = []  # the hops in path order, a hop first seen placed after its predecessor
     for record in records:
         previous = None
@@ -163,6 +177,7 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
                 order.insert(0 if previous is None else order.index(previous) + 1, hop.name)
             waits.setdefault(hop.name, []).append(hop.wait_ms)
             computes.setdefault(hop.name, []).append(hop.compute_ms)
+            holds.setdefault(hop.name, []).append(hop.hold_ms)
             previous = hop.name
     hops = tuple(
         HopSummary(
@@ -170,6 +185,8 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
             len(waits[name]),
             {q: _percentile(waits[name], q) for q in PERCENTILES},
             {q: _percentile(computes[name], q) for q in PERCENTILES},
+            {q: _percentile(holds[name], q) for q in PERCENTILES},
+            any(holds[name]),
         )
         for name in order
     )
@@ -181,13 +198,19 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
 
 
 def format_summary(summary: Summary) -> str:
-    """The summary as the text table ``rxstream timing`` prints."""
-    header = ("hop", "count", "wait p50", "p95", "p99", "compute p50", "p95", "p99")
+    """The summary as the text table ``rxstream timing`` prints.
+
+    Hold columns appear when some hop held items; a hop that never held shows ``-`` there.
+    """
+    held = any(h.holds for h in summary.hops)
+    hold_header = ("hold p50", "p95", "p99") if held else ()
+    header = ("hop", "count", "wait p50", "p95", "p99", *hold_header, "compute p50", "p95", "p99")
     rows = [header] + [
         (
             h.name,
             str(h.count),
             *(f"{h.wait_ms[q]:.2f}" for q in PERCENTILES),
+            *(_hold_cells(h) if held else ()),
             *(f"{h.compute_ms[q]:.2f}" for q in PERCENTILES),
         )
         for h in summary.hops
@@ -207,8 +230,15 @@ def format_summary(summary: Summary) -> str:
     return "\n".join(lines)
 
 
+def _hold_cells(h: HopSummary) -> tuple[str, ...]:
+    """A hop's hold percentiles as table cells (``-`` for a hop that never held)."""
+    if not h.holds:
+        return ("-",) * len(PERCENTILES)
+    return tuple(f"{h.hold_ms[q]:.2f}" for q in PERCENTILES)
+
+
 def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) -> None:
-    """Draw a stacked per-hop wait/compute bar (p50) and the end-to-end CDF into a PNG."""
+    """Draw a stacked per-hop wait/hold/compute bar (p50) and the end-to-end CDF into a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -217,9 +247,12 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
     fig, (bars, cdf) = plt.subplots(1, 2, figsize=(11, 4))
     names = [h.name for h in summary.hops]
     wait = [h.wait_ms[50] for h in summary.hops]
+    hold = [h.hold_ms.get(50, 0.0) for h in summary.hops]
     compute = [h.compute_ms[50] for h in summary.hops]
+    held = [w + h for w, h in zip(wait, hold, strict=True)]
     bars.barh(names, wait, label="queue-wait p50", color="#c8a2c8")
-    bars.barh(names, compute, left=wait, label="compute p50", color="#4878a8")
+    bars.barh(names, hold, left=wait, label="hold p50", color="#e8a838")
+    bars.barh(names, compute, left=held, label="compute p50", color="#4878a8")
     bars.invert_yaxis()
     bars.set_xlabel("ms")
     bars.set_title("per hop (p50)")

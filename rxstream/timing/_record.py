@@ -1,4 +1,4 @@
-"""Timing records: one item's timeline folded into per-hop queue-wait and compute."""
+"""Timing records: one item's timeline folded into per-hop queue-wait, hold and compute."""
 
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +18,10 @@ class HopTiming:
     wait_ms: float
     """Queue-wait: from the previous stamp (the upstream ``.out``) to this stage's ``.in``."""
     compute_ms: float
-    """Compute: from this stage's ``.in`` to its ``.out``."""
+    """Compute: from this stage's ``.in`` (its ``.hold`` when it held the item) to its ``.out``."""
+    hold_ms: float = 0.0
+    """Hold: from ``.in`` to ``.hold``, the time a ``pace`` or ``window`` kept the item waiting
+    for its tick or for its window to close (0 for a stage that does not hold)."""
 
 
 @dataclass(frozen=True)
@@ -43,14 +46,18 @@ class TimingRecord:
     origin: str
     """The first stamp: ``input.recv``, ``steer``, or the first stage's ``.in``."""
     total_ms: float
-    """From the origin stamp to the last ``.out`` (egress): the hops' wait and compute summed."""
+    """From the origin stamp to the last ``.out`` (egress): every hop's wait, hold and compute."""
     from_client_ms: float | None
     """Wall-clock ms from ``input_at_ms`` to egress (meaningful when the client clock is shared)."""
     hops: tuple[HopTiming, ...]
     """Each hop in the order it happened."""
 
     def fields(self) -> dict[str, Any]:
-        """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``)."""
+        """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``).
+
+        ``<hop>.hold_ms`` is written only for a hop that held the item (non-zero hold), so the
+        lines of stages that do not hold are as they were; a missing one reads back as 0.
+        """
         flat: dict[str, Any] = {
             "stream": self.stream,
             "input_seq": self.input_seq,
@@ -67,6 +74,8 @@ class TimingRecord:
         }
         for hop in self.hops:
             flat[f"{hop.name}.wait_ms"] = round(hop.wait_ms, 3)
+            if hop.hold_ms:
+                flat[f"{hop.name}.hold_ms"] = round(hop.hold_ms, 3)
             flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
         return flat
 
@@ -75,7 +84,12 @@ class TimingRecord:
         """The record a log line's fields describe (``KeyError``/``ValueError`` when malformed)."""
         names = [name for name in str(flat["hops"]).split(",") if name]
         hops = tuple(
-            HopTiming(name, float(flat[f"{name}.wait_ms"]), float(flat[f"{name}.compute_ms"]))
+            HopTiming(
+                name,
+                float(flat[f"{name}.wait_ms"]),
+                float(flat[f"{name}.compute_ms"]),
+                float(flat.get(f"{name}.hold_ms", 0.0)),
+            )
             for name in names
         )
         from_client = flat.get("from_client_ms")
@@ -101,6 +115,7 @@ def fold(stream: str, metadata: PipelineMetadata, wall_ms: float) -> TimingRecor
     start = timeline[0][1] if timeline else 0.0
     previous = start
     opened: dict[str, float] = {}
+    held: dict[str, float] = {}
     waits: dict[str, float] = {}
     end = start
     for hop, t in timeline:
@@ -111,8 +126,15 @@ def fold(stream: str, metadata: PipelineMetadata, wall_ms: float) -> TimingRecor
         elif hop.endswith(".out"):
             name = hop[:-4]
             began = opened.pop(name, t)
-            hops.append(HopTiming(name, waits.pop(name, 0.0) * 1e3, (t - began) * 1e3))
+            released = held.pop(name, None)
+            wait = waits.pop(name, 0.0) * 1e3
+            if released is None:
+                hops.append(HopTiming(name, wait, (t - began) * 1e3))
+            else:
+                hops.append(HopTiming(name, wait, (t - released) * 1e3, (released - began) * 1e3))
             end = t
+        elif hop.endswith(".hold"):  # a pace or window held the item from .in until now
+            held[hop[:-5]] = t
         previous = t
     from_client = wall_ms - metadata.input_at_ms if metadata.input_at_ms else None
     return TimingRecord(
