@@ -125,9 +125,54 @@ def test_input_at_120hz_into_24fps_gives_one_record_per_window(ctx: rxstream.Con
         assert [hop.name for hop in record.hops] == ["mouse", "window", "pipe", "pace", "video"]
         assert math.isclose(hop_sum(record), record.total_ms, rel_tol=1e-6)
         assert all(hop.wait_ms >= 0 and hop.compute_ms >= 0 for hop in record.hops)
+        # the pace held every frame until its tick; only the window and the pace hold
+        assert hops_of(record)["pace"].hold_ms > 0
+        assert all(hop.hold_ms >= 0 for hop in record.hops)
+        assert {hop.name for hop in record.hops if hop.hold_ms} <= {"window", "pace"}
 
 
 # --- 2. wait vs compute ---------------------------------------------------------------------
+
+
+def test_pace_and_window_hold_is_its_own_category(ctx: rxstream.Context) -> None:
+    """.in -> .hold is hold_ms, .hold -> .out compute_ms; a stage that does not hold has 0."""
+    pipeline = (
+        ctx.input("mouse")
+        | ctx.window(count=1)
+        | ctx.pipe(lambda x: x, name="render")
+        | ctx.pace(fps=10)
+        | ctx.stream("video")
+    )
+    pipeline.feed("mouse", 1)
+    with capture_timing() as records:
+        (item,) = pipeline.drive(frames=1, items=True)
+    (record,) = records
+    stamps = [hop for hop, _ in item.metadata.timeline]
+    assert stamps[3:] == [
+        "window.in",
+        "window.hold",
+        "window.out",
+        "render.in",
+        "render.out",
+        "pace.in",
+        "pace.hold",
+        "pace.out",
+        "video.in",
+        "video.out",
+    ]
+    t = dict(item.metadata.timeline)
+    hops = hops_of(record)
+    for name in ("window", "pace"):
+        assert hops[name].hold_ms == (t[f"{name}.hold"] - t[f"{name}.in"]) * 1e3
+        assert hops[name].compute_ms == (t[f"{name}.out"] - t[f"{name}.hold"]) * 1e3
+    assert hops["render"].hold_ms == 0.0
+    assert hops["render"].compute_ms == (t["render.out"] - t["render.in"]) * 1e3
+    assert math.isclose(hop_sum(record), record.total_ms, rel_tol=1e-9)
+    fields = record.fields()
+    assert "pace.hold_ms" in fields
+    assert "window.hold_ms" in fields
+    assert not {"mouse.hold_ms", "render.hold_ms", "video.hold_ms"} & fields.keys()
+    assert list(fields).index("pace.hold_ms") == list(fields).index("pace.wait_ms") + 1
 
 
 def test_a_sleep_counts_as_compute_of_its_stage_not_wait_downstream(ctx: rxstream.Context) -> None:
@@ -677,7 +722,7 @@ hop_names = st.text(
 millis = st.integers(min_value=-(10**9), max_value=10**9).map(lambda n: n / 1000)
 hops = st.lists(hop_names, unique=True, max_size=8).flatmap(
     lambda names: st.tuples(
-        *(st.builds(HopTiming, st.just(name), millis, millis) for name in names)
+        *(st.builds(HopTiming, st.just(name), millis, millis, millis) for name in names)
     )
 )
 timing_records = st.builds(
@@ -702,7 +747,8 @@ def test_fields_and_from_fields_round_trip(record: TimingRecord) -> None:
     assert TimingRecord.from_fields(flat) == record
     assert TimingRecord.from_fields(json.loads(json.dumps(flat))) == record
     assert flat["hops"] == ",".join(hop.name for hop in record.hops)
-    assert len(flat) == 10 + 2 * len(record.hops)
+    held = sum(1 for hop in record.hops if hop.hold_ms)
+    assert len(flat) == 10 + 2 * len(record.hops) + held  # <hop>.hold_ms only for a hold
 
 
 def test_two_input_streams_into_one_sink_each_get_their_records(ctx: rxstream.Context) -> None:

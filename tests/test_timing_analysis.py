@@ -21,6 +21,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
@@ -425,3 +426,91 @@ def test_cli_missing_file_exits_2_with_a_message(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr == f"rxstream timing: cannot read {missing}: No such file or directory\n"
+
+
+# --- hold: pace and window keep items waiting; its own category ---------------------------------
+
+HELD_LINES = [
+    {
+        "event": "[timing:video]",
+        "stream": "video",
+        "input_seq": seq,
+        "total_ms": 1.0 + hold,
+        "hops": "window,render,pace",
+        "window.wait_ms": 0.1,
+        "window.hold_ms": 8.0 + seq,
+        "window.compute_ms": 0.05,
+        "render.wait_ms": 0.2,
+        "render.compute_ms": 3.0,
+        "pace.wait_ms": 0.1,
+        "pace.hold_ms": hold,
+        "pace.compute_ms": 0.02,
+    }
+    for seq, hold in ((1, 2.0), (2, 4.0), (3, 6.0), (4, 30.0), (5, 8.0))
+]
+
+
+def held_log(tmp_path: Path) -> Path:
+    """A log of five records whose window and pace held their items."""
+    path = tmp_path / "held.jsonl"
+    path.write_text("".join(json.dumps(line) + "\n" for line in HELD_LINES), encoding="utf-8")
+    return path
+
+
+def test_load_reads_hold_and_defaults_it_to_zero(tmp_path: Path) -> None:
+    """<hop>.hold_ms is read into HopTiming.hold_ms; a hop without it holds 0."""
+    (first, *_) = load(held_log(tmp_path)).records
+    assert [(h.name, h.hold_ms) for h in first.hops] == [
+        ("window", 9.0),
+        ("render", 0.0),
+        ("pace", 2.0),
+    ]
+    assert all(hop.hold_ms == 0.0 for r in load(GOLDEN).records for hop in r.hops)
+
+
+def test_summary_has_hold_percentiles_per_hop(tmp_path: Path) -> None:
+    """summarize(): hold p50/p95/p99 per hop, and which hops held at all."""
+    summary = summarize(load(held_log(tmp_path)))
+    window, render, pace = summary.hops
+    # pace holds sorted 2 4 6 8 30 -> p50 6, p95 8 + 0.8 * 22 = 25.6, p99 8 + 0.96 * 22 = 29.12
+    assert pace.hold_ms == {50: approx(6.0), 95: approx(25.6), 99: approx(29.12)}
+    assert window.hold_ms[50] == approx(11.0)
+    assert (window.holds, render.holds, pace.holds) == (True, False, True)
+    assert render.hold_ms == {50: 0.0, 95: 0.0, 99: 0.0}
+    assert pace.compute_ms[50] == approx(0.02)  # the wait for the tick is not compute
+
+
+def test_hold_columns_in_the_table_and_json_only_where_held(tmp_path: Path) -> None:
+    """The table gains hold columns ('-' for a hop that never held); JSON hold_ms likewise."""
+    summary = summarize(load(held_log(tmp_path)))
+    lines = format_summary(summary).splitlines()
+    assert lines[1].split() == [
+        "hop", "count", "wait", "p50", "p95", "p99", "hold", "p50", "p95", "p99",
+        "compute", "p50", "p95", "p99",
+    ]  # fmt: skip
+    assert lines[3].split() == ["render", "5", *["0.20"] * 3, "-", "-", "-", *["3.00"] * 3]
+    assert lines[4].split()[:7] == ["pace", "5", "0.10", "0.10", "0.10", "6.00", "25.60"]
+    hops = summary.to_json()["hops"]
+    assert hops[2]["hold_ms"] == {"p50": 6.0, "p95": 25.6, "p99": 29.12}
+    assert "hold_ms" not in hops[1]
+    assert "hold" not in format_summary(summarize(load(GOLDEN)))  # no hop held: as before
+
+
+def test_plot_draws_hold_as_its_own_bar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """plot() stacks wait, hold and compute p50 per hop: hold is a bar of its own."""
+    from matplotlib.axes import Axes
+
+    drawn: dict[str, list[float]] = {}
+    barh = Axes.barh
+
+    def spy(self: Axes, y: Any, width: Any, *args: Any, label: str = "", **kwargs: Any) -> Any:
+        drawn[label] = list(width)
+        return barh(self, y, width, *args, label=label, **kwargs)
+
+    monkeypatch.setattr(Axes, "barh", spy)
+    log = load(held_log(tmp_path))
+    out = tmp_path / "held.png"
+    plot(summarize(log), log.records, out)
+    assert out.read_bytes().startswith(PNG_MAGIC)
+    assert list(drawn) == ["queue-wait p50", "hold p50", "compute p50"]
+    assert drawn["hold p50"] == [approx(11.0), 0.0, approx(6.0)]
