@@ -374,11 +374,21 @@ class Context:
         rank: int | None = None,
         capacity: int = DEFAULT_CAPACITY,
         policy: InboxPolicy = "block",
+        until: Callable[[Any], bool] | None = None,
     ) -> Stage:
-        """N:1 windows of at most ``count`` items, closed at most ``ms`` after they open."""
+        """N:1 windows of at most ``count`` items, closed at most ``ms`` after they open.
+
+        ``until(payload)`` true closes the window with that item (a clock's tick, say).
+        """
         label = name or "window"
-        if count is None and ms is None:
-            raise StageBuildError(f"window needs count=, ms= or both, got neither for {label!r}")
+        if count is None and ms is None and until is None:
+            raise StageBuildError(
+                f"window needs count=, ms= or until=, got none of them for {label!r}"
+            )
+        if until is not None and not callable(until):
+            raise StageBuildError(
+                f"window until must be a callable, got {until!r} for stage {label!r}"
+            )
         if count is not None and (
             isinstance(count, bool) or not isinstance(count, int) or count < 1
         ):
@@ -396,7 +406,7 @@ class Context:
             "window",
             name,
             "window",
-            build=window_operator(count, ms),
+            build=window_operator(count, ms, until),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
+from rxstream import Context, PipelineError, PipelineItem, PipelineMetadata, StageBuildError
 from rxstream.testing import drive, drive_items
 
 
@@ -154,8 +154,8 @@ def test_window_statistics_count_items_in_and_windows_out(ctx: Context) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({}, r"^window needs count=, ms= or both, got neither for 'window'$"),
-        ({"name": "w"}, r"^window needs count=, ms= or both, got neither for 'w'$"),
+        ({}, r"^window needs count=, ms= or until=, got none of them for 'window'$"),
+        ({"name": "w"}, r"^window needs count=, ms= or until=, got none of them for 'w'$"),
         ({"count": 0}, r"^window count must be an int >= 1, got 0 for stage 'window'$"),
         ({"count": -2}, r"^window count must be an int >= 1, got -2 for stage 'window'$"),
         ({"count": 1.5}, r"^window count must be an int >= 1, got 1\.5 for stage 'window'$"),
@@ -167,6 +167,7 @@ def test_window_statistics_count_items_in_and_windows_out(ctx: Context) -> None:
         ({"ms": "10"}, r"^window ms must be > 0, got '10' for stage 'window'$"),
         ({"ms": float("nan")}, r"^window ms must be > 0, got nan for stage 'window'$"),
         ({"count": 2, "ms": 0}, r"^window ms must be > 0, got 0 for stage 'window'$"),
+        ({"until": 3}, r"^window until must be a callable, got 3 for stage 'window'$"),
     ],
 )
 def test_bad_window_arguments_raise_stage_build_error(
@@ -183,3 +184,55 @@ def test_bool_ms_is_rejected_like_a_bool_count(ctx: Context) -> None:
         StageBuildError, match=r"^window ms must be > 0, got True for stage 'window'$"
     ):
         ctx.window(ms=True)
+
+
+# --- until: another stream's ticks close the windows --------------------------------------------
+
+
+def clock_and_samples() -> Iterator[PipelineItem]:
+    """Pointer samples (input_seq 1..5) with clock ticks (payload None) after the 2nd and 5th."""
+    seq = 0
+    for payload in ("a", "b", None, "c", "d", "e", None):
+        if payload is None:
+            yield PipelineItem(None, PipelineMetadata())
+        else:
+            seq += 1
+            yield PipelineItem(payload, PipelineMetadata(input_seq=seq, input_at_ms=seq))
+
+
+def test_until_closes_each_window_with_the_item_that_matches(ctx: Context) -> None:
+    """until=is-a-tick: one window per tick, the tick last; its samples' newest correlation."""
+    window = ctx.window(until=lambda payload: payload is None)
+    out = drive_items(ctx.source(clock_and_samples) | window, 7, interval=0.01)
+    assert [item.payload for item in out] == [["a", "b", None], ["c", "d", "e", None]]
+    assert [item.metadata.input_seq for item in out] == [2, 5]
+
+
+def test_until_ignores_time_between_ticks(ctx: Context) -> None:
+    """Items 100 ms apart and a tick every third: windows follow the ticks, not a timer."""
+    out = drive(ctx.source(range(9)) | ctx.window(until=lambda n: n % 3 == 2), 9, interval=0.1)
+    assert out == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+
+
+def test_until_that_raises_fails_the_run_naming_the_window(ctx: Context) -> None:
+    """A raising until() is the window stage's error: the drive raises a PipelineError."""
+
+    def until(n: int) -> bool:
+        if n == 1:
+            raise ValueError("bad tick")
+        return n % 2 == 0
+
+    pipeline = ctx.source(range(5)) | ctx.window(until=until, name="w")
+    with pytest.raises(PipelineError, match=r"'w'") as caught:
+        drive(pipeline, 5)
+    assert isinstance(caught.value.__cause__, ValueError)
+
+
+def test_window_in_is_the_arrival_of_the_reported_item(ctx: Context) -> None:
+    """window.in stamps the newest input's arrival, not the tick's that closed the window."""
+    pipeline = ctx.source(clock_and_samples) | ctx.window(until=lambda p: p is None, name="w")
+    first, _ = drive_items(pipeline, 7, interval=0.01)
+    t = dict(first.metadata.timeline)
+    # the window's .in follows the reported sample's own source stamps ("b", input_seq 2)
+    assert first.metadata.input_seq == 2
+    assert t["clock_and_samples.out"] <= t["w.in"] < t["w.hold"] <= t["w.out"]

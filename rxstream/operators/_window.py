@@ -1,24 +1,27 @@
-"""``ctx.window(count=…, ms=…)``: N:1 windows (Rx ``buffer_with_time_or_count``).
+"""``ctx.window(count=…, ms=…, until=…)``: N:1 windows (Rx ``buffer_with_time_or_count``).
 
-A window opens with its first item and is emitted when it holds ``count`` items or ``ms``
-milliseconds after it opened, whichever comes first; empty windows are never emitted. The
-payload is the list of payloads; the metadata is the N:1 merge, so the newest tick's input
-correlation travels on. The time runs on the stage's scheduler (virtual under ``drive``).
+A window opens with its first item and is emitted when it holds ``count`` items, ``ms``
+milliseconds after it opened, or with an item for which ``until(payload)`` is true (that item
+is the window's last), whichever comes first; empty windows are never emitted. ``until`` lets
+another stream's ticks close the windows (a clock merged in: one window per tick, no race
+between a timer and a tick due at the same instant). The payload is the list of payloads; the
+metadata is the N:1 merge, so the newest tick's input correlation travels on. The time runs on
+the stage's scheduler (virtual under ``drive``).
 
-The output's stamps are ``window.in`` (the newest item's arrival), ``window.hold`` (the window
-closed) and ``window.out``: the time the newest item waited for its window to close is its
-hold, not compute (:mod:`rxstream.operators._hold`).
+The output's stamps are ``window.in`` (the arrival of the item whose timeline the merge keeps:
+the newest input), ``window.hold`` (the window closed) and ``window.out``: the time that item
+waited for its window to close is its hold, not compute (:mod:`rxstream.operators._hold`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
-from rxstream.item import PipelineItem, merge_metadata, now
+from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.runtime._shell import StageShell
@@ -27,8 +30,10 @@ from rxstream.typing import ItemStream, Operator
 __all__ = ["window_operator"]
 
 
-def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell], Operator]:
-    """Windows of at most ``count`` items, each closed at most ``ms`` after it opened."""
+def window_operator(
+    count: int | None, ms: float | None, until: Callable[[Any], bool] | None = None
+) -> Callable[[StageShell], Operator]:
+    """Windows of at most ``count`` items, closed ``ms`` after they opened or by ``until``."""
     span = None if ms is None else ms / 1000.0
 
     def build(shell: StageShell) -> Operator:
@@ -40,7 +45,7 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
             scheduler: abc.SchedulerBase | None,
         ) -> abc.DisposableBase:
             window: list[PipelineItem] = []
-            arrived = [0.0]
+            arrivals: list[float] = []
             timer = SerialDisposable()
             opened = [0]  # which window a timer belongs to
 
@@ -49,12 +54,13 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
                     return
                 released = now()
                 items = list(window)
+                metadatas = [item.metadata for item in items]
+                arrived = arrivals[_newest(metadatas)]
                 window.clear()
+                arrivals.clear()
                 opened[0] += 1
                 timer.disposable = None
-                metadata = merge_metadata(
-                    [item.metadata for item in items], stamps(arrived[0], released)
-                )
+                metadata = merge_metadata(metadatas, stamps(arrived, released))
                 observer.on_next(shell.emit([item.payload for item in items], metadata))
 
             def on_timeout(_s: abc.SchedulerBase, which: Any = None) -> None:
@@ -62,7 +68,7 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
                     flush()
 
             def on_next(item: PipelineItem) -> None:
-                arrived[0] = now()
+                arrivals.append(now())
                 shell.counters.items_in += 1
                 window.append(item)
                 if span is not None and len(window) == 1:
@@ -71,6 +77,16 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
                     )
                 if count is not None and len(window) >= count:
                     flush()
+                elif until is not None:
+                    try:
+                        closes = until(item.payload)
+                    except Exception as exc:  # the user's predicate: the stage's error policy
+                        window.pop()
+                        arrivals.pop()
+                        shell.failed(observer, item, exc)
+                        return
+                    if closes:
+                        flush()
 
             def on_completed() -> None:
                 flush()
@@ -87,3 +103,13 @@ def window_operator(count: int | None, ms: float | None) -> Callable[[StageShell
         return one_input(subscribe)
 
     return build
+
+
+def _newest(metadatas: Sequence[PipelineMetadata]) -> int:
+    """The index of the input whose timeline :func:`merge_metadata` keeps (its newest tick)."""
+    newest = len(metadatas) - 1
+    best: PipelineMetadata | None = None
+    for index, md in enumerate(metadatas):
+        if md.input_seq and (best is None or md.input_at_ms >= best.input_at_ms):
+            best, newest = md, index
+    return newest
