@@ -1,13 +1,15 @@
 """The demo app, the main job of ``make demo``: an interactive synthetic "world".
 
 A 24 Hz clock and a pointer stream (``ctx.input("pointer")``, fed by the page — or by the
-autopilot's simulated mouse) are merged and windowed to the frame rate, so the world moves on
-its own and answers the pointer within a frame; ``render`` turns each window into the world's
-next torch frame: a drifting pattern in the prompt's colours (an inline read of the control doc),
-moving at ``speed``, lit where the pointer is with a spot of size ``spot``. A decoder bound to
-the doc with ``doc.bind`` turns frames into uint8 images and is rebuilt when ``vae.model``
-changes; ``pace`` holds 24 fps and the ``video`` stream egresses h264. With two ranks,
-``render`` and ``decode`` run on rank 1 (the worker) and the session stays on rank 0.
+autopilot's simulated mouse) are merged, and each clock tick closes a window of the pointer
+samples since the last one, so the world moves on its own at the clock's rate and answers the
+pointer within a frame; ``render`` turns each window into the world's next torch frame: a
+drifting pattern in the prompt's colours (an inline read of the control doc), moving at
+``speed``, lit where the pointer is with a spot of size ``spot``. A decoder bound to the doc
+with ``doc.bind`` turns frames into uint8 images and is rebuilt when ``vae.model`` changes;
+``pace`` holds 24 fps, its ticks locked to just after the frames arrive, and the ``video``
+stream egresses h264. With two ranks, ``render`` and ``decode`` run on rank 1 (the worker)
+and the session stays on rank 0.
 
     rxstream run examples/demo.py --serve                 # open the printed URL, move the mouse
     rxstream run examples/demo.py --ranks 2 --serve       # the same on two rank processes
@@ -18,6 +20,15 @@ changes; ``pace`` holds 24 fps and the ``video`` stream egresses h264. With two 
 With ``autopilot`` on, the app moves the mouse itself (a circle, 120 samples a second),
 steers to a new prompt after two seconds (stale frames are dropped, the first new one is the
 cutover) and swaps the decoder after four (built off the hot path, switched between frames).
+The autopilot reads the doc on every step: ticking it on the page starts it, unticking it
+stops it (its seconds count only while it is on).
+
+Why the window closes on the clock's tick (``until=``) rather than on time: a window opened by
+a tick and closed ``1000/24`` ms later is due at the very instant the next tick arrives, so
+whichever of the window's timer and the tick runs first decides. When the tick wins, two ticks
+share one window (one frame for two ticks), and the next window opens only with the next item:
+about 14 distinct frames a second, the other 10 idle repeats by ``pace``. A window the tick
+itself closes has no race: one frame per tick, the world at the clock's rate.
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ import torch
 
 import rxstream
 from rxstream.doc import Snapshot
+from rxstream.typing import PacePhase
 
 HEIGHT, WIDTH = 144, 256
 
@@ -111,8 +123,13 @@ def clock() -> Iterator[None]:
         yield None
 
 
-def build(ctx: rxstream.Context) -> rxstream.Pipeline:
-    """The demo pipeline (its doc is ``ctx.doc("control")``)."""
+def is_tick(sample: tuple[float, float] | None) -> bool:
+    """Whether a merged item is the clock's tick (``None``) rather than a pointer sample."""
+    return sample is None
+
+
+def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.Pipeline:
+    """The demo pipeline (its doc is ``ctx.doc("control")``); ``pace_phase`` for bench/pace.py."""
     doc = ctx.doc("control", schema=Control)
     worker = 1 if ctx.world > 1 else None  # render and decode on the worker rank
     phase = [0.0]
@@ -122,7 +139,8 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
         """The next frame: clock ticks (``None``) advance it, pointer samples move the light."""
         pointer.extend(sample for sample in window if sample is not None)
         del pointer[:-1]
-        phase[0] += doc.desired.speed.value / 24.0
+        ticks = sum(1 for sample in window if sample is None)
+        phase[0] += doc.desired.speed.value * ticks / 24.0
         return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value)
 
     def make_decoder(d: Snapshot) -> rxstream.Stage:
@@ -131,21 +149,29 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     return (
         [ctx.source(clock, name="clock"), ctx.input("pointer")]
         | ctx.merge()
-        | ctx.window(ms=1000 / 24)
+        | ctx.window(until=is_tick)  # one window per clock tick (see the module docstring)
         | ctx.pipe(world, name="render", rank=worker)
         | doc.bind(make_decoder, [doc.desired.vae.model], name="decode", rank=worker)
-        | ctx.pace(fps=24)
+        | ctx.pace(fps=24, phase=pace_phase)
         | ctx.stream("video", codec="h264")
     )
 
 
 async def autopilot(pipeline: rxstream.Pipeline, ctx: rxstream.Context) -> None:
-    """A simulated user: circles the mouse, steers the prompt at 2 s, swaps the decoder at 4 s."""
-    start = time.monotonic()
+    """A simulated user while ``autopilot`` is on: circles the mouse, steers the prompt after
+    2 s of it, swaps the decoder after 4 s. Reads the doc every step, so the page's checkbox
+    starts and stops it."""
+    on = ctx.control.desired.autopilot
+    elapsed = 0.0
+    last = time.monotonic()
     steered = swapped = False
     while True:
         await asyncio.sleep(1 / 120)
-        elapsed = time.monotonic() - start
+        now = time.monotonic()
+        step, last = now - last, now
+        if not on.value:
+            continue
+        elapsed += step
         angle = elapsed * 2.0
         pipeline.feed("pointer", (0.5 + 0.3 * math.cos(angle), 0.5 + 0.3 * math.sin(angle)))
         if elapsed > 2 and not steered:
@@ -163,15 +189,16 @@ async def main(ctx: rxstream.Context) -> None:
     pipeline = build(ctx)
     with ctx.self_test():
         pipeline.feed("pointer", (0.5, 0.5))
-        (image,) = pipeline.drive(frames=1)
-        assert image.shape == (HEIGHT, WIDTH, 3), image.shape
-        assert image.dtype == np.uint8, image.dtype
-    print(f"self test passed: one {image.shape} frame through {' | '.join(pipeline.stages)}")
-    pilot = None
-    if ctx.control.desired.autopilot.value:
-        pilot = asyncio.ensure_future(autopilot(pipeline, ctx))
+        # one window per clock tick: the first tick's, then the sample's (closed at the end)
+        images = pipeline.drive(frames=1)
+        assert images, "no frame"
+        for image in images:
+            assert image.shape == (HEIGHT, WIDTH, 3), image.shape
+            assert image.dtype == np.uint8, image.dtype
+    shape = images[-1].shape
+    print(f"self test passed: one {shape} frame per window through {' | '.join(pipeline.stages)}")
+    pilot = asyncio.ensure_future(autopilot(pipeline, ctx))  # idle until autopilot is ticked
     try:
         await pipeline.run()
     finally:
-        if pilot is not None:
-            pilot.cancel()
+        pilot.cancel()

@@ -21,7 +21,7 @@ from reactivex.subject import Subject
 
 from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
 from rxstream.doc._generations import Generations
-from rxstream.operators._pace import MIN_LEAD, SLEW, pace_operator
+from rxstream.operators._pace import AHEAD, MIN_LEAD, SLEW, pace_operator
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
@@ -356,14 +356,25 @@ def test_lock_catches_up_after_a_frame_misses_its_tick() -> None:
     assert min(periods(ticks)) >= (1 - SLEW) * P - 1e-9
 
 
+def test_lock_drains_a_backlog_after_a_stall() -> None:
+    """A 0.4 s stall then five frames at once: the lock drains them; the grid keeps them."""
+    arrivals = [k * P + 0.05 for k in range(150)]
+    arrivals[20:25] = [24 * P + 0.05] * 5
+    locked = holds(run_pace(arrivals), arrivals)
+    fixed = holds(run_pace(arrivals, phase="fixed"), arrivals)
+    assert min(fixed[30:]) > 3 * P  # the grid never gets the four periods back
+    assert max(locked[100:]) < 0.01  # the lock did, at most 10 % a period faster
+
+
 def test_lock_does_not_speed_up_for_a_faster_upstream() -> None:
     """Frames at twice the rate (buffered, throttled): the ticks keep 1/fps over the long run."""
     arrivals = [k * P / 2 for k in range(400)]
     ticks = run_pace(arrivals)
     assert [tick.frame for tick in ticks] == list(range(400))
-    assert ticks[-1].at - ticks[0].at >= (399 - 1) * P  # at most one period gained
+    assert ticks[-1].at - ticks[0].at >= (399 - AHEAD) * P  # at most AHEAD periods gained
     assert all(span >= (1 - SLEW) * P - 1e-9 for span in periods(ticks))
-    assert periods(ticks)[20:] == pytest.approx([P] * (399 - 20), rel=1e-6)
+    settled = periods(ticks)[10 * AHEAD + 1 :]
+    assert settled == pytest.approx([P] * len(settled), rel=1e-6)
 
 
 def test_lock_and_fixed_both_drive_through_a_pipeline(ctx: Context) -> None:

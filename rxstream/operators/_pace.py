@@ -15,10 +15,12 @@ Where the ticks fall (``phase``):
 - ``"lock"`` (default): the same grid, moved by an offset that the pace steers so each tick
   falls a small lead after the frame it emits arrived. After each real frame the offset moves
   by half the error (the frame's hold minus the lead), at most 10 % of a period, so every
-  period stays within ±10 % of ``1/fps``. The offset stays within one period of the grid,
-  which keeps the long-run rate at ``fps`` (an upstream faster than ``fps`` cannot speed the
-  pace up); an idle repeat re-centres the grid on the current ticks (the pace ran dry, so the
-  arrivals, not the grid, set the phase). The lead is three times the mean deviation of the
+  period stays within ±10 % of ``1/fps``. A frame that waited behind others (a backlog after
+  a stall) makes the ticks run up to 10 % fast until the backlog is gone. Whenever the pace
+  is caught up (a tick leaves the buffer empty, or repeats idle) the grid re-centres on the
+  ticks as they are; between two such moments the ticks gain at most ``AHEAD`` (8) periods
+  on the grid and fall back at most one, which keeps the long-run rate at ``fps``: an
+  upstream faster than ``fps`` (a buffer that never empties) gains 8 frames once, no more. The lead is three times the mean deviation of the
   arrivals from one period after the previous frame (between 1 ms and a quarter period; a
   deviation counts for at most a quarter period): steady arrivals get a short lead, jittery
   ones a longer lead, so a late frame rarely misses its tick.
@@ -45,10 +47,12 @@ from rxstream.operators._hold import held_stamps
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
-__all__ = ["SLEW", "pace_operator"]
+__all__ = ["AHEAD", "SLEW", "pace_operator"]
 
 SLEW = 0.1
 """The most a phase-locked period differs from ``1/fps``, as a fraction of it."""
+AHEAD = 8
+"""The most periods a phase-locked pace gains on its grid while it never catches up."""
 GAIN = 0.5
 """The share of a frame's phase error the lock corrects at the next tick."""
 MIN_LEAD = 0.001
@@ -161,6 +165,9 @@ class _Pacer:
             self.last = out
             if self.lock:
                 self._steer(self.sched.clock() - at)
+                if not self.buffer:  # caught up: the grid re-centres on the ticks as they are
+                    self.anchor += self.offset
+                    self.offset = 0.0
         elif self.done:
             self.observer.on_completed()
             return
@@ -199,6 +206,6 @@ class _Pacer:
         error = hold - self.lead  # > 0: the frame waited longer than the lead, tick earlier
         slew = SLEW * period
         step = min(max(-GAIN * error, -slew), slew)
-        offset = min(max(self.offset + step, -period), period)
+        offset = min(max(self.offset + step, -AHEAD * period), period)
         self.expect = hold + offset - self.offset
         self.offset = offset

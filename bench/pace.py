@@ -1,0 +1,172 @@
+"""Latency-aware pacing: the demo's pipeline with ``pace`` on a fixed grid and phase-locked.
+
+The pipeline is ``examples/demo.py``'s ``build(ctx, pace_phase=...)``, threaded in this process
+(one rank, the memory transport): a 24 Hz clock and a pointer merged, one window per clock
+tick, ``render``, the ``doc.bind`` decoder, ``ctx.pace(fps=24)``, the ``video`` sink. A feeder
+thread plays the demo's autopilot mouse (a circle, 120 samples a second). Each session runs
+``--seconds`` and the records of its first second are left out (the lock converging, the
+first frames' warm-up), the same for both sides.
+
+The two sides alternate session by session, the side that goes first alternating each round
+(absolute times on the shared 2-core machines drift; side by side they drift together):
+
+- **fixed**: ``ctx.pace(fps=24, phase="fixed")``, a grid anchored at the first frame's arrival.
+- **lock**: ``ctx.pace(fps=24)`` (``phase="lock"``), ticks steered to just after the arrivals.
+
+Per side it prints the input records, the end-to-end (``total_ms``) p50 and p95, the pace's
+hold p50 and p95, and the frames the sink sent per second: distinct ones (the world's rate,
+24 when the clock drives the windows) and idle repeats. The target (issue 14): the lock's
+end-to-end p50 is lower than the fixed grid's by at least a third of a frame period (13.9 ms
+at 24 fps), both measured in this one run: the median over rounds of the per-round
+difference.
+
+Run ``python bench/pace.py`` (3 rounds of 2 x 8 s, about a minute) or ``--quick`` (one round
+of 2 x 4 s, indicative only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))
+sys.path.insert(1, str(ROOT / "examples"))
+
+import demo  # noqa: E402
+from _report import revision  # noqa: E402
+
+import rxstream  # noqa: E402
+from rxstream.testing import capture_timing  # noqa: E402
+from rxstream.timing import TimingRecord  # noqa: E402
+from rxstream.transport import MemoryTransport  # noqa: E402
+from rxstream.typing import PacePhase  # noqa: E402
+
+FPS = 24
+PERIOD_MS = 1000 / FPS
+WARMUP_S = 1.0
+
+
+@dataclass(frozen=True)
+class Session:
+    """What one session of one side measured."""
+
+    phase: PacePhase
+    totals: list[float]
+    holds: list[float]
+    distinct_fps: float
+    idle_fps: float
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile, interpolated (numpy's default)."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def feed(pipeline: rxstream.Pipeline, stop: threading.Event) -> None:
+    """The autopilot's mouse: a circle, 120 samples a second, until ``stop``."""
+    start = time.monotonic()
+    due = start
+    while not stop.is_set():
+        due += 1 / 120
+        time.sleep(max(0.0, due - time.monotonic()))
+        angle = (time.monotonic() - start) * 2.0
+        pipeline.feed("pointer", (0.5 + 0.3 * math.cos(angle), 0.5 + 0.3 * math.sin(angle)))
+
+
+def session(phase: PacePhase, seconds: float) -> Session:
+    """Run the demo's pipeline with ``phase`` for ``seconds``; its records after the warm-up."""
+    ctx = rxstream.Context()
+    pipeline = demo.build(ctx, pace_phase=phase)
+    transport = cast(MemoryTransport, ctx.transport)
+    stop = threading.Event()
+    feeder = threading.Thread(target=feed, args=(pipeline, stop), daemon=True)
+    kept: list[TimingRecord] = []
+    with capture_timing() as records:
+        pipeline.start()
+        started = time.monotonic()
+        feeder.start()
+        time.sleep(WARMUP_S)
+        first = len(records)
+        time.sleep(seconds - WARMUP_S)
+        kept = list(records[first:])
+        stop.set()
+        feeder.join()
+        pipeline.stop()
+        elapsed = time.monotonic() - started
+    inputs = [r for r in kept if r.origin == "input.recv"]
+    frames = transport.items("video")
+    idle = sum(1 for item in frames if item.metadata.idle)
+    return Session(
+        phase=phase,
+        totals=[r.total_ms for r in inputs],
+        holds=[hop.hold_ms for r in inputs for hop in r.hops if hop.name == "pace"],
+        distinct_fps=(len(frames) - idle) / elapsed,
+        idle_fps=idle / elapsed,
+    )
+
+
+def main() -> None:
+    """Alternate the two sides, print one row per side and the verdict."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--quick", action="store_true", help="one round of 2 x 4 s")
+    args = parser.parse_args()
+    rounds, seconds = (1, 4.0) if args.quick else (args.rounds, args.seconds)
+    print(f"bench/pace.py at {revision()}: {rounds} rounds of 2 x {seconds:g} s, {FPS} fps")
+    sessions: dict[PacePhase, list[Session]] = {"fixed": [], "lock": []}
+    order: list[PacePhase] = ["fixed", "lock"]
+    for _ in range(rounds):
+        for phase in order:
+            sessions[phase].append(session(phase, seconds))
+        order.reverse()
+    rows = [("pace phase", "inputs", "e2e p50", "p95", "hold p50", "p95", "fps", "idle/s")]
+    for phase, runs in sessions.items():
+        totals = [t for run in runs for t in run.totals]
+        holds = [h for run in runs for h in run.holds]
+        rows.append(
+            (
+                phase,
+                str(len(totals)),
+                f"{percentile(totals, 50):.1f}",
+                f"{percentile(totals, 95):.1f}",
+                f"{percentile(holds, 50):.1f}",
+                f"{percentile(holds, 95):.1f}",
+                f"{statistics.mean(run.distinct_fps for run in runs):.1f}",
+                f"{statistics.mean(run.idle_fps for run in runs):.1f}",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    gains = [
+        percentile(fixed.totals, 50) - percentile(lock.totals, 50)
+        for fixed, lock in zip(sessions["fixed"], sessions["lock"], strict=True)
+    ]
+    gain = statistics.median(gains)
+    target = PERIOD_MS / 3
+    result = "PASS" if gain >= target else "FAIL"
+    print(
+        f"lock lowers the end-to-end p50 by {gain:.1f} ms = {gain / PERIOD_MS:.2f} frame periods "
+        f"(per round: {', '.join(f'{g:.1f}' for g in gains)}); target >= {target:.1f} ms "
+        f"(1/3 period): {result}"
+    )
+
+
+if __name__ == "__main__":
+    main()
