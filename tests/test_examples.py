@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import av
 import pytest
 
+import rxstream
 from rxstream.timing import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,3 +88,53 @@ def test_demo_self_test_passes_under_rxstream_test() -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def load_demo(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """examples/demo.py as a module (it is not on the import path), registered for the test."""
+    spec = importlib.util.spec_from_file_location("demo_under_test", ROOT / "examples" / "demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_demo_autopilot_follows_the_doc_live(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The autopilot moves the mouse only while the doc's autopilot is on, read every step."""
+    demo = load_demo(monkeypatch)
+    ctx = rxstream.Context()
+    demo.build(ctx)
+    fed: list[tuple[float, float]] = []
+    steps = [0]
+    real_sleep = asyncio.sleep
+
+    async def step(_seconds: float) -> None:  # one autopilot step per loop turn, no waiting
+        steps[0] += 1
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", step)
+    pipeline = SimpleNamespace(feed=lambda _name, sample: fed.append(sample), update=print)
+
+    async def after(turns: int) -> None:
+        """Let the autopilot take ``turns`` more steps."""
+        until = steps[0] + turns
+        while steps[0] < until:
+            await real_sleep(0)
+
+    async def scenario() -> None:
+        pilot = asyncio.ensure_future(demo.autopilot(pipeline, ctx))
+        await after(20)
+        assert fed == []  # off (the default): it feeds nothing
+        ctx.control.set(autopilot=True)  # as the page's checkbox does
+        await after(20)
+        assert len(fed) >= 15
+        ctx.control.set(autopilot=False)
+        await after(2)
+        count = len(fed)
+        await after(20)
+        assert len(fed) == count  # unticked: it stops
+        pilot.cancel()
+
+    asyncio.run(scenario())
