@@ -115,10 +115,18 @@ class Decoder:
 
 
 def clock() -> Iterator[None]:
-    """A tick every 1/24 s, forever (the world's own time)."""
+    """A tick every 1/24 s, forever (the world's own time).
+
+    A tick more than a period late (the process stalled, or the pipeline held the clock back)
+    starts the grid again instead of bursting the missed ticks: a burst would queue frames
+    that the 24 fps ``pace`` can only hand out one per period, each then that much older.
+    """
     due = time.monotonic()
     while True:
         due += 1 / 24
+        late = time.monotonic() - due
+        if late > 1 / 24:
+            due += late
         time.sleep(max(0.0, due - time.monotonic()))
         yield None
 

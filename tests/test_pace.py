@@ -21,7 +21,7 @@ from reactivex.subject import Subject
 
 from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
 from rxstream.doc._generations import Generations
-from rxstream.operators._pace import AHEAD, MIN_LEAD, SLEW, pace_operator
+from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, pace_operator
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
@@ -371,9 +371,10 @@ def test_lock_does_not_speed_up_for_a_faster_upstream() -> None:
     arrivals = [k * P / 2 for k in range(400)]
     ticks = run_pace(arrivals)
     assert [tick.frame for tick in ticks] == list(range(400))
-    assert ticks[-1].at - ticks[0].at >= (399 - AHEAD) * P  # at most AHEAD periods gained
+    ahead = round(AHEAD_S / P)  # periods a lock may gain on the grid (one second's)
+    assert ticks[-1].at - ticks[0].at >= (399 - ahead) * P - 1e-9
     assert all(span >= (1 - SLEW) * P - 1e-9 for span in periods(ticks))
-    settled = periods(ticks)[10 * AHEAD + 1 :]
+    settled = periods(ticks)[10 * ahead + 1 :]
     assert settled == pytest.approx([P] * len(settled), rel=1e-6)
 
 

@@ -13,19 +13,23 @@ Where the ticks fall (``phase``):
 - ``"fixed"``: a grid of ``1/fps`` anchored at the first frame's arrival, at absolute times so
   it does not drift. A frame waits for the next grid tick, however far off that is.
 - ``"lock"`` (default): the same grid, moved by an offset that the pace steers so each tick
-  falls a small lead after the frame it emits arrived. After each real frame the offset moves
-  by half the error (the frame's hold minus the lead), at most 10 % of a period, so every
-  period stays within ±10 % of ``1/fps``. A frame that waited behind others (a backlog after
-  a stall) makes the ticks run up to 10 % fast until the backlog is gone. Whenever the pace
-  is caught up (a tick leaves the buffer empty, or repeats idle) the grid re-centres on the
-  ticks as they are; between two such moments the ticks gain at most ``AHEAD`` (8) periods
-  on the grid and fall back at most one, which keeps the long-run rate at ``fps``: an
-  upstream faster than ``fps`` (a buffer that never empties) gains 8 frames once, no more. The lead is three times the mean deviation of the
-  arrivals from one period after the previous frame (between 1 ms and a quarter period; a
-  deviation counts for at most a quarter period): steady arrivals get a short lead, jittery
-  ones a longer lead, so a late frame rarely misses its tick.
-  A frame that does miss costs one idle repeat; the ticks then run up to 10 % fast until the
-  frames leave soon after they arrive again.
+  falls a small *lead* after the arrival of the frame it emits. After each real frame the
+  offset moves by half the error (the frame's hold minus the lead), at most 10 % of a period,
+  so every period stays within ±10 % of ``1/fps``.
+
+  The lead is four times the mean deviation of the arrivals from one period after the
+  previous frame (between 2 ms and a quarter period; one deviation counts for at most a
+  quarter period): steady arrivals get a short lead, jittery ones a longer one, so a late
+  frame rarely misses its tick. A frame that does miss costs one idle repeat; it then waited
+  most of a period, and the ticks run up to 10 % fast until frames leave soon after they
+  arrive again. A backlog (frames queued after a stall) drains the same way.
+
+  Whenever the pace is caught up (a tick leaves the buffer empty, or repeats idle) the grid
+  re-centres on the ticks as they are. Between two such moments the ticks gain at most one
+  second on the grid (``AHEAD_S``: enough to drain what a pipeline's inboxes hold after a
+  stall) and fall back at most one period. That keeps the long-run rate at ``fps``: an
+  upstream faster than ``fps`` (a buffer that never empties) gains one second's frames
+  once, then runs at ``fps``.
 
 In both, a tick that comes more than one period late re-anchors instead of bursting to catch
 up. The pace's output stamps ``pace.in`` (arrival), ``pace.hold`` (its tick) and ``pace.out``:
@@ -47,15 +51,15 @@ from rxstream.operators._hold import held_stamps
 from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
-__all__ = ["AHEAD", "SLEW", "pace_operator"]
+__all__ = ["AHEAD_S", "SLEW", "pace_operator"]
 
 SLEW = 0.1
 """The most a phase-locked period differs from ``1/fps``, as a fraction of it."""
-AHEAD = 8
-"""The most periods a phase-locked pace gains on its grid while it never catches up."""
+AHEAD_S = 1.0
+"""How far (s) a phase-locked pace gains on its grid at most while it never catches up."""
 GAIN = 0.5
 """The share of a frame's phase error the lock corrects at the next tick."""
-MIN_LEAD = 0.001
+MIN_LEAD = 0.002
 """The shortest lead (s) the lock keeps between a frame's arrival and its tick."""
 
 
@@ -202,10 +206,10 @@ class _Pacer:
         most = period / 4
         if self.expect is not None:  # how far this arrival was from one period after the last
             self.jitter += (min(abs(hold - self.expect), most) - self.jitter) / 8
-            self.lead = min(max(3 * self.jitter, MIN_LEAD), most)
+            self.lead = min(max(4 * self.jitter, MIN_LEAD), most)
         error = hold - self.lead  # > 0: the frame waited longer than the lead, tick earlier
         slew = SLEW * period
         step = min(max(-GAIN * error, -slew), slew)
-        offset = min(max(self.offset + step, -AHEAD * period), period)
+        offset = min(max(self.offset + step, -AHEAD_S), period)
         self.expect = hold + offset - self.offset
         self.offset = offset
