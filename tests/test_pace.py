@@ -110,16 +110,21 @@ def test_idle_repeat_of_a_cutover_frame_is_not_a_cutover(ctx: Context) -> None:
     assert {item.metadata.prompt_generation for item in out} == {1}
 
 
-def test_no_idle_tail_after_the_upstream_completes(ctx: Context) -> None:
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        ("fixed", [(0, 0, False), (0, 1, True), (0, 2, True), (1, 3, False), (1, 4, True)]),
+        # the lock's second tick waits 10 % for frame 1 (at 0.22 s), which then goes at once
+        ("lock", [(0, 0, False), (0, 1, True), (1, 2, False), (1, 3, True)]),
+    ],
+)
+def test_no_idle_tail_after_the_upstream_completes(
+    ctx: Context, phase: PacePhase, expected: list[tuple[int, int, bool]]
+) -> None:
     """A source that ends at 0.44 s: idle repeats fill the gaps, none follow the completion."""
-    out = drive_items(ctx.source(range(2)) | ctx.pace(fps=10), 5, interval=0.22)
-    assert frames(out) == [
-        (0, 0, False),
-        (0, 1, True),
-        (0, 2, True),
-        (1, 3, False),
-        (1, 4, True),
-    ]
+    pace = ctx.pace(fps=10, phase=phase)
+    out = drive_items(ctx.source(range(2)) | pace, 5, interval=0.22)
+    assert frames(out) == expected
 
 
 def test_buffered_frames_drain_at_the_rate_then_complete(ctx: Context) -> None:
@@ -354,6 +359,19 @@ def test_lock_catches_up_after_a_frame_misses_its_tick() -> None:
     assert after[0] > 0.5 * P  # frame 51 waited behind the late frame
     assert max(after[15:]) < 0.02  # and the lock has caught up since
     assert min(periods(ticks)) >= (1 - SLEW) * P - 1e-9
+
+
+def test_lock_waits_within_the_slew_for_a_late_frame() -> None:
+    """A frame 5 ms late for its tick (lead < 5 ms): no idle repeat, it leaves on arrival."""
+    arrivals = [k * P for k in range(60)]
+    arrivals[40] += 0.005 + 0.002  # later than its tick by more than the lead, within 10 ms
+    ticks = run_pace(arrivals)
+    assert not any(tick.idle for tick in ticks)
+    late = next(tick for tick in ticks if tick.frame == 40)
+    assert late.at == pytest.approx(arrivals[40], abs=1e-9)
+    assert all((1 - SLEW) * P - 1e-9 <= span <= (1 + SLEW) * P + 1e-9 for span in periods(ticks))
+    fixed = run_pace(arrivals, phase="fixed")
+    assert [tick.frame for tick in fixed if tick.idle] == [39]  # the grid repeats instead
 
 
 def test_lock_drains_a_backlog_after_a_stall() -> None:

@@ -20,7 +20,9 @@ Where the ticks fall (``phase``):
   The lead is four times the mean deviation of the arrivals from one period after the
   previous frame (between 2 ms and a quarter period; one deviation counts for at most a
   quarter period): steady arrivals get a short lead, jittery ones a longer one, so a late
-  frame rarely misses its tick. A frame that does miss costs one idle repeat; it then waited
+  frame rarely misses its tick. A tick that finds no frame waits until the period is 10 %
+  long before it repeats the last frame: a frame that arrives meanwhile leaves at once (the
+  grid moves with that tick). A frame later than that costs one idle repeat; it then waited
   most of a period, and the ticks run up to 10 % fast until frames leave soon after they
   arrive again. A backlog (frames queued after a stall) drains the same way.
 
@@ -116,6 +118,12 @@ class _Pacer:
         """How long after its arrival the lock aims to emit a frame."""
         self.expect: float | None = None
         """The hold the next frame will have if it arrives one period after the last one."""
+        self.due = 0.0
+        """When the scheduled tick is due (on the scheduler's clock)."""
+        self.previous: float | None = None
+        """When the last tick that emitted a frame ran."""
+        self.waiting = False
+        """Whether a locked tick found no frame and waits (within the slew) for a late one."""
         self.last: PipelineItem | None = None
         self.done = False
         self.timer = SerialDisposable()
@@ -143,6 +151,8 @@ class _Pacer:
         if self.anchor is None:
             self.anchor = at
             self._schedule(self.anchor)
+        elif self.waiting:  # the late frame a locked tick waits for: its tick is now
+            self._tick(self.sched)
 
     def on_error(self, error: Exception) -> None:
         self.timer.dispose()
@@ -154,12 +164,22 @@ class _Pacer:
             self.observer.on_completed()
 
     def _schedule(self, due: float) -> None:
+        self.due = due
         self.timer.disposable = self.sched.schedule_absolute(due, self._tick)
 
     def _tick(self, _scheduler: abc.SchedulerBase, _state: Any = None) -> None:
         shell = self.shell
         pts = self.ticks * self.step
         assert self.anchor is not None
+        if self.waiting:  # the tick was held back for a late frame: the grid moves with it
+            self.waiting = False
+            self.anchor += self.sched.clock() - self.due
+        elif self.lock and not self.buffer and not self.done and self.previous is not None:
+            grace = self.previous + (1 + SLEW) * self.period  # the longest period allowed
+            if grace > self.sched.clock():  # wait that long for a late frame before repeating
+                self.waiting = True
+                self.timer.disposable = self.sched.schedule_absolute(grace, self._tick)
+                return
         if self.buffer:
             released = now()
             item, arrived, at = self.buffer.popleft()
@@ -192,6 +212,7 @@ class _Pacer:
             self.anchor += self.period  # the skipped slot shifts the clock, not the pts
         else:
             self.ticks += 1
+            self.previous = self.sched.clock()
             self.observer.on_next(out)
         due = self.anchor + self.ticks * self.period + self.offset
         late = self.sched.clock() - due
