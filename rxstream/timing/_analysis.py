@@ -256,7 +256,7 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
     bars.invert_yaxis()
     bars.set_xlabel("ms")
     bars.set_title("per hop (p50)")
-    bars.legend(loc="lower right")
+    bars.legend(loc="best")
     totals = sorted(r.total_ms for r in records)
     if totals:
         cdf.step(totals, [(i + 1) / len(totals) for i in range(len(totals))], where="post")
