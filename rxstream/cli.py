@@ -225,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
         _clear(status)
         return fail(str(exc), 1)
     _clear(status)
+    job = torchrun_env()
+    if job is not None and job.rank != 0:
+        return 0  # under torchrun, rank 0 alone prints the summary of every rank
     from rxstream.runtime import format_statistics
 
     print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
@@ -232,9 +235,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"video: {args.out}")
     if args.log is not None:
         print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
-    for rank, stats in sorted(result.statistics.items()):
+    for rank in range(result.ranks):
+        stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
-        print(format_statistics(stats))
+        print(format_statistics(stats) if stats else "no stages")
     return 0
 
 

@@ -1,10 +1,13 @@
 """Every command's bad input: one line on stderr naming the problem and a non-zero exit, found
-before anything runs; ``rxstream topology`` shows the limits in force and the rank layout."""
+before anything runs; ``rxstream topology`` shows the limits in force and the rank layout; a
+run's summary names a rank without stages."""
 
 from __future__ import annotations
 
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from rxstream import cli
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = str(ROOT / "examples" / "demo.py")
 FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
+RANKS_APP = str(ROOT / "tests" / "apps" / "ranks_app.py")
 
 
 @pytest.fixture
@@ -140,3 +144,19 @@ def test_topology_refuses_a_config_over_the_bound_listing_the_problem(
     assert cli.main(["topology", DEMO, "--config", config]) == 1
     err = capsys.readouterr().err
     assert "max_items must be > 0, got -1 for client stream 'pointer'" in err
+
+
+def test_a_rank_without_stages_says_so_in_the_summary() -> None:
+    """``run --ranks 3`` of a two-rank app: rank 2's table reads "no stages", not an empty one."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", RANKS_APP, "--ranks", "3", "--frames", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.endswith("\nrank 2\nno stages\n"), done.stdout
+    headers = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert headers == ["rank 0", "rank 1", "rank 2"]
