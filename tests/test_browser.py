@@ -1,4 +1,5 @@
-"""The demo's live page in headless Chromium (Playwright): frames, pointer, slider, prompt, close.
+"""The demo's live page in headless Chromium (Playwright): frames, pointer, slider, prompt, close;
+mouse-to-photon measured on the page against the photon_ms the session logs.
 
 Runs where Debian's chromium is installed (``.ci/run`` installs it) and skips, saying so,
 elsewhere. A screenshot of the page is kept in ``out/test-artifacts/web_session.png``.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import shutil
 import sys
 import threading
@@ -18,10 +20,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import structlog
 
 import rxstream
 from rxstream.testing import capture_timing
-from rxstream.timing import TimingRecord
+from rxstream.timing import TimingRecord, configure_logging, load
 from rxstream.transport import WebTransport
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -47,6 +50,17 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 def load_demo() -> ModuleType:
     """examples/demo.py as a module."""
     spec = importlib.util.spec_from_file_location("rxstream_demo_app", ROOT / "examples/demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_bench() -> ModuleType:
+    """bench/photon.py as a module (its on-screen probe and pointer jumps)."""
+    spec = importlib.util.spec_from_file_location("rxstream_photon_bench", ROOT / "bench/photon.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -160,3 +174,41 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         records = list(captured)
     assert (ARTIFACTS / "web_session.png").stat().st_size > 10_000
     assert records
+
+
+def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path) -> None:
+    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own."""
+    bench = load_bench()
+    log = tmp_path / "timing.jsonl"
+    saved = structlog.get_config()
+    configure_logging(log)
+    try:
+        with DemoSession() as session:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.goto(session.web.url)
+            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+            assert page.evaluate("window.rxstream.video") == "webcodecs"
+            assert page.locator("#video-path").text_content() == "video: WebCodecs h264"
+            moves = bench.measure_moves(page, 30)
+            keys = json.dumps([f"video#{move['input_seq']}" for move in moves])
+            page.wait_for_function(
+                f"{keys}.every((key) => window.rxstream.photon[key])", timeout=20_000
+            )
+            assert page.evaluate("window.rxstream.errors") == []
+            page.close()
+            session.thread.join(15)
+            assert session.error is None
+    finally:
+        configure_logging()
+        structlog.reset_defaults()
+        structlog.configure(**saved)
+    assert not [line for line in console if line.startswith("error")], console
+    records = {r.input_seq: r for r in load(log, stream="video").records}
+    for move in moves:
+        record = records[move["input_seq"]]
+        assert record.client is not None, move
+        assert record.client.video == "webcodecs"
+        assert record.photon_ms is not None
+        assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
