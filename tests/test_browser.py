@@ -122,7 +122,11 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
     with capture_timing() as captured, DemoSession() as session:
         page = browser.new_page(viewport={"width": 1200, "height": 800})
         errors: list[str] = []
+        failed: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on(
+            "response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None
+        )
         page.goto(session.web.url)
 
         # frames arrive and change over time
@@ -133,6 +137,25 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         assert view.screenshot() != first
         codec = page.evaluate("window.rxstream.codec")
         assert codec in ("h264", "jpeg")
+
+        # the picture at an integer multiple of the frame's size; the timing panel's legend,
+        # and its hint until the first record
+        assert page.evaluate(
+            "(() => { const c = document.getElementById('canvas');"
+            " const w = parseFloat(c.style.width); return w >= c.width && w % c.width === 0; })()"
+        )
+        legend = page.locator("#legend").text_content() or ""
+        assert all(word in legend for word in ("wait", "hold", "compute", "client"))
+        assert page.locator("#timing-hint").is_visible()
+
+        # doc changes made elsewhere show on the page: a slider and its label, the prompt box
+        session.ctx.control.set(speed=2.0, prompt="a quiet forest")
+        page.wait_for_function(
+            "document.querySelector('input[data-path=\"speed\"]').value === '2'"
+            " && document.querySelector('input[data-path=\"speed\"] + output').textContent"
+            " === '2' && document.getElementById('prompt').value === 'a quiet forest'",
+            timeout=20_000,
+        )
 
         # one pointer move: its input_seq comes back in a [timing:video] record
         box = view.bounding_box()
@@ -145,6 +168,7 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
             f"window.rxstream.timing.some((r) => r.input_seq === {seq})", timeout=20_000
         )
         wait_for(lambda: [r for r in captured if r.input_seq == seq], "the record")
+        assert page.locator("#timing-hint").is_hidden()
         assert session.ctx.control.snapshot()["autopilot"] is False
 
         # the spot slider (a doc.set) changes the frames: a bigger light, a brighter picture
@@ -160,11 +184,17 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         page.wait_for_function(f"window.rxstream.cutovers > {cutovers}", timeout=20_000)
         assert session.ctx.control.desired.prompt.value == "a storm over the mountains"
         wait_for(lambda: [r for r in captured if r.cutover], "a cutover record")
+        page.wait_for_function(  # the steer's row says so
+            "[...document.querySelectorAll('#timing tbody tr')]"
+            ".some((row) => row.children[3].textContent === 'steer')",
+            timeout=20_000,
+        )
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "web_session.png"))
         assert page.evaluate("window.rxstream.errors") == []
         assert errors == []
+        assert failed == []  # no 404 (the favicon is inline)
 
         # closing the page ends run()
         page.close()
@@ -212,3 +242,26 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
         assert record.client.video == "webcodecs"
         assert record.photon_ms is not None
         assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
+
+
+def test_a_decoder_error_recovers_at_the_next_keyframe(browser: Any) -> None:
+    """A broken access unit fails the decoder; the page asks for a keyframe and draws on."""
+    with DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(session.web.url)
+        page.wait_for_function("window.rxstream.drawn > 10", timeout=20_000)
+        asked = page.evaluate("window.rxstream.keyframeRequests")
+        page.evaluate(  # a slice NAL that is garbage: the decoder's error callback runs
+            "wc.decoder.decode(new EncodedVideoChunk({type: 'delta', timestamp: 1e9,"
+            " data: new Uint8Array([0, 0, 0, 5, 0x65, 1, 2, 3, 4])}))"
+        )
+        page.wait_for_function(
+            "window.rxstream.errors.some((e) => e.code === 'decoder')", timeout=20_000
+        )
+        drawn = page.evaluate("window.rxstream.drawn")
+        assert page.evaluate("window.rxstream.keyframeRequests") > asked
+        page.wait_for_function(f"window.rxstream.drawn > {drawn} + 10", timeout=20_000)
+        assert page.evaluate("wc.decoder.state") == "configured"
+        assert page.evaluate("window.rxstream.video") == "webcodecs"
+        page.close()
+        session.thread.join(15)
