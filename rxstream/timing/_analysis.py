@@ -297,7 +297,8 @@ def format_summary(summary: Summary) -> str:
 
 
 def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) -> None:
-    """Draw a stacked per-hop wait/compute bar (p50) and the end-to-end CDF into a PNG."""
+    """Draw a stacked per-hop wait/compute bar (p50) and the end-to-end CDF into a PNG
+    (with ``photon_ms`` beside ``total_ms`` where a page reported)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -316,6 +317,11 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
     totals = sorted(r.total_ms for r in records)
     if totals:
         cdf.step(totals, [(i + 1) / len(totals) for i in range(len(totals))], where="post")
+    photons = sorted(p for r in records if (p := r.photon_ms) is not None)
+    if photons:  # beside total_ms: input to pixels, where a page reported
+        steps = [(i + 1) / len(photons) for i in range(len(photons))]
+        cdf.step(photons, steps, where="post", label="photon_ms (input to pixels)")
+        cdf.legend(["total_ms (server)", "photon_ms (input to pixels)"], loc="lower right")
     cdf.set_xlabel("end-to-end ms")
     cdf.set_ylabel("fraction of inputs")
     cdf.set_title(f"end to end ({len(totals)} records)")
