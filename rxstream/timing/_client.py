@@ -82,7 +82,8 @@ class ClientTiming:
     """From egress (the sink's ``.out``) to the page receiving the frame: the socket's queue
     on the server and the transfer."""
     decode_ms: float
-    """From the frame's arrival to its decoded picture (WebCodecs output, decoded JPEG)."""
+    """From the frame's arrival to its decoded picture (WebCodecs output, decoded JPEG; on the
+    MSE path, to its presentation: the media buffer is in it)."""
     present_ms: float
     """From the decoded picture to its presentation (the page's next rendering update)."""
     up_ms: float | None = None

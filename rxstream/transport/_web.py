@@ -264,7 +264,13 @@ class WebTransport(Transport):
                 init = h264.init_segment or b""
                 body = payloads[chosen]
                 data = _pack(
-                    {**header, "codec": chosen, "init": True, "mime": h264.mime_type},
+                    {
+                        **header,
+                        "codec": chosen,
+                        "init": True,
+                        "mime": h264.mime_type,
+                        "fps": self.fps,
+                    },
                     body if body.startswith(init) else init + body,
                 )
             self._loop.call_soon_threadsafe(client.push_frame, stream, chosen, data)
