@@ -235,6 +235,12 @@ def _rows(
             "photon_n": len(photon),
             "apart_max": max(apart) if apart else float("nan"),
         }
+        clients = [
+            c for m in moves if m["input_seq"] in records and (c := records[m["input_seq"]].client)
+        ]
+        for hop in ("up", "net", "decode", "present"):
+            values = [v for c in clients if (v := getattr(c, f"{hop}_ms")) is not None]
+            rows[path][f"{hop}_p50"] = percentile(values, 50) if values else float("nan")
     return rows
 
 
@@ -262,6 +268,16 @@ def main() -> None:
             f"{row['total_p50']:19.1f} {row['total_p95']:6.1f}  {row['photon_p50']:20.1f} "
             f"{row['photon_n']:5d} {row['apart_max']:22.1f}"
         )
+    print(
+        "the page's part, p50: "
+        + "; ".join(
+            f"{path} "
+            + " ".join(
+                f"{hop} {row[hop + '_p50']:.1f}" for hop in ("up", "net", "decode", "present")
+            )
+            for path, row in rows.items()
+        )
+    )
     wc, mse = rows["webcodecs"], rows["mse"]
     first = wc["screen_p50"] <= wc["total_p50"] + 15
     second = wc["screen_p50"] <= 0.5 * mse["screen_p50"]

@@ -244,12 +244,32 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
         assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
 
 
-def test_a_decoder_error_recovers_at_the_next_keyframe(browser: Any) -> None:
-    """A broken access unit fails the decoder; the page asks for a keyframe and draws on."""
+def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> None:
+    """A delta that finds the decoder busy is skipped, never queued; a broken access unit
+    fails the decoder; either way the page asks for a keyframe and draws on."""
     with DemoSession() as session:
         page = browser.new_page(viewport={"width": 1200, "height": 800})
         page.goto(session.web.url)
         page.wait_for_function("window.rxstream.drawn > 10", timeout=20_000)
+
+        # the decoder still holds a frame (as a slow one would): deltas are skipped
+        skipped, asked = page.evaluate(
+            "[window.rxstream.skipped, window.rxstream.keyframeRequests]"
+        )
+        page.evaluate(
+            "Object.defineProperty(wc.decoder, 'decodeQueueSize',"
+            " {get: () => 1, configurable: true})"
+        )
+        page.wait_for_function(
+            f"window.rxstream.skipped > {skipped} + 2"
+            f" && window.rxstream.keyframeRequests > {asked}",
+            timeout=20_000,
+        )
+        page.evaluate("delete wc.decoder.decodeQueueSize")
+        drawn = page.evaluate("window.rxstream.drawn")
+        page.wait_for_function(f"window.rxstream.drawn > {drawn} + 10", timeout=20_000)
+
+        # a decoder error
         asked = page.evaluate("window.rxstream.keyframeRequests")
         page.evaluate(  # a slice NAL that is garbage: the decoder's error callback runs
             "wc.decoder.decode(new EncodedVideoChunk({type: 'delta', timestamp: 1e9,"
