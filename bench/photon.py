@@ -196,7 +196,8 @@ def run(moves: int, log: Path) -> dict[str, Any]:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 800})
         for path in PATHS:
-            page.goto(f"{server.web.url}?video={path}")
+            url = server.web.url  # it may carry a query (a session token) already
+            page.goto(f"{url}{'&' if '?' in url else '?'}video={path}")
             page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
             used[path] = page.evaluate("window.rxstream.video")
             measured[path] = measure_moves(page, moves)
