@@ -199,7 +199,7 @@ def run(moves: int, log: Path) -> dict[str, Any]:
             url = server.web.url  # it may carry a query (a session token) already
             page.goto(f"{url}{'&' if '?' in url else '?'}video={path}")
             page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
-            used[path] = page.evaluate("window.rxstream.video")
+            used[path] = page.evaluate("window.rxstream.showing")
             measured[path] = measure_moves(page, moves)
         page.wait_for_timeout(500)  # the last reports come back
         page.close()
