@@ -9,7 +9,8 @@ for that codec:
   channels = 3, three zero bytes: 8 bytes) then the ``height * width * 3`` RGB bytes, row by
   row; :func:`decode_raw` reads it back.
 - ``jpeg``: one baseline JPEG image per frame (Pillow).
-- ``h264``: :class:`H264Fragments`, fragmented MP4 that a browser's ``MediaSource`` appends.
+- ``h264``: :class:`H264Fragments`, fragmented MP4 that a browser's ``MediaSource`` appends;
+  the same encode also gives each frame's access unit, for a WebCodecs ``VideoDecoder``.
 """
 
 from __future__ import annotations
