@@ -285,3 +285,37 @@ def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> N
         assert page.evaluate("window.rxstream.video") == "webcodecs"
         page.close()
         session.thread.join(15)
+
+
+def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser: Any) -> None:
+    """No VideoDecoder, or one without h264: the page shows JPEG and says so; ?video=mse plays
+    the fMP4 stream and says that."""
+    with DemoSession() as session:
+        pages = {}
+        for name, script, query in (
+            ("no-webcodecs", "delete window.VideoDecoder;", ""),
+            (
+                "no-codec",
+                "VideoDecoder.isConfigSupported = async () => ({ supported: false });",
+                "",
+            ),
+            ("mse", "", "?video=mse"),
+        ):
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            if script:
+                page.add_init_script(script)
+            page.goto(session.web.url + query)
+            pages[name] = page
+        for name, label, codec in (
+            ("no-webcodecs", "video: JPEG", "jpeg"),
+            ("no-codec", "video: JPEG", "jpeg"),
+            ("mse", "video: MSE h264 (buffered)", "h264"),
+        ):
+            page = pages[name]
+            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+            assert page.locator("#video-path").text_content() == label, name
+            assert page.evaluate("window.rxstream.lastHeader.codec") == codec, name
+            assert page.evaluate("window.rxstream.errors") == [], name
+        for page in pages.values():
+            page.close()
+        session.thread.join(15)
