@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from rxstream.timing import format_summary, load, plot, summarize
@@ -99,7 +101,12 @@ def _parser() -> argparse.ArgumentParser:
     timing.add_argument("--stream", help="only this stream's records")
     topology = commands.add_parser("topology", help="print an app's partition topology")
     topology.add_argument("app", help="path/to/app.py[:build] or module:build")
-    topology.add_argument("--config", metavar="YAML", help="a serving config to validate")
+    topology.add_argument(
+        "--config", metavar="YAML", help="a serving config: validated, its limits shown applied"
+    )
+    topology.add_argument(
+        "--ranks", type=_count, default=1, help="build as `run --ranks N` would (default 1)"
+    )
     return parser
 
 
@@ -154,6 +161,14 @@ def _run(args: argparse.Namespace) -> int:
             return fail(f"cannot read {args.config}: {exc.strerror}", 2)
         except DeploymentError as exc:
             return fail(str(exc), 2)
+    for flag, path in (("--out", args.out), ("--log", args.log)):
+        problem = None if path is None else _prepare_output(flag, path)
+        if problem is not None:
+            return fail(problem, 2)
+    if args.serve and args.port not in (None, 0):
+        problem = _port_taken(args.host or "127.0.0.1", args.port)
+        if problem is not None:
+            return fail(problem, 2)
     try:
         app = load_app(args.app)
     except Exception as exc:
@@ -210,6 +225,9 @@ def _run(args: argparse.Namespace) -> int:
         _clear(status)
         return fail(str(exc), 1)
     _clear(status)
+    job = torchrun_env()
+    if job is not None and job.rank != 0:
+        return 0  # under torchrun, rank 0 alone prints the summary of every rank
     from rxstream.runtime import format_statistics
 
     print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
@@ -217,10 +235,52 @@ def _run(args: argparse.Namespace) -> int:
         print(f"video: {args.out}")
     if args.log is not None:
         print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
-    for rank, stats in sorted(result.statistics.items()):
+    for rank in range(result.ranks):
+        stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
-        print(format_statistics(stats))
+        print(format_statistics(stats) if stats else "no stages")
     return 0
+
+
+def _prepare_output(flag: str, path: str) -> str | None:
+    """Check an output file's place before anything runs: ``None`` when it can be written.
+
+    A missing folder is created, and the command says so; a folder that is a file, or a path
+    that is a folder, is refused."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path} is a folder; give a file name"
+    folder = target.parent
+    for above in (folder, *folder.parents):
+        if above.exists() and not above.is_dir():
+            return f"{flag} {path}: {above} is a file, not a folder"
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True)
+        except OSError as exc:
+            return f"{flag} {path}: cannot create the folder {folder}: {exc.strerror}"
+        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
+    if not os.access(folder, os.W_OK):
+        return f"{flag} {path}: the folder {folder} is not writable"
+    return None
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """``None`` when ``--serve`` can listen on ``host:port``, else why not (before the run)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {host}: cannot resolve it: {exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"--port {port}: cannot listen on {host}:{port}: {exc.strerror}"
+    return None
 
 
 class _StatusLine:
@@ -277,8 +337,13 @@ TRACEBACK_LINES = 20
 
 def _test(args: argparse.Namespace) -> int:
     from rxstream._exceptions import SelfTestError
-    from rxstream.launch import run_self_test
+    from rxstream.launch import load_app, run_self_test
 
+    try:
+        load_app(args.app)  # a missing file, a syntax error, no build/main: one line, as `run`
+    except Exception as exc:
+        print(f"rxstream test: {exc}", file=sys.stderr)
+        return 1
     try:
         passed = run_self_test(args.app, timeout=args.timeout)
     except SelfTestError as exc:
@@ -336,6 +401,7 @@ def _topology(args: argparse.Namespace) -> int:
     from rxstream.launch import load_app
     from rxstream.topology import (
         DeploymentError,
+        client_stream_limits,
         find_client_streams,
         format_topology,
         load_serving_config,
@@ -343,21 +409,46 @@ def _topology(args: argparse.Namespace) -> int:
         validate_deployment,
     )
 
-    try:
-        model = model_of(load_app(args.app)(Context()))
-        streams = find_client_streams(model)
-    except Exception as exc:
-        print(f"rxstream topology: {exc}", file=sys.stderr)
-        return 1
-    print(format_topology(model, streams))
+    def fail(message: str, status: int) -> int:
+        print(f"rxstream topology: {message}", file=sys.stderr)
+        return status
+
     try:
         config = None if args.config is None else load_serving_config(args.config)
-        validate_deployment(model.topology, config)
     except OSError as exc:
-        print(f"rxstream topology: cannot read {args.config}: {exc.strerror}", file=sys.stderr)
-        return 2
+        return fail(f"cannot read {args.config}: {exc.strerror}", 2)
     except DeploymentError as exc:
-        print(f"rxstream topology: {exc}", file=sys.stderr)
-        return 1
+        return fail(str(exc), 1)
+    try:
+        app = load_app(args.app)
+        app.check_ranks(args.ranks)
+        pipeline = app(Context(world=args.ranks))
+    except Exception as exc:
+        return fail(str(exc), 1)
+    try:
+        model = model_of(pipeline)
+        streams = find_client_streams(model)
+    except Exception as exc:
+        return fail(str(exc), 1)
+    try:
+        validate_deployment(model.topology, config)  # every problem listed
+    except DeploymentError as exc:
+        print(format_topology(model, streams))
+        print(format_layout(pipeline, args.ranks))
+        return fail(str(exc), 1)
+    limits = None if config is None else client_stream_limits(model.topology, config)
+    print(format_topology(model, streams, limits))
+    print(format_layout(pipeline, args.ranks))
     print("checks: ok" if args.config is None else f"checks: ok (serving config {args.config})")
     return 0
+
+
+def format_layout(pipeline: Any, ranks: int) -> str:
+    """Which stages each of ``ranks`` rank processes runs ("no stages" for an idle rank)."""
+    plan = pipeline.plan
+    world = max(ranks, plan.world)
+    lines = [f"layout on {world} rank(s):"]
+    for rank in range(world):
+        names = [plan.names[node] for node in plan.nodes if plan.ranks[node] == rank]
+        lines.append(f"  rank {rank}: {', '.join(names) if names else 'no stages'}")
+    return "\n".join(lines)

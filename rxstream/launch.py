@@ -170,7 +170,11 @@ def _import_app(entry: str, target: str) -> Any:
             raise ImportError(f"cannot import app file {entry!r}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
-        spec.loader.exec_module(module)
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # a failed import leaves no half-made module behind
+            raise
     return module
 
 

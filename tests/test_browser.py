@@ -1,4 +1,5 @@
-"""The demo's live page in headless Chromium (Playwright): frames, pointer, slider, prompt, close.
+"""The demo's live page in headless Chromium (Playwright): frames, pointer, slider, prompt, close;
+mouse-to-photon measured on the page against the photon_ms the session logs.
 
 Runs where Debian's chromium is installed (``.ci/run`` installs it) and skips, saying so,
 elsewhere. A screenshot of the page is kept in ``out/test-artifacts/web_session.png``.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import shutil
 import sys
 import threading
@@ -18,10 +20,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import structlog
 
 import rxstream
 from rxstream.testing import capture_timing
-from rxstream.timing import TimingRecord
+from rxstream.timing import TimingRecord, configure_logging, load
 from rxstream.transport import WebTransport
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
@@ -47,6 +50,17 @@ sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not 
 def load_demo() -> ModuleType:
     """examples/demo.py as a module."""
     spec = importlib.util.spec_from_file_location("rxstream_demo_app", ROOT / "examples/demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_bench() -> ModuleType:
+    """bench/photon.py as a module (its on-screen probe and pointer jumps)."""
+    spec = importlib.util.spec_from_file_location("rxstream_photon_bench", ROOT / "bench/photon.py")
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -108,7 +122,11 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
     with capture_timing() as captured, DemoSession() as session:
         page = browser.new_page(viewport={"width": 1200, "height": 800})
         errors: list[str] = []
+        failed: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on(
+            "response", lambda r: failed.append(f"{r.status} {r.url}") if r.status >= 400 else None
+        )
         page.goto(session.web.url)
 
         # frames arrive and change over time
@@ -119,6 +137,25 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         assert view.screenshot() != first
         codec = page.evaluate("window.rxstream.codec")
         assert codec in ("h264", "jpeg")
+
+        # the picture at an integer multiple of the frame's size; the timing panel's legend,
+        # and its hint until the first record
+        assert page.evaluate(
+            "(() => { const c = document.getElementById('canvas');"
+            " const w = parseFloat(c.style.width); return w >= c.width && w % c.width === 0; })()"
+        )
+        legend = page.locator("#legend").text_content() or ""
+        assert all(word in legend for word in ("wait", "hold", "compute", "client"))
+        assert page.locator("#timing-hint").is_visible()
+
+        # doc changes made elsewhere show on the page: a slider and its label, the prompt box
+        session.ctx.control.set(speed=2.0, prompt="a quiet forest")
+        page.wait_for_function(
+            "document.querySelector('input[data-path=\"speed\"]').value === '2'"
+            " && document.querySelector('input[data-path=\"speed\"] + output').textContent"
+            " === '2' && document.getElementById('prompt').value === 'a quiet forest'",
+            timeout=20_000,
+        )
 
         # one pointer move: its input_seq comes back in a [timing:video] record
         box = view.bounding_box()
@@ -131,6 +168,7 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
             f"window.rxstream.timing.some((r) => r.input_seq === {seq})", timeout=20_000
         )
         wait_for(lambda: [r for r in captured if r.input_seq == seq], "the record")
+        assert page.locator("#timing-hint").is_hidden()
         assert session.ctx.control.snapshot()["autopilot"] is False
 
         # the spot slider (a doc.set) changes the frames: a bigger light, a brighter picture
@@ -146,11 +184,17 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         page.wait_for_function(f"window.rxstream.cutovers > {cutovers}", timeout=20_000)
         assert session.ctx.control.desired.prompt.value == "a storm over the mountains"
         wait_for(lambda: [r for r in captured if r.cutover], "a cutover record")
+        page.wait_for_function(  # the steer's row says so
+            "[...document.querySelectorAll('#timing tbody tr')]"
+            ".some((row) => row.children[3].textContent === 'steer')",
+            timeout=20_000,
+        )
 
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "web_session.png"))
         assert page.evaluate("window.rxstream.errors") == []
         assert errors == []
+        assert failed == []  # no 404 (the favicon is inline)
 
         # closing the page ends run()
         page.close()
@@ -160,3 +204,118 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         records = list(captured)
     assert (ARTIFACTS / "web_session.png").stat().st_size > 10_000
     assert records
+
+
+def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path) -> None:
+    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own."""
+    bench = load_bench()
+    log = tmp_path / "timing.jsonl"
+    saved = structlog.get_config()
+    configure_logging(log)
+    try:
+        with DemoSession() as session:
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            console: list[str] = []
+            page.on("console", lambda m: console.append(f"{m.type}: {m.text}"))
+            page.goto(session.web.url)
+            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+            assert page.evaluate("window.rxstream.video") == "webcodecs"
+            assert page.locator("#video-path").text_content() == "video: WebCodecs h264"
+            moves = bench.measure_moves(page, 30)
+            keys = json.dumps([f"video#{move['input_seq']}" for move in moves])
+            page.wait_for_function(
+                f"{keys}.every((key) => window.rxstream.photon[key])", timeout=20_000
+            )
+            assert page.evaluate("window.rxstream.errors") == []
+            page.close()
+            session.thread.join(15)
+            assert session.error is None
+    finally:
+        configure_logging()
+        structlog.reset_defaults()
+        structlog.configure(**saved)
+    assert not [line for line in console if line.startswith("error")], console
+    records = {r.input_seq: r for r in load(log, stream="video").records}
+    for move in moves:
+        record = records[move["input_seq"]]
+        assert record.client is not None, move
+        assert record.client.video == "webcodecs"
+        assert record.photon_ms is not None
+        assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
+
+
+def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> None:
+    """A delta that finds the decoder busy is skipped, never queued; a broken access unit
+    fails the decoder; either way the page asks for a keyframe and draws on."""
+    with DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(session.web.url)
+        page.wait_for_function("window.rxstream.drawn > 10", timeout=20_000)
+
+        # the decoder still holds a frame (as a slow one would): deltas are skipped
+        skipped, asked = page.evaluate(
+            "[window.rxstream.skipped, window.rxstream.keyframeRequests]"
+        )
+        page.evaluate(
+            "Object.defineProperty(wc.decoder, 'decodeQueueSize',"
+            " {get: () => 1, configurable: true})"
+        )
+        page.wait_for_function(
+            f"window.rxstream.skipped > {skipped} + 2"
+            f" && window.rxstream.keyframeRequests > {asked}",
+            timeout=20_000,
+        )
+        page.evaluate("delete wc.decoder.decodeQueueSize")
+        drawn = page.evaluate("window.rxstream.drawn")
+        page.wait_for_function(f"window.rxstream.drawn > {drawn} + 10", timeout=20_000)
+
+        # a decoder error
+        asked = page.evaluate("window.rxstream.keyframeRequests")
+        page.evaluate(  # a slice NAL that is garbage: the decoder's error callback runs
+            "wc.decoder.decode(new EncodedVideoChunk({type: 'delta', timestamp: 1e9,"
+            " data: new Uint8Array([0, 0, 0, 5, 0x65, 1, 2, 3, 4])}))"
+        )
+        page.wait_for_function(
+            "window.rxstream.errors.some((e) => e.code === 'decoder')", timeout=20_000
+        )
+        drawn = page.evaluate("window.rxstream.drawn")
+        assert page.evaluate("window.rxstream.keyframeRequests") > asked
+        page.wait_for_function(f"window.rxstream.drawn > {drawn} + 10", timeout=20_000)
+        assert page.evaluate("wc.decoder.state") == "configured"
+        assert page.evaluate("window.rxstream.video") == "webcodecs"
+        page.close()
+        session.thread.join(15)
+
+
+def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser: Any) -> None:
+    """No VideoDecoder, or one without h264: the page shows JPEG and says so; ?video=mse plays
+    the fMP4 stream and says that."""
+    with DemoSession() as session:
+        pages = {}
+        for name, script, query in (
+            ("no-webcodecs", "delete window.VideoDecoder;", ""),
+            (
+                "no-codec",
+                "VideoDecoder.isConfigSupported = async () => ({ supported: false });",
+                "",
+            ),
+            ("mse", "", "?video=mse"),
+        ):
+            page = browser.new_page(viewport={"width": 1200, "height": 800})
+            if script:
+                page.add_init_script(script)
+            page.goto(session.web.url + query)
+            pages[name] = page
+        for name, label, codec in (
+            ("no-webcodecs", "video: JPEG", "jpeg"),
+            ("no-codec", "video: JPEG", "jpeg"),
+            ("mse", "video: MSE h264 (buffered)", "h264"),
+        ):
+            page = pages[name]
+            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+            assert page.locator("#video-path").text_content() == label, name
+            assert page.evaluate("window.rxstream.lastHeader.codec") == codec, name
+            assert page.evaluate("window.rxstream.errors") == [], name
+        for page in pages.values():
+            page.close()
+        session.thread.join(15)

@@ -90,6 +90,19 @@ def test_demo_self_test_passes_under_rxstream_test() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_two_ranks_stops_making_frames_once_its_downstream_rank_ends() -> None:
+    """Rank 0's source stops once rank 1 egressed ``--frames``: it makes about what was used."""
+    from rxstream.launch import launch
+
+    result = launch(str(ROOT / "examples" / "two_ranks.py"), 2, frames=24, quiet=True)
+    assert result.egressed == 24
+    made = result.statistics[0]["frames"].items_out
+    dropped = result.statistics[0]["denoise"].dropped.get("stopped", 0)
+    # what is in flight at the end: a few inbox places and ring slots, never a stream of frames
+    assert made <= 24 + 20, (made, dropped)
+    assert dropped <= 8, (made, dropped)
+
+
 def load_demo(monkeypatch: pytest.MonkeyPatch) -> Any:
     """examples/demo.py as a module (it is not on the import path), registered for the test."""
     spec = importlib.util.spec_from_file_location("demo_under_test", ROOT / "examples" / "demo.py")

@@ -501,6 +501,9 @@ def test_cli_prints_the_partitions_of_the_ranks_app(capsys: pytest.CaptureFixtur
         "  prepare>work: rank0 -> rank1, chunks EveryItem()\n"
         "client streams:\n"
         "  none\n"
+        "layout on 2 rank(s):\n"
+        "  rank 0: frames, prepare\n"
+        "  rank 1: work, record, video\n"
         "checks: ok\n"
     )
 

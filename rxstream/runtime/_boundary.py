@@ -251,21 +251,28 @@ class Boundary:
         stage: str,
         fail: Callable[[BaseException], None],
         on_done: Callable[[], None],
+        on_closed: Callable[[], None] = lambda: None,
     ) -> abc.DisposableBase:
         """Put every item of ``upstream`` into the ring; ``on_done`` once the end marker is in.
 
         ``counters`` (the upstream stage's) count items the ring refused because the run was
-        stopping (reason ``stopped``); a payload that cannot cross fails the run naming
-        ``stage`` and the type.
+        stopping (reason ``stopped``); ``on_closed`` runs at the first such item (the
+        downstream rank is going: the caller stops making items nobody will read). A payload
+        that cannot cross fails the run naming ``stage`` and the type.
         """
         ring = self.ring
         send = self.sender(counters)
+        closed = False
 
         def on_next(item: PipelineItem) -> None:
+            nonlocal closed
             try:
                 send(item)
             except RingClosed:
                 counters.drop("stopped")
+                if not closed:
+                    closed = True
+                    on_closed()
             except (FramingError, PayloadTooLarge) as exc:
                 md = item.metadata
                 if isinstance(exc, PayloadTooLarge):

@@ -32,7 +32,7 @@ from rxstream._exceptions import PipelineError, PipelineStateError
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.launch import LaunchResult, load_app
+from rxstream.launch import LaunchResult, _Forward, load_app
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._distboundary import DistChannel, DistRun
@@ -153,6 +153,8 @@ class Launch:
         self.world = env.world
         self.dist = dist
         self.control = dist.new_group(backend="gloo")  # doc writes, reports, heartbeats
+        self.egress = _Forward(None, options.frames)
+        """Every rank's transport: passes at most ``frames`` items, then halts the run."""
         self.ctx: Context
         self.pipeline: Pipeline
         self._build(entry)
@@ -201,7 +203,11 @@ class Launch:
                 from rxstream.launch import _AppContext  # writes --set as the app makes the doc
 
                 ctx = _AppContext(
-                    settings=options.settings, config=options.config, rank=0, world=world
+                    settings=options.settings,
+                    config=options.config,
+                    rank=0,
+                    world=world,
+                    transport=self.egress,
                 )
                 self.ctx = ctx
                 self.pipeline = load_app(entry)(ctx)
@@ -225,7 +231,9 @@ class Launch:
             if box[0] is not None:
                 raise PipelineError("rank 0", RuntimeError(box[0]))
             try:
-                self.ctx = Context(rank=self.rank, world=world, replicas=box[1])
+                self.ctx = Context(
+                    rank=self.rank, world=world, replicas=box[1], transport=self.egress
+                )
                 self.pipeline = load_app(entry)(self.ctx)
             except BaseException as exc:
                 failure = exc
@@ -330,6 +338,7 @@ class Launch:
                 cuda_api=ctx.cuda_api,
             )
             run.on_done(control.changed.set)  # a failing boundary wakes the watch at once
+            self.egress.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop
             if self.rank == 0:
                 return control.lead(run, self.options)
             return control.follow(run)

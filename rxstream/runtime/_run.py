@@ -225,6 +225,7 @@ class Run:
                     self.plan.name_of(upstream),
                     self.fail,
                     self._end_completed,
+                    self.halt,  # the reading rank is going: stop making items for it
                 )
             )
 

@@ -8,10 +8,12 @@ from rxstream.timing._analysis import (
     plot,
     summarize,
 )
+from rxstream.timing._client import ClientTiming
 from rxstream.timing._emit import configure_logging
 from rxstream.timing._record import HopTiming, TimingRecord
 
 __all__ = [
+    "ClientTiming",
     "HopTiming",
     "Malformed",
     "TimingLog",
@@ -23,5 +25,5 @@ __all__ = [
     "summarize",
 ]
 
-for _name in ("HopTiming", "Malformed", "TimingLog", "TimingRecord"):
+for _name in ("ClientTiming", "HopTiming", "Malformed", "TimingLog", "TimingRecord"):
     globals()[_name].__module__ = __name__

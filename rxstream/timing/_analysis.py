@@ -3,6 +3,8 @@
 The log is JSON lines (``rxstream.timing.configure_logging``); lines whose ``event`` is
 ``[timing:<stream>]`` are records, other events are skipped, and a line that is not JSON or a
 timing line that lacks its fields is counted as malformed with its line number — never a crash.
+A ``[photon:<stream>]`` line (a page showed the frame) is joined to the latest record before it
+with the same stream and ``input_seq``, as the record's ``client`` part.
 """
 
 from __future__ import annotations
@@ -10,11 +12,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from rxstream._table import table
+from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 
 __all__ = ["Malformed", "TimingLog", "format_summary", "load", "plot", "summarize"]
@@ -43,7 +46,9 @@ class TimingLog:
     def dataframe(self) -> Any:
         """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
 
-        Columns: stream, input_seq, cutover, total_ms, hop, order, wait_ms, compute_ms, hold_ms.
+        Columns: stream, input_seq, cutover, total_ms, photon_ms, hop, order, wait_ms,
+        compute_ms, hold_ms. ``photon_ms`` is the record's input-to-pixels time (NaN without a
+        page's report).
         """
         import pandas as pd
 
@@ -53,6 +58,7 @@ class TimingLog:
                 "input_seq": r.input_seq,
                 "cutover": r.cutover,
                 "total_ms": r.total_ms,
+                "photon_ms": r.photon_ms,
                 "hop": hop.name,
                 "order": index,
                 "wait_ms": hop.wait_ms,
@@ -70,6 +76,7 @@ def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
     records: list[TimingRecord] = []
     malformed: list[Malformed] = []
     others = 0
+    latest: dict[tuple[str, int], int] = {}  # (stream, input_seq) -> index in records
     with Path(path).open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
             text = line.strip()
@@ -84,6 +91,13 @@ def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
                 malformed.append(Malformed(number, f"not a JSON object: {type(entry).__name__}"))
                 continue
             event = entry.get("event")
+            if isinstance(event, str) and event.startswith("[photon:"):
+                problem = _join_photon(entry, records, latest, stream)
+                if problem == "unmatched":
+                    others += 1
+                elif problem:
+                    malformed.append(Malformed(number, problem))
+                continue
             if not (isinstance(event, str) and event.startswith("[timing:")):
                 others += 1
                 continue
@@ -96,8 +110,33 @@ def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
                 malformed.append(Malformed(number, f"timing line with a bad value: {exc}"))
                 continue
             if stream is None or record.stream == stream:
+                latest[(record.stream, record.input_seq)] = len(records)
                 records.append(record)
     return TimingLog(tuple(records), tuple(malformed), others)
+
+
+def _join_photon(
+    entry: dict[str, Any],
+    records: list[TimingRecord],
+    latest: dict[tuple[str, int], int],
+    stream: str | None,
+) -> str:
+    """Join a ``[photon:…]`` line to its record: ``""``, ``"unmatched"`` or why it is malformed."""
+    try:
+        key = (str(entry["stream"]), int(entry["input_seq"]))
+        client = ClientTiming.from_fields(entry)
+    except KeyError as exc:
+        return f"photon line without field {exc.args[0]!r}"
+    except (TypeError, ValueError) as exc:
+        return f"photon line with a bad value: {exc}"
+    if stream is not None and key[0] != stream:
+        return ""
+    index = latest.get(key)
+    if index is None:
+        return "unmatched"
+    if records[index].client is None:  # the first page to show it wins
+        records[index] = replace(records[index], client=client)
+    return ""
 
 
 def _percentile(values: Sequence[float], q: float) -> float:
@@ -134,6 +173,12 @@ class Summary:
     total_ms: dict[str, float]
     slowest: tuple[TimingRecord, ...]
     malformed: tuple[Malformed, ...] = field(default=())
+    photon_ms: dict[str, float] = field(default_factory=dict)
+    """Input to pixels over the records a page reported (p50, p95, p99, max); empty if none."""
+    client: dict[str, dict[int, float]] = field(default_factory=dict)
+    """The client hops (``up``, ``net``, ``decode``, ``present``) p50/p95/p99 over those."""
+    shown: int = 0
+    """Records that a page reported showing (they have ``photon_ms``)."""
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for other tools (``rxstream timing --json``)."""
@@ -146,6 +191,19 @@ class Summary:
                 for r in self.slowest
             ],
             "malformed": [{"line": m.line, "reason": m.reason} for m in self.malformed],
+            **self._photon_json(),
+        }
+
+    def _photon_json(self) -> dict[str, Any]:
+        if not self.shown:
+            return {}  # a log without a page reads as before
+        return {
+            "shown": self.shown,
+            "photon_ms": {k: round(v, 3) for k, v in self.photon_ms.items()},
+            "client": {
+                hop: {f"p{q}": round(v, 3) for q, v in values.items()}
+                for hop, values in self.client.items()
+            },
         }
 
 
@@ -194,7 +252,27 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
     total = {f"p{q}": _percentile(totals, q) for q in PERCENTILES}
     total["max"] = max(totals) if totals else math.nan
     ranked = sorted(records, key=lambda r: r.total_ms, reverse=True)[:slowest]
-    return Summary(len(records), hops, total, tuple(ranked), tuple(malformed))
+    shown = [r.client for r in records if r.client is not None]
+    photon: dict[str, float] = {}
+    client: dict[str, dict[int, float]] = {}
+    if shown:
+        photons = [c.photon_ms for c in shown]
+        photon = {f"p{q}": _percentile(photons, q) for q in PERCENTILES}
+        photon["max"] = max(photons)
+        for part in ("up", "net", "decode", "present"):
+            values = [v for c in shown if (v := getattr(c, f"{part}_ms")) is not None]
+            if values:
+                client[part] = {q: _percentile(values, q) for q in PERCENTILES}
+    return Summary(
+        len(records),
+        hops,
+        total,
+        tuple(ranked),
+        tuple(malformed),
+        photon_ms=photon,
+        client=client,
+        shown=len(shown),
+    )
 
 
 def format_summary(summary: Summary) -> str:
@@ -220,6 +298,16 @@ def format_summary(summary: Summary) -> str:
     lines.append(
         "end to end: " + "  ".join(f"{key} {t[key]:.2f}" for key in ("p50", "p95", "p99", "max"))
     )
+    if summary.shown:
+        p = summary.photon_ms
+        lines.append(
+            f"photon (input to pixels, {summary.shown} shown by a page): "
+            + "  ".join(f"{key} {p[key]:.2f}" for key in ("p50", "p95", "p99", "max"))
+        )
+        lines.append(
+            "client p50: "
+            + "  ".join(f"{hop} {values[50]:.2f}" for hop, values in summary.client.items())
+        )
     if summary.slowest:
         lines.append(
             "slowest inputs: "
@@ -238,7 +326,8 @@ def _hold_cells(h: HopSummary) -> tuple[str, ...]:
 
 
 def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) -> None:
-    """Draw a stacked per-hop wait/hold/compute bar (p50) and the end-to-end CDF into a PNG."""
+    """Draw a stacked per-hop wait/hold/compute bar (p50) and the end-to-end CDF into a PNG
+    (with ``photon_ms`` beside ``total_ms`` where a page reported)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -260,6 +349,11 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
     totals = sorted(r.total_ms for r in records)
     if totals:
         cdf.step(totals, [(i + 1) / len(totals) for i in range(len(totals))], where="post")
+    photons = sorted(p for r in records if (p := r.photon_ms) is not None)
+    if photons:  # beside total_ms: input to pixels, where a page reported
+        steps = [(i + 1) / len(photons) for i in range(len(photons))]
+        cdf.step(photons, steps, where="post", label="photon_ms (input to pixels)")
+        cdf.legend(["total_ms (server)", "photon_ms (input to pixels)"], loc="lower right")
     cdf.set_xlabel("end-to-end ms")
     cdf.set_ylabel("fraction of inputs")
     cdf.set_title(f"end to end ({len(totals)} records)")

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rxstream.item import PipelineMetadata, Timeline
+from rxstream.timing._client import ClientTiming
 
 __all__ = ["HopTiming", "TimingRecord", "fold"]
 
@@ -51,6 +52,14 @@ class TimingRecord:
     """Wall-clock ms from ``input_at_ms`` to egress (meaningful when the client clock is shared)."""
     hops: tuple[HopTiming, ...]
     """Each hop in the order it happened."""
+    client: ClientTiming | None = None
+    """The page's part (net, decode, present, ``photon_ms``), joined from its ``[photon:…]``
+    line; ``None`` when no page reported showing the frame."""
+
+    @property
+    def photon_ms(self) -> float | None:
+        """Input to pixels (``client.photon_ms``), or ``None`` without a page's report."""
+        return None if self.client is None else self.client.photon_ms
 
     def fields(self) -> dict[str, Any]:
         """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``).
@@ -77,6 +86,8 @@ class TimingRecord:
             if hop.hold_ms:
                 flat[f"{hop.name}.hold_ms"] = round(hop.hold_ms, 3)
             flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
+        if self.client is not None:
+            flat.update(self.client.fields())
         return flat
 
     @classmethod
@@ -104,6 +115,7 @@ class TimingRecord:
             total_ms=float(flat["total_ms"]),
             from_client_ms=None if from_client is None else float(from_client),
             hops=hops,
+            client=ClientTiming.from_fields(flat) if "photon_ms" in flat else None,
         )
 
 

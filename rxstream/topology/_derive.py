@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from rxstream.topology._chunks import EveryItem
 from rxstream.topology._edges import WALKS, chunks_of, consumer_walk_of, partition_name
+from rxstream.topology._limits import ClientStreamLimits
 from rxstream.topology._model import (
     CLIENT,
     ClientStream,
@@ -110,10 +111,13 @@ def _walks(
 def format_topology(
     topology: PartitionTopology | TopologyModel,
     streams: Mapping[str, ClientStream] | None = None,
+    limits: Mapping[str, ClientStreamLimits] | None = None,
 ) -> str:
     """A readable listing: the partitions (given a :class:`TopologyModel`, each one's walks
     and who picks them), each connection (edge, partitions, chunk policy), and each client
-    stream with its limits and, from ``streams``, its consumer."""
+    stream with its limits and, from ``streams``, its consumer. ``limits`` are the limits in
+    force (a serving config's, from :func:`~rxstream.topology.client_stream_limits`): a
+    stream whose bound they change shows both."""
     model = topology if isinstance(topology, TopologyModel) else None
     if model is not None:
         topology = model.topology
@@ -141,12 +145,10 @@ def format_topology(
     ] or ["  none"]
     lines.append("client streams:")
     for conn in topology.client_connections():
-        limits = conn.limits
-        bound = (
-            "unbounded"
-            if limits is None or limits.max_items is None
-            else f"max {limits.max_items} {limits.unit}"
-        )
+        bound = _bound(conn.limits)
+        applied = None if limits is None else limits.get(conn.edge_name)
+        if applied is not None and _bound(applied) != bound:
+            bound = f"{_bound(applied)} (serving config; declared {bound})"
         line = f"  {conn.edge_name}: client -> {conn.to_partition}, {bound}"
         stream = None if streams is None else streams.get(conn.edge_name)
         if stream is not None:
@@ -155,3 +157,9 @@ def format_topology(
     if not topology.client_connections():
         lines.append("  none")
     return "\n".join(lines)
+
+
+def _bound(limits: ClientStreamLimits | None) -> str:
+    if limits is None or limits.max_items is None:
+        return "unbounded"
+    return f"max {limits.max_items} {limits.unit}"

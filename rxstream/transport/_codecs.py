@@ -9,7 +9,8 @@ for that codec:
   channels = 3, three zero bytes: 8 bytes) then the ``height * width * 3`` RGB bytes, row by
   row; :func:`decode_raw` reads it back.
 - ``jpeg``: one baseline JPEG image per frame (Pillow).
-- ``h264``: :class:`H264Fragments`, fragmented MP4 that a browser's ``MediaSource`` appends.
+- ``h264``: :class:`H264Fragments`, fragmented MP4 that a browser's ``MediaSource`` appends;
+  the same encode also gives each frame's access unit, for a WebCodecs ``VideoDecoder``.
 """
 
 from __future__ import annotations
@@ -326,6 +327,8 @@ class H264Fragments(Encoder):
         self._size: tuple[int, int] | None = None
         self._init: bytes | None = None
         self._codec_string: str | None = None
+        self._avcc: bytes | None = None
+        self._access_unit = b""
         self._track_id = 1
         self._timescale = 1
         self._sequence = 0
@@ -343,6 +346,18 @@ class H264Fragments(Encoder):
     def codec_string(self) -> str | None:
         """The RFC 6381 codec, e.g. ``avc1.42C01E``; ``None`` before the first frame."""
         return self._codec_string
+
+    @property
+    def avcc(self) -> bytes | None:
+        """The ``AVCDecoderConfigurationRecord`` (SPS, PPS): a WebCodecs ``description``."""
+        return self._avcc
+
+    @property
+    def access_unit(self) -> bytes:
+        """The frame of the last :meth:`encode` as one access unit in AVC form (4-byte
+        length-prefixed NAL units, what :attr:`avcc` describes): for a decoder fed frame by
+        frame (WebCodecs), with :attr:`keyframe` saying whether it is an IDR frame."""
+        return self._access_unit
 
     @property
     def mime_type(self) -> str | None:
@@ -431,24 +446,28 @@ class H264Fragments(Encoder):
         (self._timescale,) = struct.unpack_from(">I", mdhd, 12 + 2 * (8 if mdhd[0] == 1 else 0))
         stsd = _child(trak, b"mdia", b"minf", b"stbl", b"stsd")
         avc1 = _child(stsd[8:], b"avc1")  # after stsd's version, flags and entry count
-        self._codec_string = _avc1_codec(_child(avc1[78:], b"avcC"))  # after VisualSampleEntry
+        self._avcc = _child(avc1[78:], b"avcC")  # after the VisualSampleEntry fields
+        self._codec_string = _avc1_codec(self._avcc)
         self._container, self._video = container, video
         self._size = (width, height)
         self._init = init
         return init
 
     def _fragments(self, packets: list[Any]) -> bytes:
-        parts = [self._fragment(packet) for packet in packets]
+        samples = [_length_prefixed(bytes(packet)) for packet in packets]
+        parts = [
+            self._fragment(packet, sample) for packet, sample in zip(packets, samples, strict=True)
+        ]
         if parts:
             self._keyframe = packets[-1].is_keyframe
+            self._access_unit = b"".join(samples)
         return b"".join(parts)
 
-    def _fragment(self, packet: Any) -> bytes:
+    def _fragment(self, packet: Any, sample: bytes) -> bytes:
         # tune=zerolatency leaves no B-frames: pts == dts, so no composition offsets.
         dts = int(packet.dts)
         start = self._media_time(dts)
         duration = self._media_time(dts + 1) - start
-        sample = _length_prefixed(bytes(packet))
         flags = _KEY_SAMPLE if packet.is_keyframe else _DELTA_SAMPLE
         self._sequence += 1
 

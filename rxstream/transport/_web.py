@@ -10,7 +10,10 @@ event loop, so the pipeline's threads never wait on the network:
   as JPEG. A page that falls behind loses its oldest frames (counted in
   :attr:`WebTransport.dropped`), never the pipeline's time.
 - control: the page sends JSON messages — ``hello``, ``input`` (a sample for a
-  ``ctx.input`` stream), ``set`` and ``steer`` (doc writes). Each is validated; an unknown
+  ``ctx.input`` stream), ``set`` and ``steer`` (doc writes), ``keyframe`` (its decoder
+  lost the stream: the next frame is an IDR), ``pong`` (its answer to the server's ``ping``:
+  the clock offset) and ``shown`` (a frame it presented: the record's client hops, see
+  ``_photon.py``). Each is validated; an unknown
   type, a malformed or oversized message, a write the doc's schema refuses, an unknown
   stream or an over-limit client stream is answered with ``{"type": "error", "code": …,
   "error": …}`` on that socket, and the session goes on.
@@ -26,9 +29,11 @@ session waits for its page — and turns false ``grace_s`` after the last page l
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import ipaddress
 import json
+import math
 import struct
 import threading
 import time
@@ -44,20 +49,26 @@ from rxstream._exceptions import DocValidationError
 from rxstream.doc import controls
 from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
-from rxstream.timing import TimingRecord
+from rxstream.timing import ClientTiming, TimingRecord
+from rxstream.timing._client import ClockOffset
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
+from rxstream.transport._photon import PhotonJoin, Shown, log_photon
 
 __all__ = ["MESSAGE_TYPES", "WebTransport"]
 
 _log = structlog.get_logger("rxstream.web")
 
-MESSAGE_TYPES = ("hello", "input", "set", "steer")
+MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
 """The message types a page may send."""
 
 _FRAME = b"F"
 _START_S = 10.0
+_PINGS_S = (0.05,) * 8 + (2.0,)
+"""The pauses between clock pings: a burst of 8, 50 ms apart, on attach, then one every 2 s
+(the estimate keeps the shortest round trip of the last 16)."""
+_VIDEO_PATHS = ("webcodecs", "jpeg", "mse", "raw")
 
 
 def _is_loopback(host: str) -> bool:
@@ -83,6 +94,12 @@ class _Client:
         self.live: set[str] = set()
         """h264 streams this page is decoding: it had the init segment and a keyframe since
         it joined (or since its last dropped fragment)."""
+        self.clock = ClockOffset()
+        """This page's ``performance.now()`` against the server's monotonic clock."""
+        self.ping_due = False
+        self.pings: deque[float] = deque(maxlen=16)
+        """The times (server ms) of the pings sent lately: a pong must answer one of them."""
+        self.number = 0
 
     def push_frame(self, stream: str, codec: str, data: bytes) -> None:
         if len(self.frames) >= self.max_frames:
@@ -154,6 +171,7 @@ class WebTransport(Transport):
         self._seq: dict[str, int] = {}
         self._subscriptions: list[Any] = []
         self._dropped_closed = 0
+        self._photon = PhotonJoin()
         self.attached = 0
         """Pages attached so far (reloads count)."""
 
@@ -216,7 +234,9 @@ class WebTransport(Transport):
             "generation": md.prompt_generation,
             "cutover": md.cutover,
             "idle": md.idle,
+            "input": _input_of(md.timeline),
         }
+        self._photon.sent(stream, seq, md.timeline)
         payloads: dict[str, bytes] = {}
         packed: dict[str, bytes] = {}
         h264: H264Fragments | None = None
@@ -229,21 +249,36 @@ class WebTransport(Transport):
                 if isinstance(made, H264Fragments):
                     h264 = made
             data = packed[chosen]
+            joining = False
             if h264 is not None and chosen == "h264" and stream not in client.live:
                 if not h264.keyframe:  # the page joins at the next keyframe
                     h264.request_keyframe()
                     continue
                 client.live.add(stream)
+                joining = True
+            if h264 is not None and chosen == "h264" and "h264-au" in client.accept:
+                if "h264-au" not in packed:  # WebCodecs: the access unit alone
+                    packed["h264-au"] = _pack_unit(header, h264)
+                data = packed["h264-au"]
+            elif h264 is not None and joining:
                 init = h264.init_segment or b""
                 body = payloads[chosen]
                 data = _pack(
-                    {**header, "codec": chosen, "init": True, "mime": h264.mime_type},
+                    {
+                        **header,
+                        "codec": chosen,
+                        "init": True,
+                        "mime": h264.mime_type,
+                        "fps": self.fps,
+                    },
                     body if body.startswith(init) else init + body,
                 )
             self._loop.call_soon_threadsafe(client.push_frame, stream, chosen, data)
 
     def on_timing(self, record: TimingRecord) -> None:
         self._broadcast_text(json.dumps({"type": "timing", "record": record.fields()}))
+        for joined, client, page in self._photon.record(record):
+            self._photon_joined(joined, client, page)
 
     def close(self) -> None:
         self._open = False
@@ -384,8 +419,10 @@ class WebTransport(Transport):
             self._clients.add(client)
             self._ever_attached = True
             self.attached += 1
+            client.number = self.attached
         client.push_text(self._session_message())
         writer = asyncio.ensure_future(self._write(client))
+        pinger = asyncio.ensure_future(self._ping(client))
         try:
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
@@ -394,6 +431,7 @@ class WebTransport(Transport):
                     self._error(client, None, "malformed", "messages must be JSON text")
         finally:
             writer.cancel()
+            pinger.cancel()
             with self._lock:
                 self._clients.discard(client)
                 self._dropped_closed += client.dropped
@@ -406,10 +444,27 @@ class WebTransport(Transport):
             while not ws.closed:
                 await client.ready.wait()
                 client.ready.clear()
+                if client.ping_due:  # stamped as it leaves: the round trip starts here
+                    client.ping_due = False
+                    sent = time.monotonic() * 1e3
+                    client.pings.append(sent)
+                    await ws.send_str(json.dumps({"type": "ping", "t": sent}))
                 while client.texts:
                     await ws.send_str(client.texts.popleft())
                 while client.frames:
                     await ws.send_bytes(client.frames.popleft())
+
+    async def _ping(self, client: _Client) -> None:
+        """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
+        pauses = iter(_PINGS_S)
+        while True:
+            client.ping_due = True
+            client.ready.set()
+            await asyncio.sleep(next(pauses, _PINGS_S[-1]))
+
+    def _photon_joined(self, record: TimingRecord, timing: ClientTiming, page: int) -> None:
+        fields = log_photon(record, timing, page)
+        self._broadcast_text(json.dumps({"type": "photon", **fields}))
 
     # --- messages from a page -------------------------------------------------------------
 
@@ -519,6 +574,86 @@ class WebTransport(Transport):
         _log.warning("web_message_refused", code=code, error=error)
         client.push_text(json.dumps({"type": "error", "id": ident, "code": code, "error": error}))
 
+    def _on_keyframe(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        stream = self._stream_of(message)
+        client.live.discard(stream)  # no delta frame until the keyframe
+        made = self._shared.get((stream, "h264"))
+        if isinstance(made, H264Fragments):
+            made.request_keyframe()
+        return {}
+
+    def _on_pong(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        sent = _number(message, "t")
+        if sent not in client.pings:
+            raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {sent!r}")
+        client.pings.remove(sent)
+        client.clock.add(sent, _number(message, "c"), time.monotonic() * 1e3)
+        return {}
+
+    def _on_shown(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
+        stream = self._stream_of(message)
+        arrived, decoded, presented = (
+            _number(message, name) for name in ("arrived", "decoded", "presented")
+        )
+        if not arrived <= decoded <= presented:
+            raise _Refused(
+                "malformed",
+                f"shown times must be in order arrived <= decoded <= presented, got "
+                f"{arrived}, {decoded}, {presented}",
+            )
+        video = message.get("video", "")
+        if video not in _VIDEO_PATHS:
+            raise _Refused(
+                "malformed", f"shown.video must be one of {', '.join(_VIDEO_PATHS)}, got {video!r}"
+            )
+        report = Shown(
+            stream=stream,
+            seq=_count(message, "seq"),
+            input_seq=_count(message, "input_seq"),
+            arrived=arrived,
+            decoded=decoded,
+            presented=presented,
+            event=None if message.get("event") is None else _number(message, "event"),
+            video=video,
+        )
+        joined = self._photon.shown(report, client.clock, client.number)
+        if joined is not None:
+            self._photon_joined(*joined, client.number)
+        return {}
+
+    def _stream_of(self, message: dict[str, Any]) -> str:
+        stream = message.get("stream")
+        if not isinstance(stream, str) or stream not in self._session.streams:
+            raise _Refused(
+                "unknown_stream",
+                f"{message['type']}.stream must be one of "
+                f"{', '.join(self._session.streams) or 'none'}, got {stream!r}",
+            )
+        return stream
+
+
+def _input_of(timeline: tuple[tuple[str, float], ...]) -> str:
+    """The input stream an item's timeline started at (``input.recv``, then ``<name>.in``)."""
+    if len(timeline) > 1 and timeline[0][0] == "input.recv":
+        return timeline[1][0].removesuffix(".in")
+    return ""
+
+
+def _number(message: dict[str, Any], name: str) -> float:
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise _Refused(
+            "malformed", f"{message['type']}.{name} must be a finite number, got {value!r}"
+        )
+    return float(value)
+
+
+def _count(message: dict[str, Any], name: str) -> int:
+    value = message.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _Refused("malformed", f"{message['type']}.{name} must be an int >= 0, got {value!r}")
+    return value
+
 
 class _Refused(Exception):
     def __init__(self, code: str, message: str) -> None:
@@ -529,3 +664,14 @@ class _Refused(Exception):
 def _pack(header: dict[str, Any], data: bytes) -> bytes:
     head = json.dumps(header).encode()
     return _FRAME + struct.pack(">I", len(head)) + head + data
+
+
+def _pack_unit(header: dict[str, Any], h264: H264Fragments) -> bytes:
+    """A frame for a WebCodecs page: the access unit; a keyframe carries the decoder config."""
+    unit: dict[str, Any] = {**header, "codec": "h264", "format": "avc", "key": h264.keyframe}
+    if h264.keyframe:
+        unit["config"] = {
+            "codec": h264.codec_string,
+            "description": base64.b64encode(h264.avcc or b"").decode(),
+        }
+    return _pack(unit, h264.access_unit)

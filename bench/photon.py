@@ -1,0 +1,298 @@
+"""Mouse-to-photon on the live page: WebCodecs, JPEG and MSE side by side, in one run.
+
+The demo app (examples/demo.py) is served by a ``WebTransport`` and opened in headless Debian
+chromium (Playwright), once per video path (``?video=webcodecs``, ``jpeg``, ``mse``), on the
+same session. For each path the pointer jumps ``--moves`` times between the four corners of a
+square over the picture, each jump waiting for the last to show. The page measures each jump
+on its own side: from the pointer event (``event.timeStamp``) to the first rendering update
+(``requestAnimationFrame``) whose displayed pixels show the light at the new spot (read back
+from the canvas, or from the ``<video>`` element drawn into a canvas). Beside it: the server's
+``total_ms`` of the same inputs and the ``photon_ms`` the session logged for them (the page's
+report joined to the record, ``[photon:video]``).
+
+Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, and <= 0.5x
+the MSE path's on-screen p50.
+
+Run ``python bench/photon.py`` (about a minute; needs chromium and playwright).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(1, str(ROOT))
+
+import rxstream  # noqa: E402
+from rxstream.timing import TimingRecord, configure_logging, load  # noqa: E402
+from rxstream.transport import WebTransport  # noqa: E402
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+PATHS = ("webcodecs", "jpeg", "mse")
+CORNERS = ((0.2, 0.3), (0.8, 0.7), (0.8, 0.3), (0.2, 0.7))
+
+PROBE_JS = """
+(() => {
+  if (window.__probe) return;
+  const probe = window.__probe = { pending: null, results: [], reads: 0 };
+  const canvas = document.getElementById("canvas");
+  const video = document.getElementById("video");
+  const copy = document.createElement("canvas");
+  const copy2d = copy.getContext("2d", { willReadFrequently: true });
+  function pixel(x, y) {  // the displayed picture's pixel at (x, y) in 0..1, as [r, g, b]
+    if (video.style.display === "block") {
+      if (!video.videoWidth) return null;
+      copy.width = video.videoWidth; copy.height = video.videoHeight;
+      copy2d.drawImage(video, 0, 0);
+      const [cx, cy] = [Math.floor(x * copy.width), Math.floor(y * copy.height)];
+      return copy2d.getImageData(cx, cy, 1, 1).data;
+    }
+    const c = canvas.getContext("2d");
+    return c.getImageData(Math.floor(x * canvas.width), Math.floor(y * canvas.height), 1, 1).data;
+  }
+  const kind = "onpointerrawupdate" in window ? "pointerrawupdate" : "pointermove";
+  document.addEventListener(kind, (e) => {
+    const shown = video.style.display === "block" ? video : canvas;
+    const box = shown.getBoundingClientRect();
+    probe.pending = {
+      event: e.timeStamp,
+      x: (e.clientX - box.left) / box.width,
+      y: (e.clientY - box.top) / box.height,
+    };
+  }, true);
+  function tick() {
+    const p = probe.pending;
+    if (p) {
+      probe.reads += 1;
+      const px = pixel(p.x, p.y);
+      if (px && Math.min(px[0], px[1], px[2]) > 180) {  // the light (white) is there now
+        const seen = performance.now();
+        probe.results.push({ event: p.event, seen, ms: seen - p.event });
+        probe.pending = null;
+      }
+    }
+    requestAnimationFrame(tick);
+  }
+  requestAnimationFrame(tick);
+})();
+"""
+
+
+def chromium() -> str | None:
+    """Debian's chromium, if installed."""
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def load_demo() -> Any:
+    """examples/demo.py as a module."""
+    spec = importlib.util.spec_from_file_location("rxstream_demo_bench", ROOT / "examples/demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class DemoServer:
+    """The demo's ``main`` on a WebTransport in a thread (``run()`` until the page leaves)."""
+
+    def __init__(self, grace_s: float = 5.0) -> None:
+        self.web = WebTransport(port=0, grace_s=grace_s)
+        self.ctx = rxstream.Context(transport=self.web)
+        self.demo = load_demo()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, daemon=True)
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self.demo.main(self.ctx))
+        except BaseException as exc:
+            self.error = exc
+
+    def __enter__(self) -> DemoServer:
+        self.thread.start()
+        wait_for(lambda: self.web._bound_port, "the server to listen")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.web._open = False
+        self.thread.join(10)
+
+
+def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[str, Any]]:
+    """Jump the pointer ``moves`` times; per jump the page's on-screen ms and its input_seq."""
+    page.evaluate(PROBE_JS)
+    shown = "#video" if page.evaluate("window.rxstream.video") == "mse" else "#canvas"
+    box = page.locator(shown).bounding_box()
+    assert box is not None
+    out: list[dict[str, Any]] = []
+    for index in range(moves):
+        x, y = CORNERS[index % len(CORNERS)]
+        before = page.evaluate("window.__probe.results.length")
+        acked = page.evaluate("window.rxstream.lastInputSeq")
+        page.mouse.move(box["x"] + box["width"] * x, box["y"] + box["height"] * y)
+        page.wait_for_function(f"window.__probe.results.length > {before}", timeout=timeout_ms)
+        seq = page.wait_for_function(
+            f"window.rxstream.lastInputSeq > {acked} && window.rxstream.lastInputSeq",
+            timeout=timeout_ms,
+        ).json_value()
+        result = page.evaluate("window.__probe.results[window.__probe.results.length - 1]")
+        out.append({"input_seq": int(seq), "page_ms": float(result["ms"])})
+        page.wait_for_timeout(60)  # let the frame after settle before the next jump
+    return out
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation, numpy's default."""
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = int(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def run(moves: int, log: Path) -> dict[str, Any]:
+    """Measure every path in one session; the per-path rows and the raw moves."""
+    from playwright.sync_api import sync_playwright
+
+    executable = chromium()
+    if executable is None:
+        raise SystemExit("bench/photon.py needs chromium on PATH (apt-get install chromium)")
+    configure_logging(log)
+    measured: dict[str, list[dict[str, Any]]] = {}
+    used: dict[str, str] = {}
+    with sync_playwright() as playwright, DemoServer() as server:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        for path in PATHS:
+            url = server.web.url  # it may carry a query (a session token) already
+            page.goto(f"{url}{'&' if '?' in url else '?'}video={path}")
+            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+            used[path] = page.evaluate("window.rxstream.showing")
+            measured[path] = measure_moves(page, moves)
+        page.wait_for_timeout(500)  # the last reports come back
+        page.close()
+        browser.close()
+    configure_logging()
+    records = {r.input_seq: r for r in load(log, stream="video").records}
+    return {"moves": measured, "paths": used, "rows": _rows(measured, records)}
+
+
+def _rows(
+    measured: dict[str, list[dict[str, Any]]], records: dict[int, TimingRecord]
+) -> dict[str, dict[str, float]]:
+    rows: dict[str, dict[str, float]] = {}
+    for path, moves in measured.items():
+        page = [m["page_ms"] for m in moves]
+        total = [records[m["input_seq"]].total_ms for m in moves if m["input_seq"] in records]
+        photon = [
+            p
+            for m in moves
+            if m["input_seq"] in records and (p := records[m["input_seq"]].photon_ms) is not None
+        ]
+        apart = [
+            abs(p - m["page_ms"])
+            for m in moves
+            if m["input_seq"] in records and (p := records[m["input_seq"]].photon_ms) is not None
+        ]
+        rows[path] = {
+            "moves": len(moves),
+            "screen_p50": percentile(page, 50),
+            "screen_p95": percentile(page, 95),
+            "total_p50": percentile(total, 50) if total else float("nan"),
+            "total_p95": percentile(total, 95) if total else float("nan"),
+            "photon_p50": percentile(photon, 50) if photon else float("nan"),
+            "photon_n": len(photon),
+            "apart_max": max(apart) if apart else float("nan"),
+        }
+        clients = [
+            c for m in moves if m["input_seq"] in records and (c := records[m["input_seq"]].client)
+        ]
+        for hop in ("up", "net", "decode", "present"):
+            values = [v for c in clients if (v := getattr(c, f"{hop}_ms")) is not None]
+            rows[path][f"{hop}_p50"] = percentile(values, 50) if values else float("nan")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--moves", type=int, default=30, help="pointer jumps per path")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args()
+    from _report import revision  # the bench folder is the script's, first on sys.path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run(args.moves, Path(tmp) / "timing.jsonl")
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return
+    rows = result["rows"]
+    print(f"mouse-to-photon, {args.moves} pointer jumps per path (ms)")
+    print(
+        f"{'path':<10} {'on screen p50':>13} {'p95':>6}  {'server total_ms p50':>19} {'p95':>6}"
+        f"  {'logged photon_ms p50':>20} {'(n)':>5} {'|photon - screen| max':>22}"
+    )
+    for path, row in rows.items():
+        print(
+            f"{path:<10} {row['screen_p50']:13.1f} {row['screen_p95']:6.1f}  "
+            f"{row['total_p50']:19.1f} {row['total_p95']:6.1f}  {row['photon_p50']:20.1f} "
+            f"{row['photon_n']:5d} {row['apart_max']:22.1f}"
+        )
+    print(
+        "the page's part, p50: "
+        + "; ".join(
+            f"{path} "
+            + " ".join(
+                f"{hop} {row[hop + '_p50']:.1f}" for hop in ("up", "net", "decode", "present")
+            )
+            for path, row in rows.items()
+        )
+    )
+    wc, mse = rows["webcodecs"], rows["mse"]
+    first = wc["screen_p50"] <= wc["total_p50"] + 15
+    second = wc["screen_p50"] <= 0.5 * mse["screen_p50"]
+    print(
+        f"WebCodecs on screen p50 {wc['screen_p50']:.1f} <= total_ms p50 + 15 = "
+        f"{wc['total_p50'] + 15:.1f}: {'yes' if first else 'NO'}"
+    )
+    print(
+        f"WebCodecs on screen p50 {wc['screen_p50']:.1f} <= 0.5 x MSE's "
+        f"{mse['screen_p50']:.1f} = {0.5 * mse['screen_p50']:.1f}: {'yes' if second else 'NO'}"
+    )
+    print(f"paths the page used: {result['paths']}")
+    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {revision()}")
+
+
+if __name__ == "__main__":
+    main()

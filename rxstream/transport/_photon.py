@@ -1,0 +1,159 @@
+"""Joining a page's presentation reports to the timing records of the inputs they showed.
+
+The web transport tells :class:`PhotonJoin` of every frame it sends (its origin stamp on the
+server's monotonic clock), of every record a sink folds, and of every ``shown`` report a page
+sends (arrival, decode and presentation on the page's clock, mapped through that page's
+:class:`~rxstream.timing._client.ClockOffset`). When a report and its record meet, the join
+yields the record's :class:`~rxstream.timing.ClientTiming`, which the transport logs as a
+``[photon:<stream>]`` line; ``rxstream.timing.load`` joins that line back to the record.
+
+Everything is bounded: the last ``keep`` frames, records and waiting reports; a report whose
+frame was forgotten (or never sent) yields nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import structlog
+
+from rxstream.timing import ClientTiming, TimingRecord
+from rxstream.timing._client import ClockOffset
+
+__all__ = ["PhotonJoin", "Shown", "log_photon"]
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+_EVENT_BEFORE_MS = 5_000.0
+"""An input event mapped more than this before ``input.recv`` is not the input's event."""
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A page's report of one presented frame; times on the page's clock, in ms."""
+
+    stream: str
+    seq: int
+    """The frame's number in its stream (the header's ``seq``)."""
+    input_seq: int
+    arrived: float
+    decoded: float
+    presented: float
+    event: float | None = None
+    """When the page's own input event of ``input_seq`` happened, if that page fed it."""
+    video: str = ""
+
+
+@dataclass(frozen=True)
+class _Frame:
+    origin_ms: float
+    """The frame's first stamp on the server's monotonic clock, in ms."""
+    from_input: bool
+    """Whether that stamp is ``input.recv``."""
+
+
+def _put(table: OrderedDict[_K, _V], key: _K, value: _V, keep: int) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > keep:
+        table.popitem(last=False)
+
+
+class PhotonJoin:
+    """Frames sent, records folded and pages' reports, joined by ``(stream, input_seq)``."""
+
+    def __init__(self, keep: int = 256) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._frames: OrderedDict[tuple[str, int], _Frame] = OrderedDict()
+        self._records: OrderedDict[tuple[str, int], TimingRecord] = OrderedDict()
+        self._waiting: OrderedDict[tuple[str, int, int], tuple[Shown, float, float]] = OrderedDict()
+        self.unsynced = 0
+        """Reports dropped because the page's clock was not known yet."""
+
+    def sent(self, stream: str, seq: int, timeline: tuple[tuple[str, float], ...]) -> None:
+        """Frame ``seq`` of ``stream`` went out; ``timeline`` is its item's (any thread)."""
+        if not timeline:
+            return
+        first, t = timeline[0]
+        with self._lock:
+            _put(self._frames, (stream, seq), _Frame(t * 1e3, first == "input.recv"), self.keep)
+
+    def record(self, record: TimingRecord) -> list[tuple[TimingRecord, ClientTiming, int]]:
+        """A sink folded ``record``; the joins of reports that waited for it, with their page."""
+        key = (record.stream, record.input_seq)
+        with self._lock:
+            _put(self._records, key, record, self.keep)
+            waiting = [k for k in self._waiting if k[:2] == key]
+            reports = [(k[2], *self._waiting.pop(k)) for k in waiting]
+        return [
+            (record, client, page)
+            for page, report, offset, rtt in reports
+            if (client := self._join(report, record, offset, rtt)) is not None
+        ]
+
+    def shown(
+        self, report: Shown, clock: ClockOffset, page: int = 0
+    ) -> tuple[TimingRecord, ClientTiming] | None:
+        """A page presented a frame: its record's client part, once the record is known."""
+        offset, rtt = clock.offset_ms, clock.rtt_ms
+        if offset is None or rtt is None:
+            self.unsynced += 1
+            return None
+        with self._lock:
+            record = self._records.get((report.stream, report.input_seq))
+            if record is None:
+                key = (report.stream, report.input_seq, page)
+                _put(self._waiting, key, (report, offset, rtt), self.keep)
+                return None
+        client = self._join(report, record, offset, rtt)
+        return None if client is None else (record, client)
+
+    def _join(
+        self, report: Shown, record: TimingRecord, offset: float, rtt: float
+    ) -> ClientTiming | None:
+        with self._lock:
+            frame = self._frames.get((report.stream, report.seq))
+        if frame is None:
+            return None
+        egress = frame.origin_ms + record.total_ms
+        arrived = report.arrived - offset
+        decoded = report.decoded - offset
+        presented = report.presented - offset
+        start, up = frame.origin_ms, None
+        if report.event is not None and frame.from_input:
+            event = report.event - offset
+            if frame.origin_ms - _EVENT_BEFORE_MS <= event <= frame.origin_ms + rtt:
+                start, up = event, frame.origin_ms - event
+        return ClientTiming(
+            photon_ms=presented - start,
+            net_ms=arrived - egress,
+            decode_ms=decoded - arrived,
+            present_ms=presented - decoded,
+            up_ms=up,
+            rtt_ms=rtt,
+            video=report.video,
+        )
+
+
+_log = structlog.get_logger("rxstream.timing")
+
+
+def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[str, Any]:
+    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried."""
+    fields: dict[str, Any] = {
+        "stream": record.stream,
+        "input_seq": record.input_seq,
+        "pts": record.pts,
+        "prompt_generation": record.prompt_generation,
+        "cutover": record.cutover,
+        "total_ms": round(record.total_ms, 3),
+        **client.fields(),
+        "page": page,
+    }
+    _log.info(f"[photon:{record.stream}]", **fields)
+    return fields

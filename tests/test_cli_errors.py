@@ -1,0 +1,162 @@
+"""Every command's bad input: one line on stderr naming the problem and a non-zero exit, found
+before anything runs; ``rxstream topology`` shows the limits in force and the rank layout; a
+run's summary names a rank without stages."""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from rxstream import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = str(ROOT / "examples" / "demo.py")
+FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
+RANKS_APP = str(ROOT / "tests" / "apps" / "ranks_app.py")
+
+
+@pytest.fixture
+def listening() -> Iterator[int]:
+    """A port some other program already listens on (loopback)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        yield int(taken.getsockname()[1])
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+Case = Callable[[Path, int], tuple[list[str], str]]
+
+CASES: dict[str, Case] = {
+    "test: missing file": lambda tmp, _: (
+        ["test", str(tmp / "nope.py")],
+        r"^rxstream test: app file '.*nope\.py' does not exist$",
+    ),
+    "test: syntax error": lambda tmp, _: (
+        ["test", _write(tmp / "broken.py", "def build(ctx:\n")],
+        r"^rxstream test: '\(' was never closed \(broken\.py, line 1\)$",
+    ),
+    "test: neither build nor main": lambda tmp, _: (
+        ["test", _write(tmp / "empty.py", "x = 1\n")],
+        r"^rxstream test: app '.*empty\.py' has neither a build\(ctx\) -> Pipeline "
+        r"nor an async def main\(ctx\)$",
+    ),
+    "run: missing file": lambda tmp, _: (
+        ["run", str(tmp / "nope.py")],
+        r"^rxstream run: app file '.*nope\.py' does not exist$",
+    ),
+    "run: syntax error": lambda tmp, _: (
+        ["run", _write(tmp / "broken.py", "def build(ctx:\n")],
+        r"^rxstream run: '\(' was never closed \(broken\.py, line 1\)$",
+    ),
+    "run: --out under a file": lambda tmp, _: (
+        ["run", FRAMES_APP, "--out", f"{_write(tmp / 'plain', '')}/x.mp4"],
+        r"^rxstream run: --out .*plain/x\.mp4: .*plain is a file, not a folder$",
+    ),
+    "run: --log is a folder": lambda tmp, _: (
+        ["run", FRAMES_APP, "--log", str(tmp)],
+        r"^rxstream run: --log .* is a folder; give a file name$",
+    ),
+    "run: port in use": lambda tmp, port: (
+        ["run", FRAMES_APP, "--serve", "--port", str(port)],
+        rf"^rxstream run: --port {port}: cannot listen on 127\.0\.0\.1:{port}: "
+        r"Address already in use$",
+    ),
+    "topology: missing file": lambda tmp, _: (
+        ["topology", str(tmp / "nope.py")],
+        r"^rxstream topology: app file '.*nope\.py' does not exist$",
+    ),
+    "topology: syntax error": lambda tmp, _: (
+        ["topology", _write(tmp / "broken.py", "def build(ctx:\n")],
+        r"^rxstream topology: '\(' was never closed \(broken\.py, line 1\)$",
+    ),
+    "topology: unreadable config": lambda tmp, _: (
+        ["topology", DEMO, "--config", str(tmp / "nope.yaml")],
+        r"^rxstream topology: cannot read .*nope\.yaml: No such file or directory$",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_one_line_and_a_non_zero_exit(
+    case: str, tmp_path: Path, listening: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing app, a syntax error, a bad output path or a taken port: one line, exit != 0."""
+    argv, pattern = CASES[case](tmp_path, listening)
+    status = cli.main(argv)
+    err = capsys.readouterr().err
+    assert status != 0
+    assert err.count("\n") == 1, err
+    assert re.match(pattern, err.strip()), err
+
+
+def test_a_missing_output_folder_is_created_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` into a folder that does not exist: the folder is made, and the run says so."""
+    out = tmp_path / "made" / "here" / "x.mp4"
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert f"created the folder {out.parent}/ for --out" in err
+    assert out.exists()
+
+
+def test_a_failed_import_leaves_no_half_module(tmp_path: Path) -> None:
+    """An app whose import fails can be loaded once fixed, in the same process."""
+    from rxstream.launch import load_app
+
+    app = tmp_path / "flaky_app.py"
+    app.write_text("raise RuntimeError('not yet')\n")
+    with pytest.raises(RuntimeError, match=r"^not yet$"):
+        load_app(str(app))
+    app.write_text("def build(ctx):\n    return ctx.source(range(1)) | ctx.stream('s')\n")
+    assert load_app(str(app)).build is not None
+
+
+def test_topology_shows_the_limits_a_config_lowers_and_the_layout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--config`` shows each lowered bound beside the declared one; ``--ranks 3`` the layout."""
+    config = _write(tmp_path / "serving.yaml", "client_streams:\n  pointer:\n    max_items: 50\n")
+    assert cli.main(["topology", DEMO, "--config", config, "--ranks", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "pointer: client -> rank0, max 50 items (serving config; declared unbounded)" in out
+    assert "layout on 3 rank(s):" in out
+    assert "  rank 1: render, decode, pace, video" in out
+    assert "  rank 2: no stages" in out
+
+
+def test_topology_refuses_a_config_over_the_bound_listing_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A serving config that does not fit the app exits 1 with every problem listed."""
+    config = _write(tmp_path / "serving.yaml", "client_streams:\n  pointer:\n    max_items: -1\n")
+    assert cli.main(["topology", DEMO, "--config", config]) == 1
+    err = capsys.readouterr().err
+    assert "max_items must be > 0, got -1 for client stream 'pointer'" in err
+
+
+def test_a_rank_without_stages_says_so_in_the_summary() -> None:
+    """``run --ranks 3`` of a two-rank app: rank 2's table reads "no stages", not an empty one."""
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", RANKS_APP, "--ranks", "3", "--frames", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.endswith("\nrank 2\nno stages\n"), done.stdout
+    headers = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
+    assert headers == ["rank 0", "rank 1", "rank 2"]
