@@ -20,11 +20,12 @@ Where the ticks fall (``phase``):
   The lead is four times the mean deviation of the arrivals from one period after the
   previous frame (between 2 ms and a quarter period; one deviation counts for at most a
   quarter period): steady arrivals get a short lead, jittery ones a longer one, so a late
-  frame rarely misses its tick. A tick that finds no frame waits until the period is 10 %
-  long before it repeats the last frame: a frame that arrives meanwhile leaves at once (the
-  grid moves with that tick). A frame later than that costs one idle repeat; it then waited
-  most of a period, and the ticks run up to 10 % fast until frames leave soon after they
-  arrive again. A backlog (frames queued after a stall) drains the same way.
+  frame rarely misses its tick. A tick that finds no frame right after a real one waits until
+  its period is 10 % long before it repeats the last frame: a frame that arrives meanwhile
+  leaves at once (the grid moves with that tick); further idle repeats come every period.
+  A frame later than that costs one idle repeat; it then waited most of a period, and the
+  ticks run up to 10 % fast until frames leave soon after they arrive again. A backlog
+  (frames queued after a stall) drains the same way.
 
   Whenever the pace is caught up (a tick leaves the buffer empty, or repeats idle) the grid
   re-centres on the ticks as they are. Between two such moments the ticks gain at most one
@@ -174,8 +175,10 @@ class _Pacer:
         if self.waiting:  # the tick was held back for a late frame: the grid moves with it
             self.waiting = False
             self.anchor += self.sched.clock() - self.due
-        elif self.lock and not self.buffer and not self.done and self.previous is not None:
-            grace = self.previous + (1 + SLEW) * self.period  # the longest period allowed
+        elif self.lock and not self.buffer and not self.done and self.expect is not None:
+            # frames were flowing (the last tick emitted one): allow the longest period
+            assert self.previous is not None
+            grace = self.previous + (1 + SLEW) * self.period
             if grace > self.sched.clock():  # wait that long for a late frame before repeating
                 self.waiting = True
                 self.timer.disposable = self.sched.schedule_absolute(grace, self._tick)
