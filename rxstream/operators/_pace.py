@@ -18,9 +18,10 @@ Where the ticks fall (``phase``):
   so every period stays within ±10 % of ``1/fps``.
 
   The lead is four times the mean deviation of the arrivals from one period after the
-  previous frame (between 2 ms and a quarter period; one deviation counts for at most a
-  quarter period): steady arrivals get a short lead, jittery ones a longer one, so a late
-  frame rarely misses its tick. A tick that finds no frame right after a real one waits until
+  previous frame, less the 10 % of a period a tick waits for a late frame (below), between
+  2 ms and a quarter period (one deviation counts for at most a quarter period): steady
+  arrivals get a short lead, jittery ones a longer one, so a late frame rarely misses its
+  tick. A tick that finds no frame right after a real one waits until
   its period is 10 % long before it repeats the last frame: a frame that arrives meanwhile
   leaves at once (the grid moves with that tick); further idle repeats come every period.
   A frame later than that costs one idle repeat; it then waited most of a period, and the
@@ -230,7 +231,8 @@ class _Pacer:
         most = period / 4
         if self.expect is not None:  # how far this arrival was from one period after the last
             self.jitter += (min(abs(hold - self.expect), most) - self.jitter) / 8
-            self.lead = min(max(4 * self.jitter, MIN_LEAD), most)
+            # late by up to the slew, a frame still leaves on arrival (the tick waits for it)
+            self.lead = min(max(4 * self.jitter - SLEW * period, MIN_LEAD), most)
         error = hold - self.lead  # > 0: the frame waited longer than the lead, tick earlier
         slew = SLEW * period
         step = min(max(-GAIN * error, -slew), slew)
