@@ -60,6 +60,10 @@ class SourcePuller:
         self._count = 0
         self._closer: Callable[[], Any] | None = None
         self._prompt = shell.generations.prompt
+        if isinstance(spec, InputFeed):
+            spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
+            if not shell.driven:  # a new run (start()) gives every client a fresh budget
+                spec.new_run()
 
     @property
     def counters(self) -> StageCounters:
@@ -148,7 +152,6 @@ class SourcePuller:
             input_seq = input_at_ms = 0
             origin: tuple[Any, ...] = ()  # flat: hop, t
             if isinstance(value, InputSample):
-                self._count_input_drops()
                 started = now()  # the wait for a sample is the input queue's, before .in
                 input_seq, input_at_ms = value.input_seq, value.input_at_ms
                 origin = ("input.recv", value.received)
@@ -186,13 +189,6 @@ class SourcePuller:
             return item
         self._count += 1
         return shell.emit(value, metadata)
-
-    def _count_input_drops(self) -> None:
-        spec = self._spec
-        assert isinstance(spec, InputFeed)
-        fresh = spec.take_dropped()
-        if fresh:
-            self._shell.counters.drop("latest", fresh)
 
     def take_waited(self) -> float:
         """Seconds the last pulls spent waiting for client samples (idle, not work)."""
