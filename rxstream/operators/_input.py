@@ -99,6 +99,8 @@ class InputFeed:
         self._closed = False
         self._counters: StageCounters | None = None
         self._pending: dict[str, int] = {}  # drops while no run's counters are attached
+        self.accepted = 0
+        """Samples queued since the run's counters attached (with those waiting then)."""
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
 
@@ -135,6 +137,7 @@ class InputFeed:
                 self._queue.popleft()
                 self._drop("latest")
             self._queue.append(InputSample(sample, self._seq, stamp, received))
+            self.accepted += 1
             self._cond.notify()
             return self._seq
 
@@ -185,6 +188,7 @@ class InputFeed:
         on, and what was dropped while none was attached."""
         with self._cond:
             self._counters = counters
+            self.accepted = len(self._queue)
             pending, self._pending = self._pending, {}
         for reason, count in pending.items():
             counters.drop(reason, count)

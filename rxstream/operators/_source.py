@@ -122,9 +122,10 @@ class SourcePuller:
     def pull(self) -> PipelineItem | None:
         """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`.
 
-        With ``on_error="skip"`` a failed pull is counted and logged and :data:`SKIPPED`
-        returned (a generator that raised is finished, so the next pull ends it); otherwise
-        the failure is a :class:`PipelineError` naming the source and the item's ``pts``.
+        With ``on_error="skip"`` a failed pull is counted (``failed_pulls``: it made no item,
+        so it drops none), logged, and :data:`SKIPPED` returned (a generator that raised is
+        finished, so the next pull ends it); otherwise the failure is a
+        :class:`PipelineError` naming the source and the item's ``pts``.
         """
         shell = self._shell
         started = now()
@@ -135,7 +136,7 @@ class SourcePuller:
                 value = self._next()
         except Exception as exc:
             if shell.on_error == "skip":
-                shell.skipped(exc, pts=self._count, input_seq=0)
+                shell.skipped(exc, pts=self._count, input_seq=0, dropped=False)
                 return SKIPPED  # type: ignore[no-any-return]
             raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
         if value is _END:

@@ -251,12 +251,15 @@ class Boundary:
         stage: str,
         fail: Callable[[BaseException], None],
         on_done: Callable[[], None],
+        lost: StageCounters | None = None,
     ) -> abc.DisposableBase:
         """Put every item of ``upstream`` into the ring; ``on_done`` once the end marker is in.
 
-        ``counters`` (the upstream stage's) count items the ring refused because the run was
-        stopping (reason ``stopped``); a payload that cannot cross fails the run naming
-        ``stage`` and the type.
+        Items the ring refused because the run was stopping are counted as dropped (reason
+        ``stopped``) on ``lost`` (the downstream stage's counters, when it runs in this
+        process: the item was on its way there), else on ``counters`` (the upstream stage's:
+        the item never left it, so it is not counted as emitted either); a payload that cannot
+        cross fails the run naming ``stage`` and the type.
         """
         ring = self.ring
         send = self.sender(counters)
@@ -265,7 +268,11 @@ class Boundary:
             try:
                 send(item)
             except RingClosed:
-                counters.drop("stopped")
+                if lost is not None:
+                    lost.drop("stopped")
+                else:  # on the upstream's thread: it counted the item out a moment ago
+                    counters.items_out -= 1
+                    counters.drop("stopped")
             except (FramingError, PayloadTooLarge) as exc:
                 md = item.metadata
                 if isinstance(exc, PayloadTooLarge):

@@ -225,6 +225,7 @@ class Run:
                     self.plan.name_of(upstream),
                     self.fail,
                     self._end_completed,
+                    lost=self.shells[node].counters if node in self.shells else None,
                 )
             )
 
@@ -327,12 +328,14 @@ class Run:
         kept = self.outputs[tail] if self._collect else None
         payloads = self._collect == "payloads"  # keep no item alive that nobody asked for
         gens = self.generations
-        drop = self.shells[tail].counters.drop
+        counters = self.shells[tail].counters
+        drop = counters.drop
 
         sink = tail.stage.is_sink  # a sink has egressed the item already: it is delivered
 
         def on_next(item: PipelineItem) -> None:
             if not sink and _base(item).prompt_generation < gens.drop:  # the end is a hop too
+                counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
             elif kept is not None:
                 kept.append(item.payload if payloads else item)
