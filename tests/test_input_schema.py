@@ -234,71 +234,125 @@ def test_budget_resets_on_a_new_start(ctx: rxstream.Context) -> None:
     assert seen == [(0, 1), (0, 2), (1, 1), (1, 2)]
 
 
-def test_web_refuses_a_bad_sample_and_a_surrogate_steer_and_goes_on() -> None:
-    """Over the socket: a bad sample and a lone-surrogate doc write are answered, not fatal."""
-    web = WebTransport(port=0, grace_s=0.1)
-    ctx = rxstream.Context(transport=web)
-    doc = ctx.doc("control", defaults={"prompt": "sea"})
-    pipeline = (
-        ctx.input("pointer", ClientStreamLimits(max_items=2), schema=POINTER)
-        | ctx.pipe(lambda s: np.full((4, 4, 3), int(s[0] * 255), np.uint8), name="render")
-        | ctx.stream("video")
-    )
-    failure: list[BaseException] = []
-    serving = threading.Event()
+class Served:
+    """``pipeline.run()`` behind a WebTransport on a free port, on a thread, while in ``with``."""
 
-    def run() -> None:
+    def __init__(self, limits: ClientStreamLimits) -> None:
+        self.web = WebTransport(port=0, grace_s=0.1)
+        ctx = rxstream.Context(transport=self.web)
+        self.doc = ctx.doc("control", defaults={"prompt": "sea", "gain": 0.5})
+        self.pipeline = (
+            ctx.input("pointer", limits, schema=POINTER)
+            | ctx.pipe(lambda s: np.full((4, 4, 3), int(s[0] * 255), np.uint8), name="render")
+            | ctx.stream("video")
+        )
+        self.failure: list[BaseException] = []
+        self.serving = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
         async def main() -> None:
-            task = asyncio.ensure_future(pipeline.run(poll_interval=0.02))
-            while web._thread is None and not task.done():
+            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
+            while self.web._thread is None and not task.done():
                 await asyncio.sleep(0.01)
-            serving.set()
+            self.serving.set()
             await task
 
         try:
             asyncio.run(main())
         except BaseException as exc:
-            failure.append(exc)
+            self.failure.append(exc)
         finally:
-            serving.set()
+            self.serving.set()
 
-    async def talk() -> list[dict[str, Any]]:
-        replies: list[dict[str, Any]] = []
+    def __enter__(self) -> Served:
+        self.thread.start()
+        assert self.serving.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.web._open = False  # let run() return once the pages are gone
+        self.thread.join(10)
+        assert not self.thread.is_alive()
+
+
+async def exchange(ws: Any, texts: list[str]) -> list[dict[str, Any]]:
+    """Send ``texts``; the ``ack``/``error`` replies, one per text, in order."""
+    for text in texts:
+        await ws.send_str(text)
+    replies: list[dict[str, Any]] = []
+    while len(replies) < len(texts):
+        message = await ws.receive(timeout=10)
+        if message.type == aiohttp.WSMsgType.TEXT:
+            reply = json.loads(message.data)
+            if reply["type"] in ("ack", "error"):
+                replies.append(reply)
+    return replies
+
+
+def test_web_refuses_bad_samples_and_doc_values_and_goes_on() -> None:
+    """Over the socket: a bad sample, a bad at_ms, a lone surrogate and a NaN are answered."""
+
+    async def talk(url: str) -> list[dict[str, Any]]:
         async with (
             aiohttp.ClientSession() as http,
-            http.ws_connect(web.url.replace("http", "ws") + "ws") as ws,
+            http.ws_connect(url.replace("http", "ws") + "ws") as ws,
         ):
             await ws.send_str(json.dumps({"type": "hello", "accept": ["raw"]}))
-            messages = [
-                {"type": "input", "stream": "pointer", "sample": "hello", "id": 1},
-                {"type": "input", "stream": "pointer", "sample": [0.5, 0.5], "at_ms": 1e400},
-                {"type": "set", "changes": {"prompt": "x\ud800y"}, "id": 3},
-                {"type": "input", "stream": "pointer", "sample": [0.5, 0.25], "id": 4},
-            ]
-            for message in messages:
-                await ws.send_str(json.dumps(message).replace("1e+400", "1e400"))
-            while len([r for r in replies if r["type"] in ("ack", "error")]) < 4:
-                replies.append(json.loads((await ws.receive(timeout=10)).data))
-        return [r for r in replies if r["type"] in ("ack", "error")]
+            return await exchange(
+                ws,
+                [
+                    json.dumps({"type": "input", "stream": "pointer", "sample": "hello", "id": 1}),
+                    '{"type": "input", "stream": "pointer", "sample": [0.5, 0.5], "at_ms": 1e400}',
+                    json.dumps({"type": "set", "changes": {"prompt": "x\ud800y"}, "id": 3}),
+                    '{"type": "set", "changes": {"gain": NaN}, "id": 4}',
+                    json.dumps(
+                        {"type": "input", "stream": "pointer", "sample": [0.5, 0.2], "id": 5}
+                    ),
+                ],
+            )
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    try:
-        assert serving.wait(10)
-        replies = asyncio.run(talk())
-    finally:
-        web._open = False
-        thread.join(10)
-    assert not failure
+    with Served(ClientStreamLimits(max_items=2)) as served:
+        replies = asyncio.run(talk(served.web.url))
+    assert not served.failure
     codes = [(r.get("id"), r["type"], r.get("code")) for r in replies]
     assert codes == [
         (1, "error", "invalid"),
         (None, "error", "invalid"),
         (3, "error", "schema"),
-        (4, "ack", None),
+        (4, "error", "schema"),
+        (5, "ack", None),
     ]
     assert "sample must be a sequence of 2, got 'hello'" in replies[0]["error"]
     assert "at_ms must be a finite number" in replies[1]["error"]
     assert "control.prompt must be valid Unicode" in replies[2]["error"]
-    assert replies[3]["input_seq"] == 1
-    assert doc.desired.prompt.value == "sea"
+    assert "control.gain must be a finite number" in replies[3]["error"]
+    assert replies[4]["input_seq"] == 1
+    assert served.doc.snapshot() == {"prompt": "sea", "gain": 0.5}
+
+
+def test_web_pages_have_a_budget_each() -> None:
+    """Two pages on one run: each may feed up to the limit; one past it is refused alone."""
+
+    def sample(i: int) -> str:
+        return json.dumps({"type": "input", "stream": "pointer", "sample": [0.1, 0.1], "id": i})
+
+    async def talk(url: str) -> list[list[dict[str, Any]]]:
+        ws_url = url.replace("http", "ws") + "ws"
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(ws_url) as a,
+            http.ws_connect(ws_url) as b,
+        ):
+            return [
+                await exchange(a, [sample(1), sample(2), sample(3)]),
+                await exchange(b, [sample(1), sample(2), sample(3)]),
+            ]
+
+    with Served(ClientStreamLimits(max_items=2)) as served:
+        first, second = asyncio.run(talk(served.web.url))
+    assert not served.failure
+    for replies in (first, second):
+        assert [r["type"] for r in replies] == ["ack", "ack", "error"]
+        assert replies[2]["code"] == "limit"
+    assert sorted(r["input_seq"] for r in first[:2] + second[:2]) == [1, 2, 3, 4]
