@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import threading
+from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
@@ -356,3 +357,16 @@ def test_web_pages_have_a_budget_each() -> None:
         assert [r["type"] for r in replies] == ["ack", "ack", "error"]
         assert replies[2]["code"] == "limit"
     assert sorted(r["input_seq"] for r in first[:2] + second[:2]) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("sample", ["hello", (0.5,), {"a": 1}, (0.5, math.nan), (2.0, 0.5)])
+def test_the_demo_refuses_the_samples_that_used_to_end_its_run(sample: Any) -> None:
+    """The demo declares its pointer's shape: the issue's samples are refused at feed."""
+    from rxstream.launch import load_app
+
+    pipeline = load_app(str(Path(__file__).resolve().parent.parent / "examples" / "demo.py"))(
+        rxstream.Context()
+    )
+    with pytest.raises(InvalidSample, match=r"for client stream 'pointer'$"):
+        pipeline.feed("pointer", sample)
+    assert pipeline.feed("pointer", (0.5, 0.5)) == 1
