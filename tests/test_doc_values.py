@@ -129,3 +129,17 @@ def test_callable_schema_docs_obey_the_value_rules(ctx: rxstream.Context) -> Non
     with pytest.raises(DocValidationError, match=r"^control\.gain must be a finite"):
         doc.set(gain=math.inf)
     assert seen == [{"gain": 1.0}]
+
+
+def test_an_int_no_float_holds_is_refused_by_size(ctx: rxstream.Context) -> None:
+    """A huge int for a float field, or of the wrong kind, is refused by its size, not printed."""
+    doc = ctx.doc("control", defaults=DEFAULTS)
+    with pytest.raises(
+        DocValidationError, match=r"^control\.gain must be a number a float holds, got an int "
+    ):
+        doc.set(gain=10**400)
+    with pytest.raises(DocValidationError, match=r"^control\.prompt must be a str .*bits$"):
+        doc.set(prompt=10**5000)
+    schema_doc = ctx.doc("other", schema=Control)
+    with pytest.raises(DocValidationError, match=r"^other\.gain must be a number a float holds"):
+        schema_doc.set(gain=10**400)

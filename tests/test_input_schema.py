@@ -370,3 +370,16 @@ def test_the_demo_refuses_the_samples_that_used_to_end_its_run(sample: Any) -> N
     with pytest.raises(InvalidSample, match=r"for client stream 'pointer'$"):
         pipeline.feed("pointer", sample)
     assert pipeline.feed("pointer", (0.5, 0.5)) == 1
+
+
+def test_huge_ints_are_refused_by_size(ctx: rxstream.Context) -> None:
+    """An at_ms, a sample value or an item_size that is a huge int is refused, named by size."""
+    limits = ClientStreamLimits(max_items=10, item_size=seconds, unit="seconds")
+    pipeline = ctx.input("audio", limits, schema=int) | ctx.tap(lambda _: None)
+    with pytest.raises(InvalidSample, match=r"^at_ms must be a finite .*, got <int of 16610 bits>"):
+        pipeline.feed("audio", 1, 10**5000)
+    with pytest.raises(InvalidSample, match=r"^item_size\(sample\) .*, got <int of 1329 bits> "):
+        pipeline.feed("audio", 10**400)
+    with_range = ctx.input("n", schema=Field(float, max=1)) | ctx.tap(lambda _: None)
+    with pytest.raises(InvalidSample, match=r"^sample must be <= 1, got <int of 1329 bits> for "):
+        with_range.feed("n", 10**400)

@@ -66,6 +66,13 @@ def defaults_from_schema(name: str, schema: object) -> dict[str, Any]:
     return dataclasses.asdict(instance)
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, but an int too long to print (or to read) by its size."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _dotted(name: str, path: tuple[str, ...]) -> str:
     return ".".join((name, *path))
 
@@ -79,13 +86,13 @@ def check_value(name: str, path: tuple[str, ...], value: Any, *, finite: bool = 
         except UnicodeEncodeError as exc:
             raise DocValidationError(
                 f"{_dotted(name, path)} must be valid Unicode (no lone surrogate), "
-                f"got {value!r} ({exc.reason} at index {exc.start})"
+                f"got {_shown(value)} ({exc.reason} at index {exc.start})"
             ) from None
     elif isinstance(value, float):
         if finite and not math.isfinite(value):
             raise DocValidationError(
                 f"{_dotted(name, path)} must be a finite number (declare "
-                f'metadata={{"finite": False}} to allow it), got {value!r}'
+                f'metadata={{"finite": False}} to allow it), got {_shown(value)}'
             )
     elif isinstance(value, Mapping):
         for key, inner in value.items():
@@ -94,6 +101,17 @@ def check_value(name: str, path: tuple[str, ...], value: Any, *, finite: bool = 
     elif isinstance(value, list | tuple):
         for index, inner in enumerate(value):
             check_value(name, (*path, str(index)), inner, finite=finite)
+
+
+def _as_float(name: str, path: tuple[str, ...], value: int) -> float:
+    """``value`` as the float a float field stores; refused when no float holds it."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be a number a float holds, "
+            f"got an int of {value.bit_length()} bits"
+        ) from None
 
 
 def _check_shape(
@@ -110,13 +128,13 @@ def _check_shape(
             keys = ", ".join(sorted(defaults))
             raise DocValidationError(
                 f"{_dotted(name, here)} is not a field of the doc (fields there: {keys}), "
-                f"got {value!r}"
+                f"got {_shown(value)}"
             )
         default = defaults.get(key)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise DocValidationError(
-                    f"{_dotted(name, here)} is a section and takes a mapping, got {value!r}"
+                    f"{_dotted(name, here)} is a section and takes a mapping, got {_shown(value)}"
                 )
             section = merged.get(key)
             _check_shape(name, default, value, section if isinstance(section, dict) else {}, here)
@@ -124,13 +142,13 @@ def _check_shape(
         if key in defaults and default is not None and not _same_kind(value, default):
             raise DocValidationError(
                 f"{_dotted(name, here)} must be {_a(type(default).__name__)} like its default "
-                f"{default!r}, got {value!r}"
+                f"{default!r}, got {_shown(value)}"
             )
         # a default that is not finite itself declares a field that takes any float
         finite = not (isinstance(default, float) and not math.isfinite(default))
         check_value(name, here, value, finite=finite)
         if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
-            merged[key] = float(value)
+            merged[key] = _as_float(name, here, value)
 
 
 def _same_kind(value: Any, default: Any) -> bool:
@@ -150,7 +168,7 @@ def _check_dataclass(
         if key not in fields:
             raise DocValidationError(
                 f"{_dotted(name, (*path, key))} is not a field of {schema.__name__} "
-                f"(fields: {', '.join(sorted(fields))}), got {state[key]!r}"
+                f"(fields: {', '.join(sorted(fields))}), got {_shown(state[key])}"
             )
     kwargs = {}
     for key, value in state.items():
@@ -160,18 +178,18 @@ def _check_dataclass(
             if not isinstance(value, Mapping):
                 raise DocValidationError(
                     f"{_dotted(name, here)} is a section ({hint.__name__}) and takes a mapping, "
-                    f"got {value!r}"
+                    f"got {_shown(value)}"
                 )
             section = value if isinstance(value, MutableMapping) else dict(value)
             kwargs[key] = _check_dataclass(name, hint, section, here)
             continue
         if not _matches(value, hint):
             raise DocValidationError(
-                f"{_dotted(name, here)} must be {_describe(hint)}, got {value!r}"
+                f"{_dotted(name, here)} must be {_describe(hint)}, got {_shown(value)}"
             )
         check_value(name, here, value, finite=fields[key].metadata.get("finite", True))
         if _is_float(hint) and isinstance(value, int) and not isinstance(value, bool):
-            value = state[key] = float(value)
+            value = state[key] = _as_float(name, here, value)
         kwargs[key] = value
     try:
         return schema(**kwargs)

@@ -22,7 +22,6 @@ plus what it dropped, plus what still waits.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 import weakref
@@ -33,12 +32,14 @@ from typing import Any, NamedTuple
 from rxstream.item import now
 from rxstream.runtime._stats import StageCounters
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
-from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
+from rxstream.topology._samples import SampleCheck, check_sample, compile_schema, shown
 
 __all__ = ["InputFeed", "InputSample"]
 
 _MAX_AT_MS = 2.0**53
 """The largest ``at_ms`` taken (ms; beyond it a JSON number is no longer exact)."""
+_MAX_SIZE = 1.0e300
+"""The largest ``item_size`` taken (any finite bound a limit can have is far below it)."""
 
 
 class InputSample(NamedTuple):
@@ -143,10 +144,13 @@ class InputFeed:
 
     def _at_ms(self, at_ms: Any) -> int:
         if isinstance(at_ms, bool) or not isinstance(at_ms, int | float):
-            raise InvalidSample(self.name, "at_ms", "must be a number of ms or None", at_ms)
-        if not (math.isfinite(at_ms) and abs(at_ms) <= _MAX_AT_MS):
+            raise InvalidSample(self.name, "at_ms", "must be a number of ms or None", shown(at_ms))
+        if not abs(at_ms) <= _MAX_AT_MS:  # NaN too; an int of any size compares exactly
             raise InvalidSample(
-                self.name, "at_ms", f"must be a finite number of ms within ±{_MAX_AT_MS:.0f}", at_ms
+                self.name,
+                "at_ms",
+                f"must be a finite number of ms within ±{_MAX_AT_MS:.0f}",
+                shown(at_ms),
             )
         return int(at_ms)
 
@@ -166,11 +170,10 @@ class InputFeed:
         if (
             isinstance(size, bool)
             or not isinstance(size, int | float)
-            or not math.isfinite(size)
-            or size < 0
+            or not 0 <= size <= _MAX_SIZE  # NaN fails too; an int of any size compares exactly
         ):
             raise InvalidSample(
-                self.name, "item_size(sample)", "must be a finite number >= 0", size
+                self.name, "item_size(sample)", "must be a finite number >= 0", shown(size)
             )
         return float(size)
 

@@ -29,7 +29,7 @@ from typing import Any, Literal, get_args, get_origin
 from rxstream._exceptions import StageBuildError
 from rxstream.topology._limits import NO_VALUE, InvalidSample
 
-__all__ = ["Field", "SampleCheck", "check_sample", "compile_schema"]
+__all__ = ["Field", "SampleCheck", "check_sample", "compile_schema", "shown"]
 
 SampleCheck = Callable[[Any], None]
 """A compiled schema: raises :class:`_Bad` for a sample that does not fit."""
@@ -121,21 +121,21 @@ def _field_check(field: Field) -> SampleCheck:
         else:
             fits = isinstance(value, kind)
         if not fits:
-            raise _Bad((), rule, _short(value))
-        if finite and not math.isfinite(value):
-            raise _Bad((), "must be a finite number", value)
+            raise _Bad((), rule, shown(value))
+        if finite and isinstance(value, float) and not math.isfinite(value):
+            raise _Bad((), "must be a finite number", shown(value))
         if numeric:
             if low is not None and not value >= low:
-                raise _Bad((), f"must be >= {low:g}", value)
+                raise _Bad((), f"must be >= {low:g}", shown(value))
             if high is not None and not value <= high:
-                raise _Bad((), f"must be <= {high:g}", value)
+                raise _Bad((), f"must be <= {high:g}", shown(value))
         if isinstance(value, str):
             try:
                 value.encode("utf-8")
             except UnicodeEncodeError:
-                raise _Bad((), "must be valid Unicode (no lone surrogate)", _short(value)) from None
+                raise _Bad((), "must be valid Unicode (no lone surrogate)", shown(value)) from None
         if max_len is not None and len(value) > max_len:
-            raise _Bad((), f"must be at most {max_len} long", _short(value))
+            raise _Bad((), f"must be at most {max_len} long", shown(value))
 
     return check
 
@@ -146,7 +146,7 @@ def _choice_check(choices: tuple[Any, ...]) -> SampleCheck:
     def check(value: Any) -> None:
         # a bool is not the choice 1 (nor 0 the choice False)
         if not any(type(value) is type(c) and value == c for c in choices):
-            raise _Bad((), rule, _short(value))
+            raise _Bad((), rule, shown(value))
 
     return check
 
@@ -156,7 +156,7 @@ def _tuple_check(items: list[SampleCheck]) -> SampleCheck:
 
     def check(value: Any) -> None:
         if not isinstance(value, tuple | list) or len(value) != count:
-            raise _Bad((), f"must be a sequence of {count}", _short(value))
+            raise _Bad((), f"must be a sequence of {count}", shown(value))
         for index, (item, inner) in enumerate(zip(items, value, strict=True)):
             _inside(index, item, inner)
 
@@ -168,10 +168,10 @@ def _dict_check(fields: dict[Any, SampleCheck]) -> SampleCheck:
 
     def check(value: Any) -> None:
         if not isinstance(value, Mapping):
-            raise _Bad((), f"must be a mapping with keys {keys}", _short(value))
+            raise _Bad((), f"must be a mapping with keys {keys}", shown(value))
         for key in value:
             if key not in fields:
-                raise _Bad((_short(key),), f"is not a key of the sample (keys: {keys})", NO_VALUE)
+                raise _Bad((shown(key),), f"is not a key of the sample (keys: {keys})", NO_VALUE)
         for key, item in fields.items():
             if key not in value:
                 raise _Bad((key,), "is missing", NO_VALUE)
@@ -183,7 +183,7 @@ def _dict_check(fields: dict[Any, SampleCheck]) -> SampleCheck:
 def _list_check(element: SampleCheck) -> SampleCheck:
     def check(value: Any) -> None:
         if not isinstance(value, tuple | list):
-            raise _Bad((), "must be a list", _short(value))
+            raise _Bad((), "must be a list", shown(value))
         for index, inner in enumerate(value):
             _inside(index, element, inner)
 
@@ -197,17 +197,19 @@ def _validator_check(validator: Callable[[Any], Any]) -> SampleCheck:
         try:
             verdict = validator(value)
         except (ValueError, TypeError) as exc:
-            raise _Bad((), f"is refused by {label}: {exc}", _short(value)) from None
+            raise _Bad((), f"is refused by {label}: {exc}", shown(value)) from None
         if verdict is False:
-            raise _Bad((), f"is refused by {label}", _short(value))
+            raise _Bad((), f"is refused by {label}", shown(value))
 
     return check
 
 
-def _short(value: Any) -> Any:
+def shown(value: Any) -> Any:
     """``value``, or for a long one its type and size (an error names it, never floods)."""
     if isinstance(value, str | bytes | list | tuple | dict) and len(value) > 40:
         return _Summary(f"<{type(value).__name__} of {len(value)}>")
+    if isinstance(value, int) and value.bit_length() > 64:
+        return _Summary(f"<int of {value.bit_length()} bits>")
     return value
 
 
