@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
 from rxstream._exceptions import StageBuildError
@@ -35,7 +35,7 @@ SampleCheck = Callable[[Any], None]
 """A compiled schema: raises :class:`_Bad` for a sample that does not fit."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Field:
     """A typed value of a sample, with bounds; ``None`` is unbounded.
 
@@ -44,7 +44,7 @@ class Field:
     ``tuple``.
     """
 
-    type: type = float
+    type: type = field(default=float, kw_only=False)
     min: float | None = None
     max: float | None = None
     finite: bool = True
@@ -105,13 +105,13 @@ def _inside(step: Any, check: SampleCheck, value: Any) -> None:
         raise
 
 
-def _field_check(field: Field) -> SampleCheck:
-    kind = field.type
+def _field_check(spec: Field) -> SampleCheck:
+    kind = spec.type
     rule = "must be None" if kind is type(None) else f"must be {_a(kind.__name__)}"
     numeric = kind in (int, float)
-    low, high = field.min, field.max
-    finite = field.finite and kind is float
-    max_len = field.max_len
+    low, high = spec.min, spec.max
+    finite = spec.finite and kind is float
+    max_len = spec.max_len
 
     def check(value: Any) -> None:
         if kind is float:
