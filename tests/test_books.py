@@ -169,3 +169,21 @@ def test_the_books_check_reports_a_stage_that_loses_an_item(
         ]
     finally:
         counters.items_out += 1
+
+
+def test_samples_dropped_before_a_run_count_on_it(
+    ctx: rxstream.Context, balanced_books: list[Run]
+) -> None:
+    """Samples fed (and dropped from the full queue) before ``start()`` balance that run."""
+    seen = threading.Event()
+    pipeline = ctx.input("mouse", capacity=2) | ctx.tap(lambda _: seen.set(), name="t")
+    for i in range(5):
+        pipeline.feed("mouse", i)
+    pipeline.start()
+    try:
+        assert seen.wait(10)
+    finally:
+        pipeline.stop()
+    run = started_run(balanced_books)
+    assert unbalanced(run) == []
+    assert pipeline.statistics()["mouse"].dropped["latest"] == 3

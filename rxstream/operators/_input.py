@@ -101,7 +101,8 @@ class InputFeed:
         self._counters: StageCounters | None = None
         self._pending: dict[str, int] = {}  # drops while no run's counters are attached
         self.accepted = 0
-        """Samples queued since the run's counters attached (with those waiting then)."""
+        """Samples queued since the run's counters attached (with those waiting then, and
+        those the full queue dropped before)."""
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
 
@@ -191,8 +192,9 @@ class InputFeed:
         on, and what was dropped while none was attached."""
         with self._cond:
             self._counters = counters
-            self.accepted = len(self._queue)
             pending, self._pending = self._pending, {}
+            # what waits, and what the full queue dropped meanwhile, counts on this run
+            self.accepted = len(self._queue) + pending.get("latest", 0)
         for reason, count in pending.items():
             counters.drop(reason, count)
 
