@@ -180,12 +180,12 @@ class InputFeed:
 
     def _drop(self, reason: str) -> None:
         """Count one sample refused or dropped, on the run's counters (or until one attaches)."""
-        counters = self._counters
-        if counters is not None:
-            counters.drop(reason)
-        else:
-            with self._cond:
+        with self._cond:  # not racing attach: a drop lands on one run or the next
+            counters = self._counters
+            if counters is None:
                 self._pending[reason] = self._pending.get(reason, 0) + 1
+                return
+        counters.drop(reason)
 
     def attach(self, counters: StageCounters) -> None:
         """Count drops and refusals on ``counters`` (the input stage's, for this run) from now
