@@ -111,6 +111,10 @@ def clock() -> Iterator[None]:
         yield None
 
 
+POINTER = (rxstream.Field(float, min=0, max=1), rxstream.Field(float, min=0, max=1))
+"""What a pointer sample must be: ``(x, y)``, each in [0, 1] (the page sends ``[x, y]``)."""
+
+
 def build(ctx: rxstream.Context) -> rxstream.Pipeline:
     """The demo pipeline (its doc is ``ctx.doc("control")``)."""
     doc = ctx.doc("control", schema=Control)
@@ -129,7 +133,7 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
         return ctx.pipe(Decoder(d.vae.model.value), name="decode")
 
     return (
-        [ctx.source(clock, name="clock"), ctx.input("pointer")]
+        [ctx.source(clock, name="clock"), ctx.input("pointer", schema=POINTER)]
         | ctx.merge()
         | ctx.window(ms=1000 / 24)
         | ctx.pipe(world, name="render", rank=worker)
