@@ -131,6 +131,10 @@ def clock() -> Iterator[None]:
         yield None
 
 
+POINTER = (rxstream.Field(float, min=0, max=1), rxstream.Field(float, min=0, max=1))
+"""What a pointer sample must be: ``(x, y)``, each in [0, 1] (the page sends ``[x, y]``)."""
+
+
 def is_tick(sample: tuple[float, float] | None) -> bool:
     """Whether a merged item is the clock's tick (``None``) rather than a pointer sample."""
     return sample is None
@@ -155,7 +159,7 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
         return ctx.pipe(Decoder(d.vae.model.value), name="decode")
 
     return (
-        [ctx.source(clock, name="clock"), ctx.input("pointer")]
+        [ctx.source(clock, name="clock"), ctx.input("pointer", schema=POINTER)]
         | ctx.merge()
         | ctx.window(until=is_tick)  # one window per clock tick (see the module docstring)
         | ctx.pipe(world, name="render", rank=worker)

@@ -18,12 +18,14 @@ from rxstream.launch import LaunchResult, launch
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import InboxSpec, StageStatistics, format_statistics
 from rxstream.stage import Stage
+from rxstream.topology import Field
 
 __all__ = [
     "Context",
     "Doc",
     "DocPathError",
     "DocValidationError",
+    "Field",
     "InboxSpec",
     "LaunchResult",
     "Pipeline",

@@ -203,6 +203,7 @@ class Context:
         capacity: int = 64,
         rank: int | None = None,
         chunks: ChunkPolicyFactory | None = None,
+        schema: object = None,
     ) -> Stage:
         """A client-fed stream: ``pipeline.feed(name, sample, at_ms=None)`` pushes samples in.
 
@@ -210,6 +211,9 @@ class Context:
         ``input.recv`` stamp; ``limits`` bound what a client may feed in a session. When
         ``capacity`` samples wait unread, the oldest is dropped (counted, reason ``latest``).
         ``chunks`` (a chunk policy factory) releases the samples as chunks: lists of samples.
+        ``schema`` declares what a sample must look like (a type, a ``Field``, a ``Literal``,
+        a tuple, a dict or a one-item list of those, or a callable validator); ``feed``
+        refuses a sample that breaks it (``InvalidSample``) before it reaches a stage.
         """
         if limits is not None and not isinstance(limits, ClientStreamLimits):
             raise StageBuildError(
@@ -227,8 +231,8 @@ class Context:
             build=_no_operator,
             inputs=(0, 0),
             rank=rank,
-            source=InputFeed(name, limits, capacity),
-            options={"limits": limits, "chunks": chunks},
+            source=InputFeed(name, limits, capacity, schema),
+            options={"limits": limits, "chunks": chunks, "schema": schema},
         )
 
     def pipe(

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -276,11 +276,16 @@ class Pipeline:
         """
         return self._context.control.steer(changes)
 
-    def feed(self, name: str, sample: Any, at_ms: int | None = None) -> int:
+    def feed(
+        self, name: str, sample: Any, at_ms: float | None = None, *, client: Hashable = None
+    ) -> int:
         """Push a client sample into the ``ctx.input`` stream ``name``; its ``input_seq``.
 
-        Safe from any thread. ``at_ms`` is the client's timestamp (ms), when it has one.
-        Raises :class:`~rxstream.topology.ClientStreamLimitExceeded` past the stream's limit.
+        Safe from any thread. ``at_ms`` is the client's timestamp (ms), when it has one;
+        ``client`` names whose budget it is charged to (a transport passes one per connection).
+        Raises :class:`~rxstream.topology.InvalidSample` for a sample its schema (or its
+        ``at_ms``, or ``item_size``) refuses, and
+        :class:`~rxstream.topology.ClientStreamLimitExceeded` past the stream's limit.
         """
         stage = self.stages.get(name)
         if stage is None or stage.kind != "input":
@@ -291,7 +296,7 @@ class Pipeline:
             )
         feed = stage.source
         assert isinstance(feed, InputFeed)
-        return feed.feed(sample, at_ms)
+        return feed.feed(sample, at_ms, client)
 
     def flush(self) -> int:
         """Start a new flush generation: stages with ``reset()`` reset on its first item."""

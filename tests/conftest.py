@@ -1,4 +1,5 @@
-"""Shared fixtures: a fresh context, and a check that no rxstream thread outlives its test."""
+"""Shared fixtures: a fresh context, a check that no rxstream thread outlives its test, and
+the books of every threaded run balanced (``rxstream.runtime._books``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 import rxstream
+from rxstream.runtime._books import settled, unbalanced
+from rxstream.runtime._run import Run
 from rxstream.testing import live_threads
 
 
@@ -26,3 +29,29 @@ def no_leaked_threads() -> Iterator[None]:
         time.sleep(0.01)
     leaked = live_threads()
     assert not leaked, f"threads left running: {[t.name for t in leaked]}"
+
+
+@pytest.fixture(autouse=True)
+def balanced_books(monkeypatch: pytest.MonkeyPatch, no_leaked_threads: None) -> Iterator[list[Run]]:
+    """Fail a test whose threaded runs (started in this process) end with unbalanced books.
+
+    Runs are recorded as they start, and checked once the test is over and their threads
+    have ended (a run still going is the thread check's to report); a test may read partial
+    statistics while it runs. Costs one list append per ``start()``.
+    """
+    runs: list[Run] = []
+    start = Run.start
+
+    def recorded(run: Run) -> None:
+        runs.append(run)
+        start(run)
+
+    monkeypatch.setattr(Run, "start", recorded)
+    yield runs
+    problems = [
+        f"run {index}: {problem}"
+        for index, run in enumerate(runs)
+        if settled(run)
+        for problem in unbalanced(run)
+    ]
+    assert not problems, "the books do not balance:\n" + "\n".join(problems)

@@ -11,28 +11,37 @@ Three kinds of rule, chosen once per doc:
   any further rule. Without ``defaults`` the dataclass's defaults are the defaults.
 - a callable: ``schema(state)`` gets the merged state as a plain dict and raises
   ``ValueError``/``TypeError`` to refuse it.
+
+Under every kind, two rules hold for each value written (in sections, lists and dicts too):
+a string is valid Unicode (no lone surrogate: it must encode to UTF-8), and a float is finite
+(no NaN, no ±Infinity) unless its field says otherwise: a dataclass field's
+``metadata={"finite": False}``, or without a schema a default that is not finite itself. A
+float field stores a float: an int written there is stored as ``float(value)``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, Union, get_args, get_origin
 
 from rxstream._exceptions import DocValidationError
 
 __all__ = ["Validator", "defaults_from_schema", "make_validator"]
 
-Validator = Callable[[Mapping[str, Any], Mapping[str, Any]], None]
-"""``validate(changes, merged)``: raise :class:`DocValidationError` to refuse a write."""
+Validator = Callable[[Mapping[str, Any], MutableMapping[str, Any]], None]
+"""``validate(changes, merged)``: raise :class:`DocValidationError` to refuse a write.
+
+It stores an int written to a float field as a float, in ``merged`` (the state to be)."""
 
 
 def make_validator(name: str, defaults: Mapping[str, Any], schema: object) -> Validator:
     """The validator for a doc named ``name`` (see the module docstring)."""
     if schema is None:
-        return lambda changes, merged: _check_shape(name, defaults, changes, ())
+        return lambda changes, merged: _check_shape(name, defaults, changes, merged, ())
     if isinstance(schema, type) and dataclasses.is_dataclass(schema):
         return lambda changes, merged: _check_dataclass(name, schema, merged, ())
     if callable(schema):
@@ -57,33 +66,89 @@ def defaults_from_schema(name: str, schema: object) -> dict[str, Any]:
     return dataclasses.asdict(instance)
 
 
+def _shown(value: Any) -> str:
+    """``repr(value)``, but an int too long to print (or to read) by its size."""
+    if isinstance(value, int) and value.bit_length() > 256:
+        return f"an int of {value.bit_length()} bits"
+    return repr(value)
+
+
 def _dotted(name: str, path: tuple[str, ...]) -> str:
     return ".".join((name, *path))
 
 
+def check_value(name: str, path: tuple[str, ...], value: Any, *, finite: bool = True) -> None:
+    """Refuse a string that is not valid Unicode, or a float that is not finite (unless
+    ``finite`` is false), anywhere in ``value`` (sections, lists and dicts included)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise DocValidationError(
+                f"{_dotted(name, path)} must be valid Unicode (no lone surrogate), "
+                f"got {_shown(value)} ({exc.reason} at index {exc.start})"
+            ) from None
+    elif isinstance(value, float):
+        if finite and not math.isfinite(value):
+            raise DocValidationError(
+                f"{_dotted(name, path)} must be a finite number (declare "
+                f'metadata={{"finite": False}} to allow it), got {_shown(value)}'
+            )
+    elif isinstance(value, Mapping):
+        for key, inner in value.items():
+            check_value(name, path, key, finite=finite)
+            check_value(name, (*path, str(key)), inner, finite=finite)
+    elif isinstance(value, list | tuple):
+        for index, inner in enumerate(value):
+            check_value(name, (*path, str(index)), inner, finite=finite)
+
+
+def _as_float(name: str, path: tuple[str, ...], value: int) -> float:
+    """``value`` as the float a float field stores; refused when no float holds it."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be a number a float holds, "
+            f"got an int of {value.bit_length()} bits"
+        ) from None
+
+
 def _check_shape(
-    name: str, defaults: Mapping[str, Any], changes: Mapping[str, Any], path: tuple[str, ...]
+    name: str,
+    defaults: Mapping[str, Any],
+    changes: Mapping[str, Any],
+    merged: MutableMapping[str, Any],
+    path: tuple[str, ...],
 ) -> None:
     for key, value in changes.items():
         here = (*path, key)
+        check_value(name, path, key)
         if defaults and key not in defaults:
             keys = ", ".join(sorted(defaults))
             raise DocValidationError(
                 f"{_dotted(name, here)} is not a field of the doc (fields there: {keys}), "
-                f"got {value!r}"
+                f"got {_shown(value)}"
             )
         default = defaults.get(key)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise DocValidationError(
-                    f"{_dotted(name, here)} is a section and takes a mapping, got {value!r}"
+                    f"{_dotted(name, here)} is a section and takes a mapping, got {_shown(value)}"
                 )
-            _check_shape(name, default, value, here)
-        elif key in defaults and default is not None and not _same_kind(value, default):
+            section = merged.get(key)
+            _check_shape(name, default, value, section if isinstance(section, dict) else {}, here)
+            continue
+        if key in defaults and default is not None and not _same_kind(value, default):
             raise DocValidationError(
                 f"{_dotted(name, here)} must be {_a(type(default).__name__)} like its default "
-                f"{default!r}, got {value!r}"
+                f"{default!r}, got {_shown(value)}"
             )
+        # a default that is not finite itself declares a field that takes any float
+        finite = not (isinstance(default, float) and not math.isfinite(default))
+        check_value(name, here, value, finite=finite)
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            merged[key] = _as_float(name, here, value)
 
 
 def _same_kind(value: Any, default: Any) -> bool:
@@ -95,7 +160,7 @@ def _same_kind(value: Any, default: Any) -> bool:
 
 
 def _check_dataclass(
-    name: str, schema: type, state: Mapping[str, Any], path: tuple[str, ...]
+    name: str, schema: type, state: MutableMapping[str, Any], path: tuple[str, ...]
 ) -> Any:
     hints = typing.get_type_hints(schema)
     fields = {field.name: field for field in dataclasses.fields(schema)}
@@ -103,7 +168,7 @@ def _check_dataclass(
         if key not in fields:
             raise DocValidationError(
                 f"{_dotted(name, (*path, key))} is not a field of {schema.__name__} "
-                f"(fields: {', '.join(sorted(fields))}), got {state[key]!r}"
+                f"(fields: {', '.join(sorted(fields))}), got {_shown(state[key])}"
             )
     kwargs = {}
     for key, value in state.items():
@@ -113,19 +178,33 @@ def _check_dataclass(
             if not isinstance(value, Mapping):
                 raise DocValidationError(
                     f"{_dotted(name, here)} is a section ({hint.__name__}) and takes a mapping, "
-                    f"got {value!r}"
+                    f"got {_shown(value)}"
                 )
-            kwargs[key] = _check_dataclass(name, hint, value, here)
+            section = value if isinstance(value, MutableMapping) else dict(value)
+            kwargs[key] = _check_dataclass(name, hint, section, here)
             continue
         if not _matches(value, hint):
             raise DocValidationError(
-                f"{_dotted(name, here)} must be {_describe(hint)}, got {value!r}"
+                f"{_dotted(name, here)} must be {_describe(hint)}, got {_shown(value)}"
             )
+        check_value(name, here, value, finite=fields[key].metadata.get("finite", True))
+        if _is_float(hint) and isinstance(value, int) and not isinstance(value, bool):
+            value = state[key] = _as_float(name, here, value)
         kwargs[key] = value
     try:
         return schema(**kwargs)
     except (ValueError, TypeError) as exc:
         raise DocValidationError(f"{_dotted(name, path)}: {exc}") from exc
+
+
+def _is_float(hint: Any) -> bool:
+    """Whether ``hint`` is ``float`` or ``float | None``: an int written there becomes one."""
+    if hint is float:
+        return True
+    if get_origin(hint) in (Union, types.UnionType):
+        arms = [arm for arm in get_args(hint) if arm is not type(None)]
+        return arms == [float]
+    return False
 
 
 def _matches(value: Any, hint: Any) -> bool:
@@ -165,6 +244,7 @@ def _a(noun: str) -> str:
 
 
 def _check_callable(name: str, schema: Callable[..., Any], state: Mapping[str, Any]) -> None:
+    check_value(name, (), state)
     try:
         schema(dict(state))
     except (ValueError, TypeError) as exc:

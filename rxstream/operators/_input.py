@@ -1,24 +1,45 @@
 """``ctx.input(name)``: a client-fed stream (mouse, keys, audio chunks…).
 
-``feed(sample, at_ms=None)`` (from any thread: the transport, a test, ``pipeline.feed``) stamps
-the receive time and the per-stream ``input_seq`` (from 1) and queues the sample; the input
-stage's source pulls it. ``input_at_ms`` is the client's timestamp when it sent one, else the
-receive time (wall clock, ms). The first stamp of the item is ``input.recv``. Limits are
-enforced at ``feed``: a sample that would pass the stream's bound is refused with
-:class:`~rxstream.topology.ClientStreamLimitExceeded` and nothing else is affected.
+``feed(sample, at_ms=None, client=None)`` (from any thread: the transport, a test,
+``pipeline.feed``) checks the sample, stamps the receive time and the per-stream ``input_seq``
+(from 1) and queues it; the input stage's source pulls it. ``input_at_ms`` is the client's
+timestamp when it sent one, else the receive time (wall clock, ms). The first stamp of the
+item is ``input.recv``.
+
+A sample passes three gates, in order, and one it fails is refused with a
+:class:`~rxstream.topology.SampleRefused` (nothing queued, charged or numbered; nothing else
+affected): its ``at_ms`` (``None`` or a finite number) and the stream's schema
+(:class:`~rxstream.topology.InvalidSample`), its ``item_size`` (a finite number >= 0, also
+``InvalidSample``), then the limit: the client's budget for this run
+(:class:`~rxstream.topology.ClientStreamLimitExceeded`). Each client (``client``: any hashable
+the transport picks per connection; ``None`` for a local caller) has its own budget, and
+:meth:`InputFeed.new_run` gives every client a fresh one.
+
+Refusals are counted on the input stage (dropped, reasons ``invalid`` and ``limit``), as are
+samples dropped from the full queue (``latest``): what was offered is what the stage pulled,
+plus what it dropped, plus what still waits.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections import deque
+from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 from rxstream.item import now
-from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits
+from rxstream.runtime._stats import StageCounters
+from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
+from rxstream.topology._samples import SampleCheck, check_sample, compile_schema, shown
 
 __all__ = ["InputFeed", "InputSample"]
+
+_MAX_AT_MS = 2.0**53
+"""The largest ``at_ms`` taken (ms; beyond it a JSON number is no longer exact)."""
+_MAX_SIZE = 1.0e300
+"""The largest ``item_size`` taken (any finite bound a limit can have is far below it)."""
 
 
 class InputSample(NamedTuple):
@@ -30,60 +51,162 @@ class InputSample(NamedTuple):
     received: float
 
 
+class _Budgets:
+    """What each client has spent this run; a client object that goes away takes its entry."""
+
+    def __init__(self) -> None:
+        self._weak: weakref.WeakKeyDictionary[Any, float] = weakref.WeakKeyDictionary()
+        self._plain: dict[Hashable, float] = {}
+
+    def _table(self, client: Hashable) -> Any:
+        try:
+            weakref.ref(client)
+        except TypeError:
+            return self._plain
+        return self._weak
+
+    def used(self, client: Hashable) -> float:
+        return float(self._table(client).get(client, 0.0))
+
+    def charge(self, client: Hashable, size: float) -> None:
+        table = self._table(client)
+        table[client] = table.get(client, 0.0) + size
+
+    def clear(self) -> None:
+        self._weak.clear()
+        self._plain.clear()
+
+
 class InputFeed:
     """The queue between whoever feeds a client stream and the input stage that pulls it."""
 
-    def __init__(self, name: str, limits: ClientStreamLimits | None, capacity: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        limits: ClientStreamLimits | None,
+        capacity: int,
+        schema: object = None,
+    ) -> None:
         self.name = name
         self.limits = limits
         self.capacity = capacity
+        self.schema = schema
+        """What a sample must look like (see :mod:`rxstream.topology._samples`), or ``None``."""
+        self._check: SampleCheck | None = None if schema is None else compile_schema(schema, name)
         self._cond = threading.Condition()
         self._queue: deque[InputSample] = deque()
         self._seq = 0
-        self._used = 0.0
+        self._budgets = _Budgets()
         self._closed = False
-        self.dropped = 0
-        self._unreported = 0
+        self._counters: StageCounters | None = None
+        self._pending: dict[str, int] = {}  # drops while no run's counters are attached
+        self.accepted = 0
+        """Samples queued since the run's counters attached (with those waiting then, and
+        those the full queue dropped before)."""
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
 
-    def feed(self, sample: Any, at_ms: int | None = None) -> int:
+    def feed(self, sample: Any, at_ms: float | None = None, client: Hashable = None) -> int:
         """Queue ``sample`` (``at_ms``: the client's clock, ms); returns its ``input_seq``.
 
-        When the queue is full the oldest waiting sample is dropped (input is real time).
+        Raises :class:`~rxstream.topology.SampleRefused` for a sample it refuses (see the
+        module docstring). When the queue is full the oldest waiting sample is dropped (input
+        is real time).
         """
         received = now()
         wall_ms = int(time.time() * 1000)
+        try:
+            stamp = wall_ms if at_ms is None else self._at_ms(at_ms)
+            if self._check is not None:
+                check_sample(self.name, self._check, sample)
+            size = self._size(sample)
+        except InvalidSample:
+            self._drop("invalid")
+            raise
         with self._cond:
-            self._charge(sample)
+            if size is not None:
+                limits = self.limits
+                assert limits is not None
+                assert limits.max_items is not None
+                total = self._budgets.used(client) + size
+                # sizes in seconds are summed in binary floats: allow for their rounding
+                if total > limits.max_items * (1 + 1e-9):
+                    self._drop("limit")
+                    raise ClientStreamLimitExceeded(self.name, limits.max_items, limits.unit, total)
+                self._budgets.charge(client, size)
             self._seq += 1
             if len(self._queue) >= self.capacity:
                 self._queue.popleft()
-                self.dropped += 1
-                self._unreported += 1
-            self._queue.append(
-                InputSample(sample, self._seq, wall_ms if at_ms is None else int(at_ms), received)
-            )
+                self._drop("latest")
+            self._queue.append(InputSample(sample, self._seq, stamp, received))
+            self.accepted += 1
             self._cond.notify()
             return self._seq
 
-    def _charge(self, sample: Any) -> None:
+    def _at_ms(self, at_ms: Any) -> int:
+        if isinstance(at_ms, bool) or not isinstance(at_ms, int | float):
+            raise InvalidSample(self.name, "at_ms", "must be a number of ms or None", shown(at_ms))
+        if not abs(at_ms) <= _MAX_AT_MS:  # NaN too; an int of any size compares exactly
+            raise InvalidSample(
+                self.name,
+                "at_ms",
+                f"must be a finite number of ms within ±{_MAX_AT_MS:.0f}",
+                shown(at_ms),
+            )
+        return int(at_ms)
+
+    def _size(self, sample: Any) -> float | None:
+        """What ``sample`` costs against the limit; ``None`` when the stream is unbounded."""
         limits = self.limits
         if limits is None or limits.max_items is None:
-            return
-        size = 1 if limits.item_size is None else limits.item_size(sample)
-        # sizes in seconds are summed in binary floats: allow for their rounding
-        if self._used + size > limits.max_items * (1 + 1e-9):
-            raise ClientStreamLimitExceeded(
-                self.name, limits.max_items, limits.unit, self._used + size
+            return None
+        if limits.item_size is None:
+            return 1.0
+        try:
+            size = limits.item_size(sample)
+        except Exception as exc:
+            raise InvalidSample(
+                self.name, "item_size(sample)", f"raised {type(exc).__name__}: {exc}"
+            ) from None
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int | float)
+            or not 0 <= size <= _MAX_SIZE  # NaN fails too; an int of any size compares exactly
+        ):
+            raise InvalidSample(
+                self.name, "item_size(sample)", "must be a finite number >= 0", shown(size)
             )
-        self._used += size
+        return float(size)
 
-    def take_dropped(self) -> int:
-        """Samples dropped from the full queue since the last call (for the stage's counters)."""
+    def _drop(self, reason: str) -> None:
+        """Count one sample refused or dropped, on the run's counters (or until one attaches)."""
+        with self._cond:  # not racing attach: a drop lands on one run or the next
+            counters = self._counters
+            if counters is None:
+                self._pending[reason] = self._pending.get(reason, 0) + 1
+                return
+        counters.drop(reason)
+
+    def attach(self, counters: StageCounters) -> None:
+        """Count drops and refusals on ``counters`` (the input stage's, for this run) from now
+        on, and what was dropped while none was attached."""
         with self._cond:
-            fresh, self._unreported = self._unreported, 0
-            return fresh
+            self._counters = counters
+            pending, self._pending = self._pending, {}
+            # what waits, and what the full queue dropped meanwhile, counts on this run
+            self.accepted = len(self._queue) + pending.get("latest", 0)
+        for reason, count in pending.items():
+            counters.drop(reason, count)
+
+    def new_run(self) -> None:
+        """A run starts: every client's budget is fresh again."""
+        with self._cond:
+            self._budgets.clear()
+
+    @property
+    def depth(self) -> int:
+        """Samples waiting to be pulled."""
+        return len(self._queue)
 
     def take(self, block: bool) -> InputSample | None:
         """The next sample; ``None`` once closed (or, not blocking, when none is waiting)."""

@@ -88,7 +88,8 @@ def sink_operator(
                         record = fold(stream, out.metadata, time.time() * 1000)
                         emit(record, on_timing)
                         on_transport_timing(record)
-                    except Exception as exc:
+                    except Exception as exc:  # on_timing raised: the item goes no further
+                        counters.items_out -= 1
                         shell.failed(observer, out, exc)
                         return
                 observer.on_next(out)

@@ -60,6 +60,10 @@ class SourcePuller:
         self._count = 0
         self._closer: Callable[[], Any] | None = None
         self._prompt = shell.generations.prompt
+        if isinstance(spec, InputFeed):
+            spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
+            if not shell.driven:  # a new run (start()) gives every client a fresh budget
+                spec.new_run()
 
     @property
     def counters(self) -> StageCounters:
@@ -118,9 +122,10 @@ class SourcePuller:
     def pull(self) -> PipelineItem | None:
         """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`.
 
-        With ``on_error="skip"`` a failed pull is counted and logged and :data:`SKIPPED`
-        returned (a generator that raised is finished, so the next pull ends it); otherwise
-        the failure is a :class:`PipelineError` naming the source and the item's ``pts``.
+        With ``on_error="skip"`` a failed pull is counted (``failed_pulls``: it made no item,
+        so it drops none), logged, and :data:`SKIPPED` returned (a generator that raised is
+        finished, so the next pull ends it); otherwise the failure is a
+        :class:`PipelineError` naming the source and the item's ``pts``.
         """
         shell = self._shell
         started = now()
@@ -131,7 +136,7 @@ class SourcePuller:
                 value = self._next()
         except Exception as exc:
             if shell.on_error == "skip":
-                shell.skipped(exc, pts=self._count, input_seq=0)
+                shell.skipped(exc, pts=self._count, input_seq=0, dropped=False)
                 return SKIPPED  # type: ignore[no-any-return]
             raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
         if value is _END:
@@ -148,7 +153,6 @@ class SourcePuller:
             input_seq = input_at_ms = 0
             origin: tuple[Any, ...] = ()  # flat: hop, t
             if isinstance(value, InputSample):
-                self._count_input_drops()
                 started = now()  # the wait for a sample is the input queue's, before .in
                 input_seq, input_at_ms = value.input_seq, value.input_at_ms
                 origin = ("input.recv", value.received)
@@ -186,13 +190,6 @@ class SourcePuller:
             return item
         self._count += 1
         return shell.emit(value, metadata)
-
-    def _count_input_drops(self) -> None:
-        spec = self._spec
-        assert isinstance(spec, InputFeed)
-        fresh = spec.take_dropped()
-        if fresh:
-            self._shell.counters.drop("latest", fresh)
 
     def take_waited(self) -> float:
         """Seconds the last pulls spent waiting for client samples (idle, not work)."""

@@ -379,6 +379,7 @@ def producer_operator(
                             f"({', '.join(walks)}), got {walk!r}"
                         )
                 except Exception as exc:
+                    shell.counters.items_out -= 1  # on the producer's thread: it never left
                     shell.failed(observer, item, exc)
                     return
                 emitted += 1

@@ -251,14 +251,18 @@ class Boundary:
         stage: str,
         fail: Callable[[BaseException], None],
         on_done: Callable[[], None],
+        lost: StageCounters | None = None,
         on_closed: Callable[[], None] = lambda: None,
     ) -> abc.DisposableBase:
         """Put every item of ``upstream`` into the ring; ``on_done`` once the end marker is in.
 
-        ``counters`` (the upstream stage's) count items the ring refused because the run was
-        stopping (reason ``stopped``); ``on_closed`` runs at the first such item (the
-        downstream rank is going: the caller stops making items nobody will read). A payload
-        that cannot cross fails the run naming ``stage`` and the type.
+        Items the ring refused because the run was stopping are counted as dropped (reason
+        ``stopped``) on ``lost`` (the downstream stage's counters, when it runs in this
+        process: the item was on its way there), else on ``counters`` (the upstream stage's:
+        the item never left it, so it is not counted as emitted either); ``on_closed`` runs at
+        the first such item (the downstream rank is going: the caller stops making items
+        nobody will read). A payload that cannot cross fails the run naming ``stage`` and the
+        type.
         """
         ring = self.ring
         send = self.sender(counters)
@@ -269,7 +273,11 @@ class Boundary:
             try:
                 send(item)
             except RingClosed:
-                counters.drop("stopped")
+                if lost is not None:
+                    lost.drop("stopped")
+                else:  # on the upstream's thread: it counted the item out a moment ago
+                    counters.items_out -= 1
+                    counters.drop("stopped")
                 if not closed:
                     closed = True
                     on_closed()

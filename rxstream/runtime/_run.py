@@ -225,7 +225,8 @@ class Run:
                     self.plan.name_of(upstream),
                     self.fail,
                     self._end_completed,
-                    self.halt,  # the reading rank is going: stop making items for it
+                    lost=self.shells[node].counters if node in self.shells else None,
+                    on_closed=self.halt,  # the reading rank is going: stop making its items
                 )
             )
 
@@ -328,12 +329,14 @@ class Run:
         kept = self.outputs[tail] if self._collect else None
         payloads = self._collect == "payloads"  # keep no item alive that nobody asked for
         gens = self.generations
-        drop = self.shells[tail].counters.drop
+        counters = self.shells[tail].counters
+        drop = counters.drop
 
         sink = tail.stage.is_sink  # a sink has egressed the item already: it is delivered
 
         def on_next(item: PipelineItem) -> None:
             if not sink and _base(item).prompt_generation < gens.drop:  # the end is a hop too
+                counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
             elif kept is not None:
                 kept.append(item.payload if payloads else item)

@@ -120,21 +120,38 @@ class StageShell:
     ) -> None:
         """Route an exception from the stage's function (the ``on_error`` policy).
 
-        ``skip`` drops the item, logs and counts it (reason ``error``); ``raise`` ends the run
-        with a :class:`PipelineError` naming this stage and the item.
+        The failing item (when there is one) is counted as dropped, reason ``error``, either
+        way: ``skip`` then logs it and goes on; ``raise`` ends the run with a
+        :class:`PipelineError` naming this stage and the item.
         """
         pts = None if item is None else item.metadata.pts
         input_seq = None if item is None else item.metadata.input_seq
         if self.on_error == "skip":
-            self.skipped(exc, pts=pts, input_seq=input_seq)
+            self.skipped(exc, pts=pts, input_seq=input_seq, dropped=item is not None)
             return
+        if item is not None:
+            self.counters.drop("error")
         error = PipelineError(self.name, exc, pts=pts, input_seq=input_seq)
         self._fail(error)
         observer.on_error(error)
 
-    def skipped(self, exc: BaseException, *, pts: int | None, input_seq: int | None) -> None:
-        """Count and log one item dropped because the stage's function raised."""
-        self.counters.drop("error")
+    def skipped(
+        self,
+        exc: BaseException,
+        *,
+        pts: int | None,
+        input_seq: int | None,
+        dropped: bool = True,
+    ) -> None:
+        """Log a failure of the stage's function that ``on_error="skip"`` lets pass.
+
+        ``dropped``: an item was lost with it (counted, reason ``error``); otherwise nothing
+        was (a source's pull that raised made no item: counted as a failed pull).
+        """
+        if dropped:
+            self.counters.drop("error")
+        else:
+            self.counters.failed_pulls += 1
         _log.warning(
             "stage_item_skipped",
             stage=self.name,

@@ -46,6 +46,9 @@ class StageStatistics:
     """Seconds upstream threads spent blocked on this stage's full inbox (backpressure)."""
     stalled_s: float = 0.0
     """Seconds this stage's thread spent blocked handing items to a full inbox downstream."""
+    failed_pulls: int = 0
+    """Pulls of a source that raised under ``on_error="skip"``: they made no item, so they
+    are not drops (a failing stage's item is: dropped, reason ``error``)."""
 
     @property
     def dropped_total(self) -> int:
@@ -56,8 +59,8 @@ class StageStatistics:
 class StageCounters:
     """The live counters behind :class:`StageStatistics`.
 
-    ``items_in``/``items_out``/``cutovers``/``wait_s``/``work_s``/``stalled_s`` have one writer
-    (the stage's thread);
+    ``items_in``/``items_out``/``cutovers``/``wait_s``/``work_s``/``stalled_s``/``failed_pulls``
+    have one writer (the stage's thread);
     drops and ``blocked_s`` come from several threads and go through a lock.
     """
 
@@ -66,6 +69,7 @@ class StageCounters:
         "_lock",
         "blocked_s",
         "cutovers",
+        "failed_pulls",
         "items_in",
         "items_out",
         "kind",
@@ -85,6 +89,7 @@ class StageCounters:
         self.work_s = 0.0
         self.blocked_s = 0.0
         self.stalled_s = 0.0
+        self.failed_pulls = 0
         self._drops: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -116,6 +121,7 @@ class StageCounters:
             work_s=self.work_s,
             blocked_s=blocked,
             stalled_s=self.stalled_s,
+            failed_pulls=self.failed_pulls,
         )
 
 

@@ -15,7 +15,12 @@ from rxstream.topology._chunks import (
     UntilFinal,
 )
 from rxstream.topology._derive import format_topology, model_of, topology_of
-from rxstream.topology._limits import ClientStreamLimitExceeded, ClientStreamLimits
+from rxstream.topology._limits import (
+    ClientStreamLimitExceeded,
+    ClientStreamLimits,
+    InvalidSample,
+    SampleRefused,
+)
 from rxstream.topology._model import (
     CLIENT,
     ClientStream,
@@ -31,6 +36,7 @@ from rxstream.topology._model import (
     find_client_stream,
     find_client_streams,
 )
+from rxstream.topology._samples import Field
 from rxstream.topology._validate import (
     client_stream_limits,
     load_serving_config,
@@ -48,12 +54,15 @@ __all__ = [
     "ConsumerWalk",
     "DeploymentError",
     "EveryItem",
+    "Field",
     "FixedSize",
     "GraphEdge",
     "GraphSection",
+    "InvalidSample",
     "PartitionDefinition",
     "PartitionTopology",
     "ProducerWalkCtx",
+    "SampleRefused",
     "Sliding",
     "StreamBuffer",
     "StreamBufferClosed",

@@ -8,9 +8,9 @@ closed when it stops; in between, sinks :meth:`~Transport.send` items and timing
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from rxstream.doc import Doc
 from rxstream.item import PipelineItem
@@ -22,7 +22,15 @@ CODECS = ("raw", "jpeg", "h264")
 """The egress codecs ``ctx.stream(name, codec=…)`` takes (``None`` means ``raw``)."""
 
 
-def _no_feed(name: str, sample: Any, at_ms: int | None = None) -> int:
+class Feed(Protocol):
+    """``pipeline.feed``'s shape: push ``sample`` into input ``name``; its ``input_seq``."""
+
+    def __call__(
+        self, name: str, sample: Any, at_ms: float | None = None, *, client: Hashable = None
+    ) -> int: ...
+
+
+def _no_feed(name: str, sample: Any, at_ms: float | None = None, *, client: Hashable = None) -> int:
     raise LookupError(f"no input stream {name!r}: this session has no inputs")
 
 
@@ -36,8 +44,9 @@ class Session:
     """The names of the ``ctx.input`` streams a client may feed."""
     docs: Mapping[str, Doc] = field(default_factory=dict)
     """The desired-state docs a client may edit, by name."""
-    feed: Callable[[str, Any, int | None], int] = _no_feed
-    """``pipeline.feed``: push a client sample into an input stream; its ``input_seq``."""
+    feed: Feed = _no_feed
+    """``pipeline.feed``: push a client sample into an input stream; its ``input_seq`` (the
+    transport passes ``client=`` one key per connection: each has its own budget)."""
 
 
 class Transport:

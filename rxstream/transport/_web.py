@@ -51,7 +51,7 @@ from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.timing._client import ClockOffset
-from rxstream.topology import ClientStreamLimitExceeded
+from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
 from rxstream.transport._photon import PhotonJoin, Shown, log_photon
@@ -537,9 +537,9 @@ class WebTransport(Transport):
         if isinstance(sample, list):
             sample = tuple(sample)
         try:
-            seq = self._session.feed(stream, sample, None if at_ms is None else int(at_ms))
-        except ClientStreamLimitExceeded as exc:
-            raise _Refused("limit", str(exc)) from exc
+            seq = self._session.feed(stream, sample, at_ms, client=client)
+        except SampleRefused as exc:
+            raise _Refused(exc.code, str(exc)) from exc
         return {"input_seq": seq}
 
     def _on_set(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:

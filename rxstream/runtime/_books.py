@@ -1,0 +1,106 @@
+"""The books of a run: every item a stage was handed is passed on, dropped with a reason, or
+still waiting.
+
+For a stage, what *arrived* is the sum of what each of its inputs emitted (every consumer of
+a stage gets each of its items), and what it *took* is what arrived less what it dropped
+(any reason: at its inbox, stale, ``error``, ``stopped``…) less what waits in its inbox.
+Then, by kind:
+
+- a source: each pull that made an item emits it or, when a stopping run's ring to another
+  process refused it, drops it (``items_in == items_out + dropped``); a pull that raised
+  under ``on_error="skip"`` made none (``failed_pulls``, not a drop);
+- an input: what ``feed`` accepted is what the stage pulled, plus what the full queue dropped
+  (``latest``), plus what still waits; refused samples (``invalid``, ``limit``) were never
+  accepted;
+- a 1:1 stage (``pipe`` and ``tap`` with one input, ``merge``, ``stream``): it emits exactly
+  what it took (``took == items_out``);
+- an N:1 stage (``window``, ``zip``, ``combine``, a fan-in ``pipe``): each output is at
+  least one item it took (``items_out <= took``);
+- ``pace``: each item it took goes out once, and a tick with nothing new repeats the last
+  (``items_out >= took``);
+- 1:N and free-form stages (``unbatch``, ``rx``, ``bind``, ``walks``), and stages fed through
+  a chunk policy (theirs, or an input's own ``chunks=``): never more dropped than arrived
+  (``took >= 0``).
+
+Checked by the test suite after every threaded test (``tests/conftest.py``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from rxstream.operators._input import InputFeed
+from rxstream.topology._edges import chunks_of
+
+if TYPE_CHECKING:
+    from rxstream.runtime._run import Run
+
+__all__ = ["settled", "unbalanced"]
+
+_ONE_TO_ONE = frozenset({"tap", "merge", "stream"})
+_MANY_TO_ONE = frozenset({"window", "zip", "combine"})
+_FED = ("invalid", "limit", "latest")
+"""An input's drops before a pull: refused by ``feed``, or dropped from its full queue."""
+
+
+def settled(run: Run) -> bool:
+    """Whether every thread of ``run`` has ended (its books no longer move)."""
+    sources = run._source_threads  # the books read the run they check
+    return not any(thread.is_alive() for thread in sources) and all(
+        thread.join(0) for thread in run.threads.values()
+    )
+
+
+def unbalanced(run: Run) -> list[str]:
+    """Each law of the module docstring that ``run``'s statistics break, in words."""
+    plan = run.plan
+    stats = run.statistics()
+    local = set(run.local)
+    problems = []
+    for node in run.local:
+        name = plan.name_of(node)
+        s = stats[name]
+        kind = s.kind
+        if node.stage.is_source:
+            # an input's refusals and queue drops come before its pulls
+            lost = s.dropped_total - sum(s.dropped.get(reason, 0) for reason in _FED)
+            if s.items_in != s.items_out + lost:
+                problems.append(
+                    f"source {name!r} pulled {s.items_in} but emitted {s.items_out} and "
+                    f"dropped {lost}"
+                )
+            feed = node.stage.source
+            if isinstance(feed, InputFeed):
+                kept = s.items_in + s.dropped.get("latest", 0) + feed.depth
+                if feed.accepted != kept:
+                    problems.append(
+                        f"input {name!r} accepted {feed.accepted} samples but pulled "
+                        f"{s.items_in}, dropped {s.dropped.get('latest', 0)} (latest) and "
+                        f"holds {feed.depth}"
+                    )
+            continue
+        if any(up not in local for up in node.inputs):
+            continue  # what arrived from another process is counted there
+        arrived = sum(stats[plan.name_of(up)].items_out for up in node.inputs)
+        took = arrived - s.dropped_total - s.inbox_depth
+        books = (
+            f"{kind} {name!r}: arrived {arrived}, dropped {dict(s.dropped)}, waiting "
+            f"{s.inbox_depth}, took {took}, emitted {s.items_out}"
+        )
+        if took < 0:
+            problems.append(f"{books}: more dropped than arrived")
+        elif chunks_of(node.stage) is not None or any(
+            up.stage.is_source and chunks_of(up.stage) is not None for up in node.inputs
+        ):
+            continue  # it takes chunks of what arrived
+        elif (kind in _ONE_TO_ONE or (kind == "pipe" and len(node.inputs) == 1)) and (
+            took != s.items_out
+        ):
+            problems.append(f"{books}: a 1:1 stage emits what it took")
+        elif (kind in _MANY_TO_ONE or (kind == "pipe" and len(node.inputs) > 1)) and (
+            s.items_out > took
+        ):
+            problems.append(f"{books}: an N:1 stage emits at most what it took")
+        elif kind == "pace" and s.items_out < took:
+            problems.append(f"{books}: pace emits every item it took")
+    return problems
