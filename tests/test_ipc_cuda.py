@@ -36,7 +36,7 @@ from rxstream.ipc._cuda import (
     FakeCudaApi,
     TorchCuda,
 )
-from rxstream.runtime._cudaxing import CudaCrossing, PoolShared
+from rxstream.runtime._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
@@ -655,10 +655,13 @@ def test_reader_without_cuda_is_refused() -> None:
 # --- the crossing: pool made by the first item, fallback, backpressure ------------------------
 
 
-def crossing(api: FakeCudaApi, spec: RingSpec) -> tuple[CudaCrossing, CudaCrossing]:
-    """The writer's and the reader's crossing of one boundary, on one release pipe."""
+def crossing(
+    api: FakeCudaApi, spec: RingSpec, extra_slots: int = 0
+) -> tuple[CudaCrossing, CudaCrossing]:
+    """The writer's and the reader's crossing of one boundary, on one release pipe (pools of
+    ``spec.slots`` slots, unless told more)."""
     release = multiprocessing.Pipe(duplex=False)
-    writer = CudaCrossing(api, release, local=False, spec=spec, name="a>b")
+    writer = CudaCrossing(api, release, local=False, spec=spec, name="a>b", extra_slots=extra_slots)
     reader = CudaCrossing(api, release, local=False, spec=spec, name="a>b")
     return writer, reader
 
@@ -666,17 +669,17 @@ def crossing(api: FakeCudaApi, spec: RingSpec) -> tuple[CudaCrossing, CudaCrossi
 def test_first_item_carries_the_share_once_and_sizes_the_slots(api: FakeCudaApi) -> None:
     """The first CUDA tensor makes the pool (RingSpec's slots, its size if larger): its share
     crosses with that item only."""
-    writer, reader = crossing(api, RingSpec(slots=3, slot_bytes=256))
+    writer, reader = crossing(api, RingSpec(slots=3, slot_bytes=256), EXTRA_SLOTS)
     first = writer.export({"frame": api.to_device(torch.zeros(4 << 20, dtype=torch.uint8))})
     assert type(first) is PoolShared
     share, payload = first
-    assert (len(share.storages), share.slot_bytes) == (3, 4 << 20)
+    assert (len(share.storages), share.slot_bytes) == (3 + EXTRA_SLOTS, 4 << 20)
     assert type(payload["frame"]) is CudaSlotRef
     opened = reader.open(first)
     second = writer.export([api.to_device(torch.ones(2))])
     assert type(second) is list
     assert reader.open(second)[0].tolist() == [1.0, 1.0]
-    assert calls(api, "open") == 3
+    assert calls(api, "open") == 3 + EXTRA_SLOTS
     del opened
     writer.close()
     reader.close()
@@ -800,7 +803,8 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         assert (stats.items, stats.copies, stats.zero_copy, stats.fallbacks) == (8, 1, 7, 0)
     finally:
         pipeline.stop()
-    assert calls(api, "allocate") == calls(api, "open") == 4  # RingSpec's slots, opened once
+    # RingSpec's slots and the consumer side's, opened once
+    assert calls(api, "allocate") == calls(api, "open") == 4 + EXTRA_SLOTS
     assert calls(api, "copy") == 1
 
 

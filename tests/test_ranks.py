@@ -256,8 +256,8 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
         pipeline.stop()
     assert sums == [4.0 * i for i in range(12)]
     calls = [call for call, _ in api.log]
-    # the boundary's slot pool: 4 slots shared and opened once, each frame copied into a slot
-    assert calls.count("share") == calls.count("open") == calls.count("allocate") == 4
+    # the boundary's slot pool: 8 slots shared and opened once, each frame copied into a slot
+    assert calls.count("share") == calls.count("open") == calls.count("allocate") == 8
     assert calls.count("copy") == calls.count("read") == 12
     # the consumer's stream waited on the producer's event before each read
     assert all(calls.index("wait") < calls.index("read") for _ in range(1))

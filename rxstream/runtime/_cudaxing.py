@@ -3,7 +3,8 @@
 The boundary's writer swaps every CUDA tensor in a payload (the payload itself, or inside
 lists, tuples and dicts) for a small ref; the ring carries the refs. The first CUDA tensor
 makes the boundary's slot pool (:class:`~rxstream.ipc.CudaSlotPool`, on that tensor's device:
-``RingSpec.slots`` slots of ``RingSpec.slot_bytes``, or of the tensor's size if larger), and
+``RingSpec.slots + EXTRA_SLOTS`` slots of ``RingSpec.slot_bytes``, or of the tensor's size if
+larger), and
 its :class:`~rxstream.ipc.CudaPoolShare` goes with that first item, once. From then on a tensor
 crosses as a :class:`~rxstream.ipc.CudaSlotRef`: produced straight into a slot (`lease`), it
 goes as it is; otherwise it is copied into a free slot (one device-to-device copy). A tensor
@@ -50,7 +51,7 @@ if TYPE_CHECKING:  # the bridge imports torch: only a run that has CUDA loads it
         CudaTensorRef,
     )
 
-__all__ = ["CudaCrossing", "LocalRef", "PoolShared", "default_cuda_api", "lease"]
+__all__ = ["EXTRA_SLOTS", "CudaCrossing", "LocalRef", "PoolShared", "default_cuda_api", "lease"]
 
 _log = structlog.get_logger("rxstream")
 
@@ -58,6 +59,11 @@ _POLL_S = 0.05
 """How often a writer waiting for a slot looks whether its boundary was closed."""
 _ROUND = 2 << 20
 """Slots sized by a tensor are rounded up to this (the CUDA caching allocator's large unit)."""
+EXTRA_SLOTS = 4
+"""A pool's slots beyond the ring's: what the consumer's side holds while the ring is full
+(the item the reader hands on, the downstream inbox's two, the one its stage works on), so in
+a steady flow the ring, not the pool, is what holds the producer back, and no item is copied
+out of its slot."""
 
 
 def default_cuda_api() -> Any:
@@ -137,6 +143,7 @@ class CudaCrossing:
         local: bool,
         spec: RingSpec | None = None,
         name: str = "",
+        extra_slots: int = EXTRA_SLOTS,
     ) -> None:
         import torch
 
@@ -157,6 +164,7 @@ class CudaCrossing:
         self._local = local
         self._spec = spec or RingSpec()
         self._name = name
+        self._extra_slots = extra_slots
         self._release_r, self._release_w = release
         self._exporter: CudaExporter[Any, Any] = CudaExporter(api)
         self._importer: CudaImporter[Any, Any] = CudaImporter(api)
@@ -227,7 +235,7 @@ class CudaCrossing:
             slot_bytes = -(-nbytes // _ROUND) * _ROUND
         device = self._api.device(tensor).index or 0
         pool: CudaSlotPool[Any] = CudaSlotPool(
-            self._api, device, self._spec.slots, slot_bytes, self._wait_release
+            self._api, device, self._spec.slots + self._extra_slots, slot_bytes, self._wait_release
         )
         self._pool = pool
         self._announce = pool.share()
