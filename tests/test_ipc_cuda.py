@@ -13,6 +13,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
+import numpy as np
 import pytest
 import structlog
 import torch
@@ -854,3 +855,80 @@ def test_torch_cuda_pool_across_processes() -> None:
         parent.send(None)
         process.join(30)
     assert process.exitcode == 0
+
+
+# --- examples/gpu_demo.py: the GPU path end to end -------------------------------------------
+
+
+def _example() -> Any:
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "examples" / "gpu_demo.py"
+    spec = importlib.util.spec_from_file_location("gpu_demo_example", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_example_renders_and_decodes_with_torch_ops() -> None:
+    """The example's render and decode are torch ops: uint8 RGB frames of the doc's size."""
+    import rxstream
+
+    example = _example()
+    ctx = rxstream.Context(config={"height": 36, "width": 64})
+    frames = example.build(ctx).drive(frames=2)
+    want = example.decode_frame(
+        example.render_frame(torch.empty(36, 64, 3, dtype=torch.float16), 1)
+    )
+    assert [frame.shape for frame in frames] == [(36, 64, 3)] * 2
+    assert frames[1].dtype == np.uint8
+    assert np.array_equal(frames[1], want.numpy())
+    assert not np.array_equal(frames[0], frames[1])  # the plasma moves
+
+
+def test_gpu_example_crosses_ranks() -> None:
+    """Render on rank 0, decode on rank 1: frames cross the boundary (the CPU ring here)."""
+    import time
+
+    import rxstream
+    from rxstream.transport import MemoryTransport
+
+    example = _example()
+    transport = MemoryTransport(keep=None)
+    ctx = rxstream.Context(transport=transport, config={"height": 18, "width": 32})
+    pipeline = example.build(ctx)
+    pipeline.start()
+    try:
+        deadline = time.monotonic() + 30
+        while len(transport.items("video")) < 4 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        items = transport.items("video")[:4]
+    finally:
+        pipeline.stop()
+    assert [item.payload.shape for item in items] == [(18, 32, 3)] * 4
+    hops = [name for name, _ in items[0].metadata.timeline]
+    assert (
+        hops.index("render>decode.in") < hops.index("render>decode.out") < hops.index("decode.in")
+    )
+
+
+@needs_cuda
+def test_on_gpu_returns_after_the_kernels_and_keeps_their_time() -> None:
+    """On CUDA the wrapped stage returns once its GPU work is done, its GPU time recorded."""
+    example = _example()
+
+    def slow(x: torch.Tensor) -> torch.Tensor:
+        torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
+        return x + 1
+
+    timed = example.on_gpu("slow", slow)
+    out = timed(torch.zeros(4, device="cuda"))
+    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+    done.record()
+    assert done.query()  # type: ignore[no-untyped-call]  # nothing left queued: slept already
+    assert out.tolist() == [1.0] * 4
+    (ms,) = example.GPU_MS["slow"]
+    assert ms > 1.0
