@@ -725,6 +725,35 @@ def test_statistics_count_copies_zero_copies_and_copies_out(api: FakeCudaApi) ->
     reader.close()
 
 
+def test_lease_is_a_slot_only_on_the_writers_thread_and_where_it_fits(api: FakeCudaApi) -> None:
+    """``ctx.lease``: a slot for the thread whose output crosses, once the pool exists; a new
+    tensor before, on other threads, for other devices, when too large, or once closed."""
+    from rxstream.runtime._cudaxing import lease
+
+    writer, reader = crossing(api, RingSpec(slots=2, slot_bytes=256))
+    assert lease((4,), torch.float32).device.type == "cpu"  # no pool yet: a new (CPU) tensor
+    kept = reader.open(writer.export(api.to_device(torch.zeros(4))))  # makes the pool, here
+    pool = writer._pool
+    assert pool is not None
+    leased = lease((4,), torch.float32)
+    assert leased.untyped_storage().data_ptr() in pool._slot_of
+    elsewhere: list[torch.Tensor] = []
+    thread = threading.Thread(target=lambda: elsewhere.append(lease((4,), torch.float32)))
+    thread.start()
+    thread.join(10)
+    assert elsewhere[0].untyped_storage().data_ptr() not in pool._slot_of
+    large = lease((1024,), torch.float32)  # larger than a slot: new memory on the pool's device
+    assert api.device(large).type == "cuda"
+    assert large.untyped_storage().data_ptr() not in pool._slot_of
+    assert writer.lease((4,), torch.float32, "cuda:1") is None
+    assert writer.lease((4,), torch.float32, "cpu") is None
+    writer.close()
+    assert writer.lease((4,), torch.float32) is None
+    assert lease((4,), torch.float32).device.type == "cpu"  # closed: its thread is forgotten
+    del kept, leased
+    reader.close()
+
+
 def test_writer_waits_for_a_slot_and_a_close_wakes_it(api: FakeCudaApi) -> None:
     """Every slot in flight: the writer blocks until one comes back; a close ends the wait."""
     from rxstream._exceptions import RingClosed

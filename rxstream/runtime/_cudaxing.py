@@ -108,7 +108,7 @@ def lease(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
     size = tuple(int(n) for n in shape)
     crossing = _leases.get(threading.get_ident())
     if crossing is not None:
-        tensor = crossing.lease(size, dtype)
+        tensor = crossing.lease(size, dtype, device)
         if tensor is not None:
             return tensor
         if device is None:
@@ -157,6 +157,7 @@ class CudaCrossing:
         )
 
         self._tensor = torch.Tensor
+        self._torch_device = torch.device
         self._refs = (CudaTensorRef, CudaSlotRef, LocalRef)
         self._slot_ref = CudaSlotRef
         self._view = _view
@@ -242,13 +243,21 @@ class CudaCrossing:
         _leases.setdefault(threading.get_ident(), self)  # this thread's stage may lease now
         return pool
 
-    def lease(self, size: tuple[int, ...], dtype: Any) -> Any:
-        """A tensor in a free slot of this boundary's pool, or ``None`` (no pool, no room)."""
+    def lease(self, size: tuple[int, ...], dtype: Any, device: Any = None) -> Any:
+        """A tensor in a free slot of this boundary's pool, or ``None`` (no pool, no room,
+        another device than the pool's, or the boundary closed while it waited)."""
         pool = self._pool
         if pool is None or self._closed:
             return None
+        if device is not None:
+            wanted = self._torch_device(device)
+            if wanted.type != "cuda" or (wanted.index or 0) != pool.device:
+                return None
         self.drain()
-        return pool.lease(size, dtype)
+        try:
+            return pool.lease(size, dtype)
+        except RingClosed:  # stopping: the stage gets a plain tensor, the writer drops it
+            return None
 
     def empty(self, size: tuple[int, ...], dtype: Any) -> Any:
         """A new tensor on the pool's device, outside the pool (crosses by the bridge)."""
