@@ -3,9 +3,9 @@
 # prints the device, driver and torch version, then runs, each under its own time limit (under
 # 10 minutes in all, 570 s at most):
 #   1. tests/test_ipc_cuda.py (its CUDA tests run there, instead of skipping)   90 s
-#   2. bench/gpu_ipc.py: the bridge's rows and the pool's, with their checks     120 s
+#   2. bench/gpu_ipc.py: the bridge's rows and the pool's, with their checks     100 s
 #   3. bench/gpu_ranks.py: the two-rank boundary hop for 1080p frames           150 s
-#   4. examples/gpu_demo.py: render and decode on CUDA across two ranks          60 s
+#   4. examples/gpu_demo.py: render and decode on CUDA across two ranks          80 s
 #   5. the whole suite with CUDA present                                         150 s
 # and ends with "gpu_check: PASSED" (exit 0) or "gpu_check: FAILED" (exit 1). Each step's
 # output is also written to $OUT/gpu_check_<step>.log when OUT is set (the device tool's $OUT).
@@ -76,10 +76,10 @@ step() {
 }
 
 step cuda_tests 90 "$PY" -m pytest tests/test_ipc_cuda.py -q -rs -p no:cacheprovider
-step gpu_ipc 120 "$PY" bench/gpu_ipc.py
+step gpu_ipc 100 "$PY" bench/gpu_ipc.py
 step gpu_ranks 150 "$PY" bench/gpu_ranks.py --frames 120 --fps 60
-step gpu_demo 60 "$PY" examples/gpu_demo.py
-step suite 150 "$PY" -m pytest -q -x -p no:cacheprovider
+step gpu_demo 80 "$PY" examples/gpu_demo.py
+step suite 150 "$PY" -m pytest -q -p no:cacheprovider
 
 echo
 if [ "$status" = 0 ]; then echo "gpu_check: PASSED"; else echo "gpu_check: FAILED"; fi
