@@ -961,3 +961,60 @@ def test_on_gpu_returns_after_the_kernels_and_keeps_their_time() -> None:
     assert out.tolist() == [1.0] * 4
     (ms,) = example.GPU_MS["slow"]
     assert ms > 1.0
+
+
+def test_stop_wakes_a_writer_waiting_for_a_slot() -> None:
+    """A writer blocked because every slot is in flight wakes when the run stops, and counts
+    its item as dropped (``stopped``); the consumer stays blocked meanwhile."""
+    import time
+
+    import rxstream
+    from rxstream.transport import MemoryTransport
+
+    api = FakeCudaApi()
+    ctx = rxstream.Context(transport=MemoryTransport(keep=None), cuda_api=api)
+    ctx.ring_spec = RingSpec(slots=1, slot_bytes=4096)
+    gate = threading.Event()
+
+    def frames() -> Any:
+        index = 0
+        while True:
+            yield api.to_device(torch.full((4,), float(index)))
+            index += 1
+
+    def check(tensor: torch.Tensor) -> float:
+        gate.wait(30)
+        return float(tensor.sum())
+
+    pipeline = (
+        ctx.source(frames, name="src")
+        | ctx.pipe(lambda t: t, name="up")
+        | ctx.pipe(check, name="check", rank=1)
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    stopper = threading.Thread(target=pipeline.stop)
+    try:
+        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        assert boundary.cuda is not None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            pool = boundary.cuda._pool
+            if pool is not None and pool.in_flight() == pool.slots:
+                break
+            time.sleep(0.01)
+        assert pool is not None
+        assert pool.in_flight() == pool.slots == 1 + EXTRA_SLOTS  # the writer waits for one
+        stopper.start()
+        deadline = time.monotonic() + 30
+        while not pipeline.statistics()["up"].dropped and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert pipeline.statistics()["up"].dropped["stopped"] >= 1  # woken by the close
+        assert not gate.is_set()
+    finally:
+        gate.set()
+        if stopper.is_alive():
+            stopper.join(30)
+        else:
+            pipeline.stop()
+    assert not stopper.is_alive()
