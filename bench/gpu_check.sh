@@ -13,14 +13,17 @@
 #   bench/gpu_check.sh                 # python3, the one whose torch has CUDA
 #   PY=/path/to/python bench/gpu_check.sh
 #
-# The python must have a CUDA build of torch. What else the package needs (reactivex, structlog,
-# ...) may come from a carried virtual environment: with .venv/ in the checkout (or VENV=dir),
-# every top-level package of its site-packages that this python cannot import is linked into a
-# temporary directory on PYTHONPATH (never torch and its CUDA libraries: this python's own stay).
+# The python must have a CUDA build of torch. What else the package needs (reactivex,
+# typing_extensions, structlog, pyyaml: pure Python) may come with the checkout, either as
+# wheels in WHEELS (default shared/wheels; unpacked into a temporary directory on PYTHONPATH),
+# or from a carried virtual environment (VENV, default .venv): every
+# top-level package of its site-packages that this python cannot import is linked into that
+# directory (never torch and its CUDA libraries: this python's own stay).
 set -u
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 VENV=${VENV:-.venv}
+WHEELS=${WHEELS:-shared/wheels}
 OUT=${OUT:-}
 status=0
 
@@ -30,6 +33,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 
 DEPS=$(mktemp -d)
 trap 'rm -rf "$DEPS"' EXIT
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+    # unpacked as they are (a wheel is a zip): pyyaml's pure-Python part imports on any Python 3
+    "$PY" - "$WHEELS" "$DEPS" <<'PYEOF'
+import glob, os, sys, zipfile
+
+wheels, deps = sys.argv[1], sys.argv[2]
+names = sorted(glob.glob(os.path.join(wheels, "*.whl")))
+for name in names:
+    with zipfile.ZipFile(name) as wheel:
+        wheel.extractall(deps)
+print(f"# from {wheels}: {', '.join(os.path.basename(n).split('-')[0] for n in names)}")
+PYEOF
+fi
 if [ -d "$VENV" ]; then
     "$PY" - "$VENV" "$DEPS" <<'PYEOF'
 import glob, importlib.util, os, sys
