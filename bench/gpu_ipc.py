@@ -21,8 +21,20 @@ Latency, one tensor in flight, median and p99 of ``--rounds`` round trips after 
 - bridge, same tensor: one tensor exported again each round;
 - mp.Queue: ``torch.multiprocessing`` Queue put -> get in the consumer -> ack over the Pipe;
 - Pipe only: a ref-sized message there and back, the messaging floor of the two above;
-- clone: ``tensor.clone()`` in the producer and a stream sync: the device copy the bridge avoids.
+- clone: ``tensor.clone()`` in the producer and a stream sync: the device copy the bridge avoids;
+- pool, leased: the boundary's slot pool (`CudaSlotPool`, shared and opened once): the producer
+  leases a slot, sends its `CudaSlotRef`, the consumer opens it in place, drops it, and the slot
+  index comes back (0 copies);
+- pool, D2D copy: the same with a tensor made outside the pool, copied into a slot (1 copy).
+Both pool rows are host round trips, as the bridge's are (the copy runs on the GPU meanwhile);
+the pool's ratio to the Pipe-only row is printed and checked (<= 1.2x for the leased row).
 A second table splits the bridge's new-tensor round trip into its parts.
+
+Pool checks (failures exit 1): bit-exact through a lease and through the copy; the consumer's
+tensor lies in place in its mapped slot (``data_ptr``) and the lease in the producer's slot;
+the pool's counters say 0 copies for every leased item and 1 for every copied one; and over
+``--items`` (10,000) leased items neither side's ``torch.cuda.memory_allocated`` grows (the
+producer's allocation count from ``torch.cuda.memory_stats`` is printed beside it).
 
 Run ``python bench/gpu_ipc.py`` on a machine with CUDA (well under a minute on an H200). Without
 CUDA it prints ``no CUDA: skipped`` and exits 0.
@@ -47,7 +59,15 @@ import torch.multiprocessing as torch_mp
 # `python bench/gpu_ipc.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from rxstream.ipc._cuda import CudaExporter, CudaImporter, CudaTensorRef, TorchCuda
+from rxstream.ipc._cuda import (
+    CudaExporter,
+    CudaImporter,
+    CudaPoolReader,
+    CudaSlotPool,
+    CudaSlotRef,
+    CudaTensorRef,
+    TorchCuda,
+)
 
 PAYLOADS: list[tuple[str, tuple[int, ...], torch.dtype]] = [
     ("4 KB float32", (1024,), torch.float32),
@@ -56,6 +76,8 @@ PAYLOADS: list[tuple[str, tuple[int, ...], torch.dtype]] = [
 ]
 WARMUP = 20
 ANSWER_S = 30.0
+POOL_SLOTS = 2
+POOL_LIMIT = 1.2  # the leased pool row's round trip over the Pipe-only row, at most
 SLEEP_CYCLES = 100_000_000  # ~50 ms at the H200's ~2 GHz
 
 Checksum = tuple[str, float]
@@ -102,17 +124,49 @@ def consume(conn: Connection, queue: Any) -> None:
     timed = TimedCuda()
     importer = CudaImporter(timed)
     unordered = CudaImporter(NoWaitCuda())
+    reader: CudaPoolReader[Any] | None = None
+    back: list[int] = []  # slots whose last view is gone, for the producer
     while True:
         message = conn.recv()
         kind = message[0]
         if kind == "stop":
             return
-        if kind == "open":
-            ref: CudaTensorRef = message[1]
+        if kind == "slot":  # the pool's round trip: open in place, drop, the slot goes back
+            assert reader is not None
+            tensor = reader.open(message[1])
+            del tensor
+            conn.send(back.pop())
+            continue
+        if kind == "pool":
+            if reader is not None:
+                reader.close()
+            reader = CudaPoolReader(TorchCuda(), message[1], back.append)
+            conn.send(reader.release_events)
+        elif kind == "slot-check":
+            assert reader is not None
+            ref: CudaSlotRef = message[1]
+            tensor = reader.open(ref)
+            digest, total = checksum(tensor)
+            mapped = reader._storages[ref.slot].data_ptr()
+            in_place = tensor.data_ptr() - mapped == ref.offset * tensor.element_size()
+            del tensor
+            conn.send((back.pop(), digest, total, in_place))
+        elif kind == "unpool":  # the pool's memory goes back to the producer's allocator
+            if reader is not None:
+                reader.close()
+            reader = None
+            gc.collect()
+            conn.send(None)
+        elif kind == "memory":
+            gc.collect()
+            torch.cuda.synchronize()
+            conn.send(torch.cuda.memory_allocated())
+        elif kind == "open":
+            bridged: CudaTensorRef = message[1]
             start = time.perf_counter_ns()
-            tensor = importer.open(ref)
+            tensor = importer.open(bridged)
             opened = time.perf_counter_ns()
-            ref_id = importer.done(ref)
+            ref_id = importer.done(bridged)
             del tensor  # the last user of the storage: torch syncs the stream and unmaps it
             freed = time.perf_counter_ns()
             open_us = (opened - start) / 1e3
@@ -127,9 +181,9 @@ def consume(conn: Connection, queue: Any) -> None:
                 del tensor
                 conn.send(None)
         elif kind in ("check", "unordered"):
-            ref, marker = message[1], message[2]
+            bridged, marker = message[1], message[2]
             side = importer if kind == "check" else unordered
-            tensor = side.open(ref)
+            tensor = side.open(bridged)
             digest, total = checksum(tensor)
             storage = tensor.untyped_storage()
             facts = (digest, total, storage.nbytes(), tensor.data_ptr() - storage.data_ptr())
@@ -137,9 +191,26 @@ def consume(conn: Connection, queue: Any) -> None:
                 first(tensor).fill_(marker)
                 torch.cuda.current_stream().synchronize()
             del tensor, storage
-            conn.send((side.done(ref), *facts))
+            conn.send((side.done(bridged), *facts))
         else:
             raise ValueError(f"unknown message {kind!r}")
+
+
+def driver_version() -> str:
+    """The NVIDIA driver's version, from nvidia-smi (``?`` without it)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return done.stdout.strip().splitlines()[0] if done.stdout.strip() else "?"
 
 
 def answer(conn: Connection) -> Any:
@@ -213,6 +284,100 @@ def cell(times: Sequence[float]) -> str:
     return f"{statistics.median(ordered):.0f} / {p99:.0f}"
 
 
+def no_wait() -> None:
+    raise RuntimeError("the bench's pool waited for a slot: a slot was not given back")
+
+
+def open_pool(conn: Connection, tensor: torch.Tensor) -> CudaSlotPool[Any]:
+    """A pool with slots of ``tensor``'s size (at least 1 MiB), opened by the consumer."""
+    nbytes = max(tensor.numel() * tensor.element_size(), 1 << 20)
+    pool: CudaSlotPool[Any] = CudaSlotPool(TorchCuda(), 0, POOL_SLOTS, nbytes, no_wait)
+    conn.send(("pool", pool.share()))
+    pool.open_returns(answer(conn))
+    return pool
+
+
+def pool_round_trip(conn: Connection, pool: CudaSlotPool[Any], tensor: torch.Tensor | None) -> None:
+    """One item through the pool: leased (``tensor`` None) or copied in; the slot comes back."""
+    if tensor is None:
+        leased = pool.lease((1,), torch.uint8)
+        assert leased is not None
+        ref = pool.send(leased)
+        del leased
+    else:
+        ref = pool.send(tensor)
+    conn.send(("slot", ref))
+    pool.release(answer(conn))
+
+
+def check_pool(conn: Connection, name: str, tensor: torch.Tensor) -> list[str]:
+    """Bit-exact and in-place through a lease and through the copy; the counters' copies."""
+    failures = []
+    pool = open_pool(conn, tensor)
+    digest, total = checksum(tensor)
+    leased = pool.lease(tuple(tensor.shape), tensor.dtype)
+    assert leased is not None
+    slot_base = {s.data_ptr() for s in pool._storages}
+    if leased.data_ptr() not in slot_base:
+        failures.append(f"{name}: the lease is not in a slot of the pool (data_ptr)")
+    leased.copy_(tensor)  # the stage producing its output into the slot
+    for how, payload, copies in (("lease", leased, 0), ("copy", tensor, 1)):
+        before = pool.copies
+        ref = pool.send(payload)
+        assert ref is not None
+        conn.send(("slot-check", ref))
+        slot, got_digest, got_total, in_place = answer(conn)
+        pool.release(slot)
+        if (got_digest, got_total) != (digest, total):
+            failures.append(f"{name}, pool {how}: the consumer read other bytes")
+        if not in_place:
+            failures.append(f"{name}, pool {how}: the consumer's tensor is not in its slot")
+        if pool.copies - before != copies:
+            failures.append(f"{name}, pool {how}: {pool.copies - before} copies, not {copies}")
+    pool.close()
+    return failures
+
+
+def memory_growth(conn: Connection, items: int) -> tuple[list[str], list[str]]:
+    """``items`` leased 4 KB items through one pool: does either side's memory grow?"""
+    pool = open_pool(conn, torch.empty(1024, dtype=torch.float32, device="cuda"))
+    for _ in range(WARMUP):
+        pool_round_trip(conn, pool, None)
+    gc.collect()
+    torch.cuda.synchronize()
+    conn.send(("memory",))
+    consumer_before = answer(conn)
+    producer_before = torch.cuda.memory_allocated()
+    count_before = torch.cuda.memory_stats().get("allocation.all.allocated", 0)
+    copies_before = pool.copies
+    for _ in range(items):
+        pool_round_trip(conn, pool, None)
+    gc.collect()
+    torch.cuda.synchronize()
+    conn.send(("memory",))
+    consumer_growth = answer(conn) - consumer_before
+    producer_growth = torch.cuda.memory_allocated() - producer_before
+    allocations = torch.cuda.memory_stats().get("allocation.all.allocated", 0) - count_before
+    copies = pool.copies - copies_before
+    lines = [
+        f"{items:,} leased items through one pool: producer memory_allocated "
+        f"{producer_growth:+,} bytes, consumer {consumer_growth:+,} bytes, producer allocations "
+        f"(memory_stats allocation.all.allocated) {allocations:+,}, copies {copies}."
+    ]
+    failures = []
+    if producer_growth or consumer_growth:
+        failures.append(
+            f"memory grew over {items:,} pool items (producer {producer_growth:+,}, consumer "
+            f"{consumer_growth:+,} bytes)"
+        )
+    if copies:
+        failures.append(f"{copies} copies over {items:,} leased pool items (0 expected)")
+    pool.close()
+    conn.send(("unpool",))
+    answer(conn)
+    return lines, failures
+
+
 Parts = tuple[float, float, float, float, float, float, float]
 
 
@@ -222,8 +387,8 @@ def latency_row(
     exporter: CudaExporter[Any, Any],
     tensor: torch.Tensor,
     rounds: int,
-) -> tuple[list[str], list[Parts]]:
-    """The row's cells, and the parts of each bridge round trip with a new tensor."""
+) -> tuple[list[str], list[Parts], list[list[float]]]:
+    """The row's cells, the parts of each bridge round trip with a new tensor, and the times."""
     parts: list[Parts] = []
 
     def bridge(payload: torch.Tensor) -> None:
@@ -264,10 +429,14 @@ def latency_row(
     conn.send(("discard", echo[1]))
     exporter.release(answer(conn))
     columns.append(time_rounds(clone, rounds))
-    return [cell(times) for times in columns], new_tensor_parts
+    pool = open_pool(conn, tensor)
+    columns.append(time_rounds(lambda: pool_round_trip(conn, pool, None), rounds))
+    columns.append(time_rounds(lambda: pool_round_trip(conn, pool, tensor), rounds))
+    pool.close()
+    return [cell(times) for times in columns], new_tensor_parts, columns
 
 
-def run(conn: Connection, queue: Any, rounds: int) -> tuple[list[str], list[str]]:
+def run(conn: Connection, queue: Any, rounds: int, items: int) -> tuple[list[str], list[str]]:
     """All checks and the latency tables; returns (lines to print, failures)."""
     exporter = CudaExporter(TorchCuda())
     failures: list[str] = []
@@ -276,13 +445,14 @@ def run(conn: Connection, queue: Any, rounds: int) -> tuple[list[str], list[str]
     checked = [*tensors, ("crop [100:700, 200:1400] of the frame", frame[100:700, 200:1400])]
     for name, tensor in checked:
         failures += check_round_trip(conn, exporter, name, tensor)
+        failures += check_pool(conn, name, tensor)
     if not filled_late(conn, exporter, "check"):
         failures.append("stream order: the consumer read before the producer's fill finished")
     control = "stale bytes seen" if not filled_late(conn, exporter, "unordered") else "not seen"
     lines = [
         "| payload | bridge, new tensor | bridge, same tensor | torch mp.Queue | Pipe only "
-        "| clone + sync |",
-        "|---|---|---|---|---|---|",
+        "| clone + sync | pool, leased | pool, D2D copy | pool leased / Pipe | pool copy / Pipe |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     breakdown = [
         "| payload | export | open: event | open: memory | open: rest | done + free | release "
@@ -290,8 +460,15 @@ def run(conn: Connection, queue: Any, rounds: int) -> tuple[list[str], list[str]
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, tensor in tensors:
-        cells, parts = latency_row(conn, queue, exporter, tensor, rounds)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        cells, parts, times = latency_row(conn, queue, exporter, tensor, rounds)
+        pipe, leased, copied = (statistics.median(times[k]) for k in (3, 5, 6))
+        ratios = [f"{leased / pipe:.2f}x", f"{copied / pipe:.2f}x"]
+        lines.append(f"| {name} | " + " | ".join(cells + ratios) + " |")
+        if leased > POOL_LIMIT * pipe:
+            failures.append(
+                f"{name}: the leased pool round trip is {leased / pipe:.2f}x the Pipe-only one "
+                f"(at most {POOL_LIMIT}x)"
+            )
         medians = [statistics.median(column) for column in zip(*parts, strict=True)]
         breakdown.append(f"| {name} | " + " | ".join(f"{m:.0f}" for m in medians) + " |")
     lines += [
@@ -304,6 +481,9 @@ def run(conn: Connection, queue: Any, rounds: int) -> tuple[list[str], list[str]
         "",
         *breakdown,
     ]
+    growth_lines, growth_failures = memory_growth(conn, items)
+    lines += ["", *growth_lines]
+    failures += growth_failures
     if exporter.pending():
         failures.append(f"the exporter still holds {exporter.pending()} refs at the end")
     return lines, failures
@@ -312,6 +492,9 @@ def run(conn: Connection, queue: Any, rounds: int) -> tuple[list[str], list[str]
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=200, help="timed round trips per cell")
+    parser.add_argument(
+        "--items", type=int, default=10_000, help="leased items for the memory-growth check"
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA: skipped")
@@ -324,7 +507,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     process = context.Process(target=consume, args=(child, queue), daemon=True)
     process.start()
     try:
-        lines, failures = run(conn, queue, args.rounds)
+        lines, failures = run(conn, queue, args.rounds, args.items)
         gc.collect()
         torch.cuda.synchronize()
         torch.cuda.ipc_collect()  # type: ignore[no-untyped-call]  # torch leaves it untyped
@@ -340,7 +523,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         process.join(30)
         if process.is_alive():
             process.kill()
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n")
+    print(
+        f"{torch.cuda.get_device_name()}, driver {driver_version()}, torch {torch.__version__} "
+        f"(CUDA {torch.version.cuda})\n"
+    )
     print("\n".join(lines))
     if process.exitcode:
         failures.append(f"the consumer exited with {process.exitcode}")
@@ -349,7 +535,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(
         "\nAll checks passed: bit-exact, no copy, stream order, every ref released, "
-        "no memory left held."
+        "no memory left held; the pool: bit-exact, in place, 0 copies leased and 1 copied, "
+        f"within {POOL_LIMIT}x of the Pipe, no memory growth."
     )
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, get_args
 
@@ -110,6 +110,21 @@ class Context:
                 f"ctx.ring_spec must be a rxstream.RingSpec, got {spec!r} ({type(spec).__name__})"
             )
         self._ring_spec = spec
+
+    def lease(self, shape: Sequence[int], dtype: Any, *, device: Any = None) -> Any:
+        """An empty tensor for the calling stage to produce its output into.
+
+        Called from a stage whose output crosses a rank boundary with a CUDA slot pool, it is
+        a view of a free slot (it waits while every slot is in flight): fill it and return it
+        (or a view of it), and the boundary sends only the slot's index, with no copy. Anywhere
+        else (no boundary, the pool not made yet, a CPU run, ``drive``) it is a new tensor on
+        ``device`` (default: ``cuda`` when available, else the CPU), so the same stage code
+        runs everywhere. Keep no reference to it once returned: the slot is reused once the
+        consumer is done and no view of the lease lives. See docs/ranks.md.
+        """
+        from rxstream.runtime._cudaxing import lease
+
+        return lease(shape, dtype, device)
 
     def doc(
         self,

@@ -222,7 +222,7 @@ def test_cli_run_prints_per_rank_statistics(clean_host: None) -> None:
 
 
 def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None) -> None:
-    """CUDA tensors cross as refs (mock CUDA): values intact, ordered, storages released."""
+    """CUDA tensors cross as slot refs (mock CUDA): values intact, ordered, slots released."""
     torch = pytest.importorskip("torch")
     from rxstream.ipc._cuda import FakeCudaApi
 
@@ -256,7 +256,9 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
         pipeline.stop()
     assert sums == [4.0 * i for i in range(12)]
     calls = [call for call, _ in api.log]
-    assert calls.count("share") == calls.count("open") == calls.count("read") == 12
+    # the boundary's slot pool: 8 slots shared and opened once, each frame copied into a slot
+    assert calls.count("share") == calls.count("open") == calls.count("allocate") == 8
+    assert calls.count("copy") == calls.count("read") == 12
     # the consumer's stream waited on the producer's event before each read
     assert all(calls.index("wait") < calls.index("read") for _ in range(1))
 

@@ -587,7 +587,9 @@ def test_cuda_tensors_cross_a_walk_driving_edge_through_the_bridge() -> None:
     )
     assert [item.payload for item in run_threads(pipeline)] == [[0.0, 4.0], [2.0, 3.0]]
     calls = [call for call, _ in api.log]
-    assert calls.count("share") == calls.count("open") == 4
+    # through the boundary's slot pool: its 8 slots shared and opened once, each tensor copied in
+    assert calls.count("share") == calls.count("open") == 8
+    assert calls.count("copy") == calls.count("read") == 4
 
 
 def test_rxstream_topology_prints_the_walks(capsys: pytest.CaptureFixture[str]) -> None:

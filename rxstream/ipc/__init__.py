@@ -24,7 +24,12 @@ __all__ = [
     "CudaExporter",
     "CudaImporter",
     "CudaIpcError",
+    "CudaPoolReader",
+    "CudaPoolShare",
+    "CudaPoolStatistics",
     "CudaRefError",
+    "CudaSlotPool",
+    "CudaSlotRef",
     "CudaTensorRef",
     "CudaUnavailableError",
     "FakeCudaApi",
@@ -48,7 +53,19 @@ del _name
 
 
 _CUDA = frozenset(
-    {"CudaApi", "CudaExporter", "CudaImporter", "CudaTensorRef", "FakeCudaApi", "TorchCuda"}
+    {
+        "CudaApi",
+        "CudaExporter",
+        "CudaImporter",
+        "CudaPoolReader",
+        "CudaPoolShare",
+        "CudaPoolStatistics",
+        "CudaSlotPool",
+        "CudaSlotRef",
+        "CudaTensorRef",
+        "FakeCudaApi",
+        "TorchCuda",
+    }
 )
 
 

@@ -198,7 +198,9 @@ class Run:
             if self._cuda_api is not None:
                 release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
                 local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
-                cuda = CudaCrossing(self._cuda_api, release, local=local)
+                cuda = CudaCrossing(
+                    self._cuda_api, release, local=local, spec=self._ring_spec, name=name
+                )
             replicas = self.generations if self.replica else None
             boundary = Boundary(name, ring, timing=self.timing, cuda=cuda, replicas=replicas)
             self.boundaries[name] = boundary
