@@ -73,6 +73,8 @@ class _Pacer:
         self.last: PipelineItem | None = None
         self.done = False
         self.timer = SerialDisposable()
+        self.due = 0.0
+        self.idle = False  # the pending tick can only repeat the last frame
 
     def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
         upstream = attach(source, self.on_next, self.on_error, self.on_completed, scheduler)
@@ -96,6 +98,8 @@ class _Pacer:
         if self.anchor is None:
             self.anchor = self.sched.clock()
             self._schedule(self.anchor)
+        elif self.idle:  # the pending tick has a frame to show now
+            self._schedule(self.due)
 
     def on_error(self, error: Exception) -> None:
         self.timer.dispose()
@@ -105,9 +109,14 @@ class _Pacer:
         self.done = True
         if self.anchor is None:  # never saw a frame: nothing to drain
             self.observer.on_completed()
+        elif self.idle:
+            self._schedule(self.due)
 
     def _schedule(self, due: float) -> None:
-        self.timer.disposable = self.sched.schedule_absolute(due, self._tick)
+        self.due = due
+        self.idle = not self.buffer and not self.done
+        schedule = self.sched.schedule_idle if self.idle else self.sched.schedule_absolute
+        self.timer.disposable = schedule(due, self._tick)
 
     def _tick(self, _scheduler: abc.SchedulerBase, _state: Any = None) -> None:
         shell = self.shell

@@ -36,6 +36,7 @@ _new = object.__new__
 _DEFAULTS = PipelineMetadata().__dict__
 
 _END = object()
+_NONE_WAITING = object()  # a driven input with no sample queued: nothing now, not the end
 SKIPPED: Any = object()
 """What :meth:`SourcePuller.pull` returns for a pull that failed under ``on_error="skip"``."""
 
@@ -77,8 +78,9 @@ class SourcePuller:
         shell = self._shell
         if isinstance(spec, InputFeed):
             spec.open()
-            block = not shell.driven
-            return lambda: spec.take(block) or _END
+            if shell.driven:  # a drive takes what waits; an empty queue is not the end
+                return lambda: spec.take(False) or _NONE_WAITING
+            return lambda: spec.take(True) or _END
         if inspect.iscoroutinefunction(spec):
             return lambda: shell.call_async(spec())
         if isinstance(spec, Iterator | AsyncIterator):
@@ -116,7 +118,8 @@ class SourcePuller:
         return lambda: next(iterator, _END)
 
     def pull(self) -> PipelineItem | None:
-        """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`.
+        """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`
+        (also: a driven input that has no sample waiting).
 
         With ``on_error="skip"`` a failed pull is counted and logged and :data:`SKIPPED`
         returned (a generator that raised is finished, so the next pull ends it); otherwise
@@ -136,6 +139,8 @@ class SourcePuller:
             raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
         if value is _END:
             return None
+        if value is _NONE_WAITING:
+            return SKIPPED  # type: ignore[no-any-return]
         counters = shell.counters
         counters.items_in += 1
         if isinstance(value, PipelineItem):
