@@ -84,6 +84,9 @@ class Context:
         """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
         GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
         self.self_test_passed: bool | None = None
+        self.self_testing = False
+        """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
+        ``self_test``)."""
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
@@ -425,7 +428,10 @@ class Context:
             name,
             name,
             build=sink_operator(
-                name, lambda: chosen if chosen is not None else self.transport, on_timing
+                name,
+                lambda: chosen if chosen is not None else self.transport,
+                on_timing,
+                self_testing=lambda: self.self_testing,
             ),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
@@ -537,12 +543,15 @@ class Context:
         ``ctx.self_test_passed`` is set either way.
         """
         started = time.monotonic()
+        self.self_testing = True
         try:
             yield
         except Exception as exc:
             self.self_test_passed = False
             _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
             raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.self_testing = False
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
 

@@ -48,6 +48,9 @@ class TimingRecord:
     """Wall-clock ms from ``input_at_ms`` to egress (meaningful when the client clock is shared)."""
     hops: tuple[HopTiming, ...]
     """Each hop in the order it happened."""
+    self_test: bool = False
+    """Whether the frame egressed inside ``with ctx.self_test():`` (the app checking itself at
+    start-up, not a user's input): ``rxstream timing`` leaves such records out by default."""
 
     def fields(self) -> dict[str, Any]:
         """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``)."""
@@ -68,6 +71,8 @@ class TimingRecord:
         for hop in self.hops:
             flat[f"{hop.name}.wait_ms"] = round(hop.wait_ms, 3)
             flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
+        if self.self_test:  # only then: the lines of a live run stay as they were
+            flat["self_test"] = True
         return flat
 
     @classmethod
@@ -90,6 +95,7 @@ class TimingRecord:
             total_ms=float(flat["total_ms"]),
             from_client_ms=None if from_client is None else float(from_client),
             hops=hops,
+            self_test=flat.get("self_test") is True,
         )
 
 
