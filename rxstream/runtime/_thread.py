@@ -63,6 +63,22 @@ class _Timer:
             self.action(self.scheduler, self.state)
 
 
+class _Busy(_Timer):
+    """A virtual-clock timer that keeps a drive going: counted by its clock while pending."""
+
+    __slots__ = ("pending",)
+
+    pending: VirtualClock | None
+    """The clock that counts this timer, until it runs or is cancelled."""
+
+    def cancel(self) -> None:
+        clock = self.pending
+        if clock is not None:
+            self.pending = None
+            clock._busy -= 1
+        self.cancelled = True
+
+
 class _ClockScheduler(PeriodicScheduler):
     """What both stage schedulers share: float-second clocks behind reactivex's datetimes."""
 
@@ -77,10 +93,13 @@ class _ClockScheduler(PeriodicScheduler):
     def set_accepting(self, accepting: bool) -> None:
         """Whether the stage takes new items from its inbox (``pace`` closes it when full)."""
 
+    _timer: type[_Timer] = _Timer
+    """What the ``schedule*`` methods make (the virtual clock counts its timers)."""
+
     def schedule(
         self, action: typing.ScheduledAction[_TState], state: _TState | None = None
     ) -> abc.DisposableBase:
-        return self._at(self.clock(), _Timer(self, action, state))
+        return self._at(self.clock(), self._timer(self, action, state))
 
     def schedule_relative(
         self,
@@ -88,7 +107,7 @@ class _ClockScheduler(PeriodicScheduler):
         action: typing.ScheduledAction[_TState],
         state: _TState | None = None,
     ) -> abc.DisposableBase:
-        return self._at(self.clock() + self.to_seconds(duetime), _Timer(self, action, state))
+        return self._at(self.clock() + self.to_seconds(duetime), self._timer(self, action, state))
 
     def schedule_absolute(
         self,
@@ -96,7 +115,7 @@ class _ClockScheduler(PeriodicScheduler):
         action: typing.ScheduledAction[_TState],
         state: _TState | None = None,
     ) -> abc.DisposableBase:
-        return self._at(self.to_seconds(duetime), _Timer(self, action, state))
+        return self._at(self.to_seconds(duetime), self._timer(self, action, state))
 
     def schedule_idle(
         self,
@@ -125,22 +144,19 @@ class VirtualClock(_ClockScheduler):
         self._now = 0.0
         self._heap: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
-        self._busy: set[_Timer] = set()
-        """The pending timers that are not idle (see :meth:`schedule_idle`)."""
+        self._busy = 0
+        """How many pending timers are not idle (see :meth:`schedule_idle`)."""
+
+    _timer = _Busy
 
     def clock(self) -> float:
         return self._now
 
     def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        timer.pending = self  # type: ignore[attr-defined]  # a _Busy: made by self._timer
+        self._busy += 1
         heapq.heappush(self._heap, (max(due, self._now), next(self._seq), timer))
-        busy = self._busy
-        busy.add(timer)
-
-        def cancel() -> None:
-            timer.cancel()
-            busy.discard(timer)
-
-        return Disposable(cancel)
+        return Disposable(timer.cancel)
 
     def schedule_idle(
         self,
@@ -178,11 +194,12 @@ class VirtualClock(_ClockScheduler):
         left once nothing busy remains wait for the next run.
         """
         heap = self._heap
-        busy = self._busy
-        while busy and not until():
+        while self._busy and not until():
             due, _, timer = heapq.heappop(heap)
             self._now = due
-            busy.discard(timer)
+            if timer.__class__ is _Busy and timer.pending is not None:
+                timer.pending = None
+                self._busy -= 1
             timer.run()
 
 
