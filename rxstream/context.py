@@ -87,6 +87,8 @@ class Context:
         self.self_testing = False
         """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
         ``self_test``)."""
+        self._self_test_drives: list[Pipeline] = []
+        """The pipelines driven inside the running self test: their sessions end with it."""
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
@@ -540,7 +542,8 @@ class Context:
         """Run the block as the app's own check; reaching its end is a pass.
 
         A block that raises fails with :class:`SelfTestError` (its cause attached) and
-        ``ctx.self_test_passed`` is set either way.
+        ``ctx.self_test_passed`` is set either way. The driven sessions of the pipelines the
+        block drove end with it (as ``pipeline.reset()`` ends them).
         """
         started = time.monotonic()
         self.self_testing = True
@@ -552,6 +555,11 @@ class Context:
             raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self.self_testing = False
+            # a check, not a session to go on with: release what its drives built (bound
+            # stages, sources), so nothing of it stays subscribed to the docs during the run
+            driven, self._self_test_drives = self._self_test_drives, []
+            for pipeline in driven:
+                pipeline._end_session()
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
 

@@ -413,6 +413,8 @@ class Pipeline:
                 ring_spec=self._context.ring_spec,
             )
             self._run, self._ranks = run, None
+        if self._context.self_testing and self not in self._context._self_test_drives:
+            self._context._self_test_drives.append(self)  # the session ends with the block
         run.collect = "items" if items else "payloads"
         for tail in run.tails:
             run.outputs[tail] = []

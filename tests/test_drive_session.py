@@ -258,6 +258,33 @@ def test_an_async_session_never_reset_is_cleaned_up(ctx: rxstream.Context) -> No
     gc.collect()  # an unclosed loop would warn here (warnings are errors in this suite)
 
 
+def test_a_self_tests_drives_end_with_the_block(ctx: rxstream.Context) -> None:
+    """What a self test drove is released when its block ends: bound stage closed, source reset."""
+    doc = ctx.doc("control", defaults={"gain": 2})
+    log: list[str] = []
+
+    class Gain:
+        def __init__(self, gain: int) -> None:
+            self.gain = gain
+            log.append(f"build {gain}")
+
+        def __call__(self, x: int) -> int:
+            return x * self.gain
+
+        def close(self) -> None:
+            log.append(f"close {self.gain}")
+
+    probe = ctx.source(range(10)) | doc.bind(lambda d: Gain(d.gain.value), [doc.desired.gain])
+    with ctx.self_test():
+        assert drive(probe, 2) == [0, 2]
+        assert drive(probe, 1) == [4]  # inside the block the session goes on
+    assert log == ["build 2", "close 2"]
+    doc.set(gain=3)  # the ended session is not subscribed: nothing rebuilds
+    assert log == ["build 2", "close 2"]
+    assert drive(probe, 1) == [0]  # a new session
+    assert log == ["build 2", "close 2", "build 3"]
+
+
 def test_reset_on_a_running_pipeline_raises(ctx: rxstream.Context) -> None:
     """reset() is for driven sessions: on a threaded run it says to stop first."""
     pipeline = ctx.input("keys") | ctx.stream("out")
