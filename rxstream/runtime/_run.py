@@ -4,7 +4,8 @@ Two modes over the same operators. ``threads``: every stage gets a
 :class:`~rxstream.runtime._thread.StageThread` (its thread and bounded inbox) and every source
 a thread that pulls and pushes. ``drive``: no threads; one
 :class:`~rxstream.runtime._thread.VirtualClock` is every stage's scheduler, sources are pulled
-by actions on it, and the hop between stages is a direct call.
+by actions on it, and the hop between stages is a direct call; a pipeline keeps its driven run
+across drives, one session (:meth:`Run.drive`), until :meth:`Run.close`.
 """
 
 from __future__ import annotations
