@@ -391,9 +391,9 @@ class Pipeline:
         positions, bound stages (``doc.bind``), windows, pace clocks and partial batches
         carry on from one drive to the next, and nothing completes at the end of a drive.
         :meth:`reset` (or :meth:`stop`) ends the session; the next drive starts over.
-        A drive that would pull items but gets none and returns nothing because every
-        source has ended raises :class:`PipelineStateError`; a drive that fails ends its
-        session.
+        A drive that would pull items but returns nothing because every source has ended,
+        or because the pipeline had completed (every end) before it, raises
+        :class:`PipelineStateError`; a drive that fails ends its session.
         """
         if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
             raise ValueError(f"frames must be an int >= 0, got {frames!r}")
@@ -418,18 +418,25 @@ class Pipeline:
         run.collect = "items" if items else "payloads"
         for tail in run.tails:
             run.outputs[tail] = []
+        completed = run.done.is_set()  # before this drive: every end had completed
         try:
             given = run.drive(frames, interval)
         except BaseException:
             self._end_session()
             raise
         outputs = {self.plan.name_of(tail): run.outputs[tail] for tail in self.plan.tails}
-        if frames and not given and not run.sources_open and not any(outputs.values()):
+        if frames and not any(outputs.values()):
             ended = ", ".join(repr(name) for name in run.sources_ended)
-            raise PipelineStateError(
-                f"drive(frames={frames}) can produce nothing: the pipeline's sources have "
-                f"ended ({ended}); pipeline.reset() starts the session over"
-            )
+            why = None
+            if not given and not run.sources_open:
+                why = f"the pipeline's sources have ended ({ended})"
+            elif completed:  # every end completed before (a zip whose shorter input ended)
+                why = f"the pipeline has completed (sources ended: {ended or 'none'})"
+            if why is not None:
+                raise PipelineStateError(
+                    f"drive(frames={frames}) can produce nothing: {why}; "
+                    "pipeline.reset() starts the session over"
+                )
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs

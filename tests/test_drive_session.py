@@ -195,6 +195,20 @@ def test_one_ended_source_of_two_does_not_raise(ctx: rxstream.Context) -> None:
     assert drive(pipeline, 1) == [11]
 
 
+def test_a_completed_pipeline_raises_though_a_source_goes_on(ctx: rxstream.Context) -> None:
+    """A zip completes with its shorter input: later drives say so rather than return []."""
+    short = ctx.source(range(2), name="short")
+    long = ctx.source(itertools.count(10), name="long")
+    pipeline = [short, long] | ctx.zip()
+    assert drive(pipeline, 3) == [(0, 10), (1, 11)]  # the third pull ends 'short'
+    message = (
+        r"^drive\(frames=2\) can produce nothing: the pipeline has completed "
+        r"\(sources ended: 'short'\); pipeline.reset\(\) starts the session over$"
+    )
+    with pytest.raises(PipelineStateError, match=message):
+        drive(pipeline, 2)
+
+
 def test_a_failed_drive_ends_its_session(ctx: rxstream.Context) -> None:
     """A stage that raises ends the session: the next drive starts a new one."""
     fail = [True]
