@@ -6,9 +6,10 @@
   the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
 - ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
   exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
-- ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME]`` summarises a timing log
-  per hop (count, p50/p95/p99 of queue-wait and compute), end to end, and names the slowest
-  inputs; malformed lines are reported with their line numbers.
+- ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]``
+  summarises a timing log per hop (count, p50/p95/p99 of queue-wait and compute), end to end,
+  and names the slowest inputs; malformed lines are summarised in one line, the self test's
+  records are left out; a log with nothing to summarise is a one-line error (exit 1).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
@@ -24,10 +25,12 @@ import sys
 import time
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from rxstream.timing import format_summary, load, plot, summarize
+from rxstream.timing import TimingLog, format_summary, load, plot, summarize
+from rxstream.timing._analysis import describe_malformed
 
 if TYPE_CHECKING:
     from rxstream.runtime import StageStatistics
@@ -99,6 +102,11 @@ def _parser() -> argparse.ArgumentParser:
     timing.add_argument("--plot", metavar="PNG", help="also draw per-hop bars and the CDF")
     timing.add_argument("--json", action="store_true", help="print the summary as JSON")
     timing.add_argument("--stream", help="only this stream's records")
+    timing.add_argument(
+        "--include-self-test",
+        action="store_true",
+        help="keep the records of the app's self test (left out by default)",
+    )
     topology = commands.add_parser("topology", help="print an app's partition topology")
     topology.add_argument("app", help="path/to/app.py[:build] or module:build")
     topology.add_argument(
@@ -380,20 +388,57 @@ def _print_tail(exc: BaseException) -> None:
 
 def _timing(args: argparse.Namespace) -> int:
     try:
-        log = load(args.log, stream=args.stream)
+        log = load(args.log, include_self_test=args.include_self_test)
     except OSError as exc:
         print(f"rxstream timing: cannot read {args.log}: {exc.strerror}", file=sys.stderr)
         return 2
+    problem = _no_records(args, log)
+    if problem is not None:  # one line, and no table of nan nor an empty plot
+        print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
+        return 1
+    if args.stream is not None:
+        kept = tuple(r for r in log.records if r.stream == args.stream)
+        log = replace(log, records=kept)
     summary = summarize(log)
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
     else:
         print(format_summary(summary))
+        if log.self_tests:
+            print(
+                f"left out: {log.self_tests} self-test record{'s' * (log.self_tests != 1)} "
+                "(--include-self-test keeps them)"
+            )
     if args.plot:
-        plot(summary, log.records, args.plot)
+        try:
+            plot(summary, log.records, args.plot)
+        except OSError as exc:
+            print(f"rxstream timing: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
+            return 2
         if not args.json:
             print(f"plot written to {args.plot}")
-    return 0 if log.records or not log.malformed else 1
+    return 0
+
+
+def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
+    """Why ``log`` has nothing to summarise (for ``--stream``: of that stream), or ``None``."""
+    streams = sorted({record.stream for record in log.records})
+    if args.stream is not None and args.stream in streams:
+        return None
+    if args.stream is None and streams:
+        return None
+    why = [describe_malformed(log.malformed)] if log.malformed else []
+    if log.self_tests:
+        why.append(f"{log.self_tests} self-test record(s) left out: --include-self-test keeps them")
+    if streams:
+        found = f"no records of stream {args.stream!r}; its streams are: {', '.join(streams)}"
+    elif log.malformed or log.other_events or log.self_tests:
+        found = "no timing records"
+        if log.other_events:
+            why.insert(0, f"{log.other_events} other log event(s)")
+    else:
+        found = "no timing records (the file is empty)"
+    return "; ".join([found, *why])
 
 
 def _topology(args: argparse.Namespace) -> int:

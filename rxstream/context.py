@@ -85,6 +85,11 @@ class Context:
         """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
         GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
         self.self_test_passed: bool | None = None
+        self.self_testing = False
+        """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
+        ``self_test``)."""
+        self._self_test_drives: list[Pipeline] = []
+        """The pipelines driven inside the running self test: their sessions end with it."""
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
@@ -462,7 +467,10 @@ class Context:
             name,
             name,
             build=sink_operator(
-                name, lambda: chosen if chosen is not None else self.transport, on_timing
+                name,
+                lambda: chosen if chosen is not None else self.transport,
+                on_timing,
+                self_testing=lambda: self.self_testing,
             ),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
@@ -571,15 +579,24 @@ class Context:
         """Run the block as the app's own check; reaching its end is a pass.
 
         A block that raises fails with :class:`SelfTestError` (its cause attached) and
-        ``ctx.self_test_passed`` is set either way.
+        ``ctx.self_test_passed`` is set either way. The driven sessions of the pipelines the
+        block drove end with it (as ``pipeline.reset()`` ends them).
         """
         started = time.monotonic()
+        self.self_testing = True
         try:
             yield
         except Exception as exc:
             self.self_test_passed = False
             _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
             raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.self_testing = False
+            # a check, not a session to go on with: release what its drives built (bound
+            # stages, sources), so nothing of it stays subscribed to the docs during the run
+            driven, self._self_test_drives = self._self_test_drives, []
+            for pipeline in driven:
+                pipeline._end_session()
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
 

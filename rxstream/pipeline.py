@@ -218,6 +218,7 @@ class Pipeline:
         if self.running:
             raise PipelineStateError("start() on a running pipeline: stop() it first")
         plan = self.plan
+        self._end_session()  # a threaded run starts afresh, not where drives left off
         if config:
             self._context.control.set(config)
         launcher = self._context._launcher
@@ -331,6 +332,9 @@ class Pipeline:
         Items still waiting in inboxes are counted as dropped with reason ``stopped``.
         """
         run = self._run
+        if run is not None and run.mode == "drive":
+            self._end_session()
+            return
         if run is None or self._stopped:
             return
         self._stopped = True
@@ -387,6 +391,14 @@ class Pipeline:
         pulls are ``interval`` virtual seconds apart. Returns the payloads the pipeline's end
         received in order (``items=True``: the :class:`PipelineItem` s); with several ends, a
         dict by stage name.
+
+        Consecutive drives are one continuing session: the virtual clock, the sources'
+        positions, bound stages (``doc.bind``), windows, pace clocks and partial batches
+        carry on from one drive to the next, and nothing completes at the end of a drive.
+        :meth:`reset` (or :meth:`stop`) ends the session; the next drive starts over.
+        A drive that would pull items but returns nothing because every source has ended,
+        or because the pipeline had completed (every end) before it, raises
+        :class:`PipelineStateError`; a drive that fails ends its session.
         """
         if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
             raise ValueError(f"frames must be an int >= 0, got {frames!r}")
@@ -394,21 +406,63 @@ class Pipeline:
             raise ValueError(f"interval must be >= 0 virtual seconds, got {interval}")
         if self.running:
             raise PipelineStateError("drive() on a running pipeline: stop() it first")
-        run = Run(
-            self.plan,
-            mode="drive",
-            bridge=AsyncBridge(),
-            generations=self._context.generations,
-            timing=self._context.timing,
-            collect="items" if items else "payloads",
-            ring_spec=self._context.ring_spec,
-        )
-        self._run, self._ranks = run, None
-        run.drive(frames, interval)
+        run = self._run
+        if run is None or run.mode != "drive" or run.closed:
+            run = Run(
+                self.plan,
+                mode="drive",
+                bridge=AsyncBridge(),
+                generations=self._context.generations,
+                timing=self._context.timing,
+                collect="items" if items else "payloads",
+                ring_spec=self._context.ring_spec,
+            )
+            self._run, self._ranks = run, None
+        if self._context.self_testing and self not in self._context._self_test_drives:
+            self._context._self_test_drives.append(self)  # the session ends with the block
+        run.collect = "items" if items else "payloads"
+        for tail in run.tails:
+            run.outputs[tail] = []
+        completed = run.done.is_set()  # before this drive: every end had completed
+        try:
+            given = run.drive(frames, interval)
+        except BaseException:
+            self._end_session()
+            raise
         outputs = {self.plan.name_of(tail): run.outputs[tail] for tail in self.plan.tails}
+        if frames and not any(outputs.values()):
+            ended = ", ".join(repr(name) for name in run.sources_ended)
+            why = None
+            if not given and not run.sources_open:
+                why = f"the pipeline's sources have ended ({ended})"
+            elif completed:  # every end completed before (a zip whose shorter input ended)
+                why = f"the pipeline has completed (sources ended: {ended or 'none'})"
+            if why is not None:
+                raise PipelineStateError(
+                    f"drive(frames={frames}) can produce nothing: {why}; "
+                    "pipeline.reset() starts the session over"
+                )
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
+
+    def reset(self) -> None:
+        """End the driven session: the next :meth:`drive` starts over.
+
+        Closes the sources (an iterable starts again from its beginning, a generator function
+        is called again; a generator object or iterator is one-shot and stays where it was
+        closed) and what the stages hold (bound stages, buffered frames, open windows). The
+        docs keep their state. A no-op when no driven session is open.
+        """
+        if self.running:
+            raise PipelineStateError("reset() on a running pipeline: stop() it first")
+        self._end_session()
+
+    def _end_session(self) -> None:
+        """Close the driven session, if one is open (its statistics stay readable)."""
+        run = self._run
+        if run is not None and run.mode == "drive":
+            run.close()
 
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics for the current (or last) run, by name; empty before one."""

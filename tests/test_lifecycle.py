@@ -247,9 +247,11 @@ def test_source_may_set_metadata_with_items(ctx: rxstream.Context) -> None:
 
 
 def test_drive_is_repeatable(ctx: rxstream.Context) -> None:
-    """Two drives of one pipeline return the same output."""
+    """Two sessions of one pipeline (reset() between them) return the same output."""
     pipeline = ctx.source(range(6)) | ctx.window(count=4) | ctx.pace(fps=24)
-    assert pipeline.drive(frames=6) == pipeline.drive(frames=6) == [[0, 1, 2, 3], [4, 5]]
+    first = pipeline.drive(frames=7)
+    pipeline.reset()
+    assert first == pipeline.drive(frames=7) == [[0, 1, 2, 3], [4, 5]]
 
 
 def test_drive_rejects_bad_frames(ctx: rxstream.Context) -> None:

@@ -99,6 +99,14 @@ def test_notebook_runs(path: Path) -> None:
         if output.output_type == "error"
     ]
     assert not errors
+    # a saved or exported copy keeps no live widget: each notebook leaves a still picture
+    images = [
+        output
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if "image/png" in output.get("data", {})
+    ]
+    assert images, f"{path.name} leaves no still image (image/png) in its outputs"
 
 
 def run_and_interrupt(nb_client: NotebookClient, index: int, marker: Path) -> list[str]:

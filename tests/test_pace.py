@@ -168,9 +168,10 @@ def test_overflow_throttle_drops_nothing(ctx: Context) -> None:
 
 
 def test_drive_is_repeatable(ctx: Context) -> None:
-    """Two drives of one pipeline on virtual time produce identical pts/idle sequences."""
+    """Two sessions of one pipeline on virtual time produce identical pts/idle sequences."""
     pipeline = ctx.source(range(10)) | ctx.pace(fps=10, overflow="latest")
     first = frames(drive_items(pipeline, 10, interval=0.07))
+    pipeline.reset()
     second = frames(drive_items(pipeline, 10, interval=0.07))
     assert first == second
     assert [pts for _, pts, _ in first] == list(range(len(first)))

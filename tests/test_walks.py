@@ -94,7 +94,8 @@ def test_each_chunk_runs_the_walk_its_producer_picked_across_a_rank_boundary(
     """The producer picks per item before the ring; each chunk runs its last item's walk."""
     picker = RandomPicker(seed=7)
     pipeline = talker(ctx, picker)
-    items = run_threads(pipeline) if mode == "threads" else pipeline.drive(frames=11, items=True)
+    # the 12th pull ends the source under drive, which releases the last, short chunk
+    items = run_threads(pipeline) if mode == "threads" else pipeline.drive(frames=12, items=True)
     picks = [call[-1] for call in picker.calls]
     chunks = [list(range(start, min(start + 3, 11))) for start in range(0, 11, 3)]
     assert any(len({picks[x] for x in chunk}) == 2 for chunk in chunks)  # the seed mixes walks
@@ -211,19 +212,25 @@ def test_a_chunk_is_one_item_of_the_payloads_with_merged_metadata(ctx: rxstream.
     for word in ["hello", "there.", "bye", "now.", "left"]:
         pipeline.feed("words", word, at_ms=1000)
     items = pipeline.drive(frames=5, items=True)
-    assert got == [["HELLO", "THERE."], ["BYE", "NOW."], ["LEFT"]]
-    assert [item.payload for item in items] == ["HELLO THERE.", "BYE NOW.", "LEFT"]
-    assert [item.metadata.input_seq for item in items] == [2, 4, 5]
-    assert [item.metadata.pts for item in items] == [1, 3, 4]
+    assert got == [["HELLO", "THERE."], ["BYE", "NOW."]]  # "left" waits for its final word
+    pipeline.feed("words", "over.", at_ms=1000)
+    items += pipeline.drive(frames=5, items=True)
+    assert got == [["HELLO", "THERE."], ["BYE", "NOW."], ["LEFT", "OVER."]]
+    assert [item.payload for item in items] == ["HELLO THERE.", "BYE NOW.", "LEFT OVER."]
+    assert [item.metadata.input_seq for item in items] == [2, 4, 6]
+    assert [item.metadata.pts for item in items] == [1, 3, 5]
     assert hops(items[0])[:2] == ["input.recv", "words.in"]
 
 
 def test_a_client_stream_is_chunked_by_its_own_policy(ctx: rxstream.Context) -> None:
-    """ctx.input(chunks=) releases lists of samples; the rest at the end of the stream."""
+    """ctx.input(chunks=) releases lists of samples; a short rest waits for the next ones."""
     pipeline = ctx.input("audio", chunks=lambda: FixedSize(3)) | ctx.stream("out")
     for sample in range(7):
         pipeline.feed("audio", sample)
-    assert pipeline.drive(frames=7) == [[0, 1, 2], [3, 4, 5], [6]]
+    assert pipeline.drive(frames=7) == [[0, 1, 2], [3, 4, 5]]
+    for sample in range(7, 9):
+        pipeline.feed("audio", sample)
+    assert pipeline.drive(frames=7) == [[6, 7, 8]]  # a driven input ends only with its session
 
 
 def test_the_topology_reports_the_walks_chunks_and_walk_driver(ctx: rxstream.Context) -> None:

@@ -22,9 +22,17 @@ def test_count_windows_group_consecutive_items(ctx: Context) -> None:
 
 
 def test_partial_count_window_is_flushed_at_completion(ctx: Context) -> None:
-    """The last, incomplete window is emitted when the upstream completes."""
-    out = drive(ctx.source(range(7)) | ctx.window(count=3), 7)
+    """The last, incomplete window is emitted when the upstream completes (the 8th pull)."""
+    out = drive(ctx.source(range(7)) | ctx.window(count=3), 8)
     assert out == [[0, 1, 2], [3, 4, 5], [6]]
+
+
+def test_partial_count_window_waits_for_the_next_drive(ctx: Context) -> None:
+    """A drive leaves an incomplete window open; the next drive fills it (one session)."""
+    pipeline = ctx.source(range(10)) | ctx.window(count=3)
+    assert drive(pipeline, 4) == [[0, 1, 2]]
+    assert drive(pipeline, 2) == [[3, 4, 5]]
+    assert drive(pipeline, 5) == [[6, 7, 8], [9]]  # the 11th pull ends the source
 
 
 def test_count_one_wraps_every_item(ctx: Context) -> None:
@@ -95,7 +103,7 @@ def ticks() -> Iterator[PipelineItem]:
 
 def test_window_carries_the_newest_tick_correlation(ctx: Context) -> None:
     """Each window's input_seq/input_at_ms/pts are those of its newest input tick."""
-    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 5)
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 6)  # the 6th pull ends it
     assert [item.payload for item in out] == [["tick1", "tick2"], ["tick3", "tick4"], ["tick5"]]
     assert [(i.metadata.input_seq, i.metadata.input_at_ms, i.metadata.pts) for i in out] == [
         (2, 200, 2),
@@ -106,7 +114,7 @@ def test_window_carries_the_newest_tick_correlation(ctx: Context) -> None:
 
 def test_window_merges_generations_and_cutover(ctx: Context) -> None:
     """A window holds the highest generation of its items and cutover if any item had it."""
-    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 5)
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2), 6)
     assert [(i.metadata.prompt_generation, i.metadata.cutover) for i in out] == [
         (1, False),
         (2, True),
@@ -116,7 +124,7 @@ def test_window_merges_generations_and_cutover(ctx: Context) -> None:
 
 def test_window_timeline_is_the_newest_tick_plus_its_own_stamps(ctx: Context) -> None:
     """The timeline is the newest tick's (input.recv, source stamps) then window.in/.hold/.out."""
-    out = drive_items(ctx.source(ticks) | ctx.window(count=2, name="win"), 5)
+    out = drive_items(ctx.source(ticks) | ctx.window(count=2, name="win"), 6)
     for item, newest in zip(out, [2, 4, 5], strict=True):
         hops = [hop for hop, _ in item.metadata.timeline]
         assert hops == ["input.recv", "ticks.in", "ticks.out", "win.in", "win.hold", "win.out"]
@@ -146,7 +154,7 @@ def test_time_window_carries_the_newest_tick_correlation(ctx: Context) -> None:
 def test_window_statistics_count_items_in_and_windows_out(ctx: Context) -> None:
     """The window stage counts every item in and every window out."""
     pipeline = ctx.source(range(7)) | ctx.window(count=3)
-    drive(pipeline, 7)
+    drive(pipeline, 8)
     stats = pipeline.statistics()["window"]
     assert (stats.items_in, stats.items_out) == (7, 3)
 

@@ -1,14 +1,18 @@
 """``doc.bind(construct, [deps])``: a stage rebuilt when its dependencies change (useMemo).
 
-The dependencies' values are read from each new snapshot (so a write that changes two deps
-rebuilds once: ``combine_latest`` over the deps, taken atomically per write) and compared
-with the last build's; only a change rebuilds. Under threads, ``construct`` runs on the
-stage's builder thread, off the hot path, while the old inner stage keeps serving; the
-finished stage is handed to the stage's own thread, which switches between two items (the
-``switch_map`` step), closes the old one (``close()`` on its function, when it has one) and
-marks the first item out of the new one ``cutover=True``. A ``construct`` that raises keeps
-the old stage and is reported in ``doc.errors`` and the log. Under ``drive()`` the rebuild is
-synchronous, before the next item.
+The doc's snapshots are mapped to the tuple of the dependencies' values (``map``), and only a
+tuple unlike the last one passes (``distinct_until_changed``): every write is one snapshot, so
+a write that changes two deps rebuilds once, and a write that changes none (another path, or
+the same value again) rebuilds nothing. This reads all the deps from one snapshot; a
+``combine_latest`` over each dep's own stream would see a two-dep write as two changes and
+build twice. Under threads, ``construct`` runs on the stage's builder thread, off the hot path,
+while the old inner stage keeps serving; the finished stage is handed to the stage's own
+thread, which switches between two items (the ``switch_map`` step), closes the old one
+(``close()`` on its function, when it has one) and marks the first item out of the new one
+``cutover=True``. A ``construct`` that raises keeps the old stage and is reported in
+``doc.errors`` and the log. Under ``drive()`` the rebuild is synchronous, inside the write,
+before the next item; consecutive drives are one session, so the stage built by the first drive
+serves the next ones until a dep changes.
 """
 
 from __future__ import annotations

@@ -84,7 +84,7 @@ def frame_array(array: np.ndarray[Any, Any], rest: tuple[Any, ...] | None = None
 
     For arrays of booleans or numbers in C order. The header is ``marshal`` (version 2) of
     ``(dtype, shape)`` or ``(dtype, shape, rest)``, a tuple, whose first byte is never a
-    pickle's: about 1 µs a side, against 5-15 for numpy's own pickling. marshal writes any
+    pickle's, and several times cheaper than numpy's own pickling. marshal writes any
     object with a buffer (a numpy scalar, an array) as ``bytes``, so ``rest`` must hold only
     what marshal gives back as it was (``int``, ``float``, ``bool``, ``None``, ``str``,
     ``bytes`` and tuples of them): the caller vouches for that.

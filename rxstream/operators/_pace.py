@@ -129,6 +129,8 @@ class _Pacer:
         self.last: PipelineItem | None = None
         self.done = False
         self.timer = SerialDisposable()
+        self.due = 0.0
+        self.idle = False  # the pending tick can only repeat the last frame
 
     def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
         upstream = attach(source, self.on_next, self.on_error, self.on_completed, scheduler)
@@ -155,6 +157,8 @@ class _Pacer:
             self._schedule(self.anchor)
         elif self.waiting:  # the late frame a locked tick waits for: its tick is now
             self._tick(self.sched)
+        elif self.idle:  # the pending tick has a frame to show now
+            self._schedule(self.due)
 
     def on_error(self, error: Exception) -> None:
         self.timer.dispose()
@@ -164,10 +168,14 @@ class _Pacer:
         self.done = True
         if self.anchor is None:  # never saw a frame: nothing to drain
             self.observer.on_completed()
+        elif self.idle:
+            self._schedule(self.due)
 
     def _schedule(self, due: float) -> None:
         self.due = due
-        self.timer.disposable = self.sched.schedule_absolute(due, self._tick)
+        self.idle = not self.buffer and not self.done
+        schedule = self.sched.schedule_idle if self.idle else self.sched.schedule_absolute
+        self.timer.disposable = schedule(due, self._tick)
 
     def _tick(self, _scheduler: abc.SchedulerBase, _state: Any = None) -> None:
         shell = self.shell
@@ -182,7 +190,8 @@ class _Pacer:
             grace = self.previous + (1 + SLEW) * self.period
             if grace > self.sched.clock():  # wait that long for a late frame before repeating
                 self.waiting = True
-                self.timer.disposable = self.sched.schedule_absolute(grace, self._tick)
+                self.idle = True  # a wait for a frame that may not come: a drive does not wait
+                self.timer.disposable = self.sched.schedule_idle(grace, self._tick)
                 return
         if self.buffer:
             released = now()

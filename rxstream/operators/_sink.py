@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from reactivex import abc
@@ -47,8 +48,14 @@ def sink_operator(
     stream: str,
     transport: Callable[[], Transport],
     on_timing: Callable[[TimingRecord], None] | None,
+    *,
+    self_testing: Callable[[], bool] = lambda: False,
 ) -> Callable[[StageShell], Operator]:
-    """Send each item to ``transport()``'s ``stream``; emit it on, stamped; fold timing."""
+    """Send each item to ``transport()``'s ``stream``; emit it on, stamped; fold timing.
+
+    A record folded while ``self_testing()`` (a ``ctx.self_test()`` block) is tagged
+    ``self_test``.
+    """
 
     def build(shell: StageShell) -> Operator:
         counters = shell.counters
@@ -86,6 +93,8 @@ def sink_operator(
                         reported[last[1]] = max(reported.get(last[1], 0), seq)
                     try:
                         record = fold(stream, out.metadata, time.time() * 1000)
+                        if self_testing():
+                            record = replace(record, self_test=True)
                         emit(record, on_timing)
                         on_transport_timing(record)
                     except Exception as exc:  # on_timing raised: the item goes no further

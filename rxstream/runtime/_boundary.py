@@ -67,7 +67,8 @@ def encode(item: PipelineItem) -> tuple[Any, ...]:
     """What crosses a boundary for ``item``: plain values, cheap to pickle.
 
     The payload, the metadata's fields but the timeline, then the timeline flat (``hop, t``…).
-    Pickling the item itself costs ~20 µs (its classes, its dict, its stamp chain); this ~3.
+    Pickling the item itself costs several times more (its classes, its dict, its stamp chain;
+    figures in docs/performance.md).
     """
     state = item.__dict__
     md = state.get("_md")
@@ -119,11 +120,11 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
     links are (flattening and relinking it cost more than the rest).
 
     With a small plain payload the form is marshalled here, and the ring carries the bytes as
-    they are: neither side frames or pickles. Measured with both processes on one core, a
-    1 KB item's round trip: ~16 µs, against ~24 through :func:`encode`, the ring's framing and
-    :func:`decode` (a bare Pipe ~11, the ring alone ~12); pickle instead of marshal ~1 µs
-    more. With a plain array payload (numbers in C order) the form is framed here with
-    marshal too, the array out of band (:func:`~rxstream.ipc._framing.frame_array`).
+    they are: neither side frames or pickles, which is measurably faster than :func:`encode`,
+    the ring's framing and :func:`decode`, and marshal than pickle (docs/performance.md, the
+    ring and boundary section). With a plain array payload (numbers in C order) the form is
+    framed here with marshal too, the array out of band
+    (:func:`~rxstream.ipc._framing.frame_array`).
 
     marshal is exact for builtin values only (it writes anything with a buffer, a numpy
     scalar, as ``bytes``), and both sides of a ring run the same interpreter. Metadata values

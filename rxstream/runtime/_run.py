@@ -4,7 +4,8 @@ Two modes over the same operators. ``threads``: every stage gets a
 :class:`~rxstream.runtime._thread.StageThread` (its thread and bounded inbox) and every source
 a thread that pulls and pushes. ``drive``: no threads; one
 :class:`~rxstream.runtime._thread.VirtualClock` is every stage's scheduler, sources are pulled
-by actions on it, and the hop between stages is a direct call.
+by actions on it, and the hop between stages is a direct call; a pipeline keeps its driven run
+across drives, one session (:meth:`Run.drive`), until :meth:`Run.close`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,9 @@ class Run:
         self.error: BaseException | None = None
         self.done = threading.Event()
         self._bridge = bridge
-        self._collect = collect
+        self.collect = collect
+        """What the ends keep: ``"items"``, ``"payloads"`` or nothing (``None``); a driven
+        session may change it between drives (not from ``None``)."""
         self._lock = threading.Lock()
         self._halted = False
         self._completed = 0
@@ -111,6 +114,13 @@ class Run:
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._source_threads: list[threading.Thread] = []
         self._subscriptions = CompositeDisposable()
+        # a driven session: its sources once opened, those that ended, the last pull's time
+        self._sources: list[tuple[SourcePuller, abc.ObserverBase[PipelineItem]]] | None = None
+        self._ended: set[SourcePuller] = set()
+        self._last_pull: float | None = None
+        self._given = 0
+        self.closed = False
+        """Whether a driven session was closed (a later drive starts a new one)."""
         for node in self.local:
             self._make_shell(node)
         self._wire()
@@ -328,8 +338,8 @@ class Run:
     def _collector(self, tail: Node) -> abc.ObserverBase[PipelineItem]:
         from reactivex import Observer
 
-        kept = self.outputs[tail] if self._collect else None
-        payloads = self._collect == "payloads"  # keep no item alive that nobody asked for
+        outputs = self.outputs
+        collect = self.collect is not None
         gens = self.generations
         counters = self.shells[tail].counters
         drop = counters.drop
@@ -340,8 +350,8 @@ class Run:
             if not sink and _base(item).prompt_generation < gens.drop:  # the end is a hop too
                 counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
-            elif kept is not None:
-                kept.append(item.payload if payloads else item)
+            elif collect:  # keep no item alive that nobody asked for
+                outputs[tail].append(item.payload if self.collect == "payloads" else item)
 
         return Observer(on_next, self.fail, self._end_completed)
 
@@ -454,40 +464,73 @@ class Run:
 
     # --- drive mode -------------------------------------------------------------------------
 
-    def drive(self, frames: int, interval: float) -> None:
-        """Pull ``frames`` items from every source on virtual time and run until drained."""
+    def drive(self, frames: int, interval: float) -> int:
+        """Pull ``frames`` more items from every source on virtual time and run until drained.
+
+        Consecutive calls continue one session: the first opens the sources, later ones pull
+        on from where they are, at least ``interval`` after the last pull, on the same clock,
+        through the same subscribed operators. Nothing is completed at the end of a drive:
+        a stage completes when its sources end. Returns how many items the sources gave.
+        """
         clock = self.clock
         assert clock is not None
+        self._given = 0
         try:
-            sources = []
-            for node, puller in self._pullers.items():
-                puller.open()
-                observer = self._observers.get(node)
-                if observer is None:  # wiring failed: the run has its error
-                    break
-                sources.append((puller, observer))
+            if self._sources is None:
+                self._sources = []
+                for node, puller in self._pullers.items():
+                    puller.open()  # a failure: the caller closes the session
+                    observer = self._observers.get(node)
+                    if observer is None:  # wiring failed: the run has its error
+                        break
+                    self._sources.append((puller, observer))
+            sources = [entry for entry in self._sources if entry[0] not in self._ended]
             if interval > 0:
+                last = self._last_pull
+                now = clock.clock()
+                start = now if last is None else max(now, last + interval)
                 for puller, observer in sources:
-                    self._schedule_pull(clock, puller, observer, frames, interval, 0)
+                    self._schedule_pull(clock, puller, observer, frames, start, interval, 0)
             else:
                 self._pull_now(sources, frames)
             clock.run(until=lambda: self.error is not None)
         finally:
-            for puller in self._pullers.values():
-                puller.close()
-            self._subscriptions.dispose()  # ends what the stages hold (bind's stage, buffers)
-            self._bridge.close()
+            self._bridge.pause()  # no thread runs between drives
         self.raise_error()
+        return self._given
+
+    @property
+    def sources_ended(self) -> tuple[str, ...]:
+        """The names of the sources that have ended (their iterators were exhausted)."""
+        return tuple(
+            self.plan.name_of(node)
+            for node, puller in self._pullers.items()
+            if puller in self._ended
+        )
+
+    @property
+    def sources_open(self) -> bool:
+        """Whether some source of a driven session can still give items."""
+        return self._sources is None or len(self._ended) < len(self._sources)
+
+    def close(self) -> None:
+        """End a driven session: close the sources and what the stages hold (bound stages,
+        buffers: their items are counted as dropped, ``stopped``); idempotent."""
+        self.closed = True
+        for puller in self._pullers.values():
+            puller.close()
+        self._subscriptions.dispose()
+        self._bridge.close()
 
     def _pull_now(
         self,
         sources: list[tuple[SourcePuller, abc.ObserverBase[PipelineItem]]],
         frames: int,
     ) -> None:
-        """Every pull at virtual time 0, round-robin, without a timer per item.
+        """Every pull at the clock's now, round-robin, without a timer per item.
 
         Timers the items start (pace ticks, window timeouts) run afterwards, in due order:
-        the same outputs as scheduling each pull at time 0, at a fraction of the cost.
+        the same outputs as scheduling each pull at that instant, at a fraction of the cost.
         """
         active = list(sources)
         for _ in range(frames):
@@ -502,20 +545,23 @@ class Run:
                     return
             if not active:
                 return
-        for _puller, observer in active:
-            observer.on_completed()
 
     def _pulled(
         self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]
     ) -> PipelineItem | None:
         """One pull: the item (or SKIPPED); ``None`` once the source ended or failed."""
+        assert self.clock is not None
+        self._last_pull = self.clock.clock()
         try:
             item = puller.pull()
         except BaseException as exc:
             self.fail(exc)
             return None
         if item is None:
+            self._ended.add(puller)
             observer.on_completed()
+        elif item is not SKIPPED:
+            self._given += 1
         return item
 
     def _schedule_pull(
@@ -524,23 +570,24 @@ class Run:
         puller: SourcePuller,
         observer: abc.ObserverBase[PipelineItem],
         frames: int,
+        start: float,
         interval: float,
         index: int,
     ) -> None:
+        if index >= frames:
+            return
+
         def pull(_scheduler: abc.SchedulerBase, _state: Any = None) -> None:
-            if index >= frames:
-                observer.on_completed()
-                return
             item = self._pulled(puller, observer)
             if item is None:
                 return
             # the next pull is scheduled before this item runs: at the same virtual time it
             # comes before the timers the item starts (a pace tick does not underflow)
-            self._schedule_pull(clock, puller, observer, frames, interval, index + 1)
+            self._schedule_pull(clock, puller, observer, frames, start, interval, index + 1)
             if item is not SKIPPED:
                 observer.on_next(item)
 
-        clock.schedule_absolute(index * interval if index < frames else clock.clock(), pull)
+        clock.schedule_absolute(start + index * interval, pull)
 
     # --- statistics -------------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from reactivex import abc, typing
-from reactivex.disposable import Disposable
+from reactivex.disposable import Disposable, MultipleAssignmentDisposable
 from reactivex.scheduler.periodicscheduler import PeriodicScheduler
 
 from rxstream.runtime._inbox import InboxSpec
@@ -63,6 +63,22 @@ class _Timer:
             self.action(self.scheduler, self.state)
 
 
+class _Busy(_Timer):
+    """A virtual-clock timer that keeps a drive going: counted by its clock while pending."""
+
+    __slots__ = ("pending",)
+
+    pending: VirtualClock | None
+    """The clock that counts this timer, until it runs or is cancelled."""
+
+    def cancel(self) -> None:
+        clock = self.pending
+        if clock is not None:
+            self.pending = None
+            clock._busy -= 1
+        self.cancelled = True
+
+
 class _ClockScheduler(PeriodicScheduler):
     """What both stage schedulers share: float-second clocks behind reactivex's datetimes."""
 
@@ -77,10 +93,13 @@ class _ClockScheduler(PeriodicScheduler):
     def set_accepting(self, accepting: bool) -> None:
         """Whether the stage takes new items from its inbox (``pace`` closes it when full)."""
 
+    _timer: type[_Timer] = _Timer
+    """What the ``schedule*`` methods make (the virtual clock counts its timers)."""
+
     def schedule(
         self, action: typing.ScheduledAction[_TState], state: _TState | None = None
     ) -> abc.DisposableBase:
-        return self._at(self.clock(), _Timer(self, action, state))
+        return self._at(self.clock(), self._timer(self, action, state))
 
     def schedule_relative(
         self,
@@ -88,7 +107,7 @@ class _ClockScheduler(PeriodicScheduler):
         action: typing.ScheduledAction[_TState],
         state: _TState | None = None,
     ) -> abc.DisposableBase:
-        return self._at(self.clock() + self.to_seconds(duetime), _Timer(self, action, state))
+        return self._at(self.clock() + self.to_seconds(duetime), self._timer(self, action, state))
 
     def schedule_absolute(
         self,
@@ -96,7 +115,17 @@ class _ClockScheduler(PeriodicScheduler):
         action: typing.ScheduledAction[_TState],
         state: _TState | None = None,
     ) -> abc.DisposableBase:
-        return self._at(self.to_seconds(duetime), _Timer(self, action, state))
+        return self._at(self.to_seconds(duetime), self._timer(self, action, state))
+
+    def schedule_idle(
+        self,
+        duetime: float,
+        action: typing.ScheduledAction[_TState],
+        state: _TState | None = None,
+    ) -> abc.DisposableBase:
+        """``schedule_absolute`` for an action that only keeps a stage ticking with nothing
+        new to do (a pace's idle repeat): a drive does not run its clock on for it."""
+        return self.schedule_absolute(duetime, action, state)
 
     def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
         raise NotImplementedError
@@ -106,7 +135,8 @@ class VirtualClock(_ClockScheduler):
     """Virtual time for ``drive()``: actions run in due order, the clock jumps, nothing sleeps.
 
     Unlike reactivex's ``VirtualTimeScheduler`` it never nudges the clock forward when many
-    actions share one instant, so a drive is exactly repeatable.
+    actions share one instant, so a drive is exactly repeatable. The clock lives as long as
+    the driven session: consecutive drives continue its time.
     """
 
     def __init__(self) -> None:
@@ -114,20 +144,62 @@ class VirtualClock(_ClockScheduler):
         self._now = 0.0
         self._heap: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
+        self._busy = 0
+        """How many pending timers are not idle (see :meth:`schedule_idle`)."""
+
+    _timer = _Busy
 
     def clock(self) -> float:
         return self._now
 
     def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        timer.pending = self  # type: ignore[attr-defined]  # a _Busy: made by self._timer
+        self._busy += 1
         heapq.heappush(self._heap, (max(due, self._now), next(self._seq), timer))
         return Disposable(timer.cancel)
 
+    def schedule_idle(
+        self,
+        duetime: float,
+        action: typing.ScheduledAction[_TState],
+        state: _TState | None = None,
+    ) -> abc.DisposableBase:
+        timer = _Timer(self, action, state)
+        heapq.heappush(self._heap, (max(duetime, self._now), next(self._seq), timer))
+        return Disposable(timer.cancel)
+
+    def schedule_periodic(
+        self,
+        period: typing.RelativeTime,
+        action: typing.ScheduledPeriodicAction[_TState],
+        state: _TState | None = None,
+    ) -> abc.DisposableBase:
+        """reactivex's periodic work on idle timers: a periodic action (``sample``,
+        ``interval``) runs while the drive has other work, and never keeps it going alone."""
+        seconds = self.to_seconds(period)
+        disposable = MultipleAssignmentDisposable()
+
+        def periodic(_scheduler: abc.SchedulerBase, state: Any = None) -> None:
+            if disposable.is_disposed:
+                return
+            disposable.disposable = self.schedule_idle(self._now + seconds, periodic, action(state))
+
+        disposable.disposable = self.schedule_idle(self._now + seconds, periodic, state)
+        return disposable
+
     def run(self, until: Callable[[], bool] = lambda: False) -> None:
-        """Run every scheduled action in due order until none is left or ``until()``."""
+        """Run the scheduled actions in due order while any is not idle, or until ``until()``.
+
+        Idle actions (:meth:`schedule_idle`) due before a busy one run on the way; those
+        left once nothing busy remains wait for the next run.
+        """
         heap = self._heap
-        while heap and not until():
+        while self._busy and not until():
             due, _, timer = heapq.heappop(heap)
             self._now = due
+            if timer.__class__ is _Busy and timer.pending is not None:
+                timer.pending = None
+                self._busy -= 1
             timer.run()
 
 

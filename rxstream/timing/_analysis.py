@@ -42,6 +42,8 @@ class TimingLog:
     records: tuple[TimingRecord, ...]
     malformed: tuple[Malformed, ...] = ()
     other_events: int = 0
+    self_tests: int = 0
+    """Records of an app's self test (``self_test``) that were left out."""
 
     def dataframe(self) -> Any:
         """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
@@ -71,12 +73,19 @@ class TimingLog:
         return pd.DataFrame(rows)
 
 
-def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
-    """The timing records in the JSON-lines log at ``path`` (only ``stream``'s, if given)."""
+def load(
+    path: str | Path, *, stream: str | None = None, include_self_test: bool = False
+) -> TimingLog:
+    """The timing records in the JSON-lines log at ``path`` (only ``stream``'s, if given).
+
+    Records of the app's self test (tagged ``self_test``: frames driven at start-up, not a
+    user's inputs) are left out and counted in ``self_tests``, unless ``include_self_test``.
+    """
     records: list[TimingRecord] = []
     malformed: list[Malformed] = []
     others = 0
     latest: dict[tuple[str, int], int] = {}  # (stream, input_seq) -> index in records
+    self_tests = 0
     with Path(path).open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
             text = line.strip()
@@ -109,10 +118,22 @@ def load(path: str | Path, *, stream: str | None = None) -> TimingLog:
             except (TypeError, ValueError) as exc:
                 malformed.append(Malformed(number, f"timing line with a bad value: {exc}"))
                 continue
-            if stream is None or record.stream == stream:
-                latest[(record.stream, record.input_seq)] = len(records)
-                records.append(record)
-    return TimingLog(tuple(records), tuple(malformed), others)
+            if stream is not None and record.stream != stream:
+                continue
+            if record.self_test and not include_self_test:
+                self_tests += 1
+                continue
+            latest[(record.stream, record.input_seq)] = len(records)
+            records.append(record)
+    return TimingLog(tuple(records), tuple(malformed), others, self_tests)
+
+
+def describe_malformed(malformed: Sequence[Malformed]) -> str:
+    """One line for all of a log's malformed lines: how many, and the first's number and reason."""
+    first = malformed[0]
+    count = len(malformed)
+    lines = "line" if count == 1 else "lines"
+    return f"{count} malformed {lines}, first at line {first.line}: {first.reason}"
 
 
 def _join_photon(
@@ -313,8 +334,8 @@ def format_summary(summary: Summary) -> str:
             "slowest inputs: "
             + ", ".join(f"{r.stream}#{r.input_seq} {r.total_ms:.2f}" for r in summary.slowest)
         )
-    for m in summary.malformed:
-        lines.append(f"malformed line {m.line}: {m.reason}")
+    if summary.malformed:
+        lines.append(describe_malformed(summary.malformed))
     return "\n".join(lines)
 
 

@@ -61,6 +61,10 @@ class TimingRecord:
         """Input to pixels (``client.photon_ms``), or ``None`` without a page's report."""
         return None if self.client is None else self.client.photon_ms
 
+    self_test: bool = False
+    """Whether the frame egressed inside ``with ctx.self_test():`` (the app checking itself at
+    start-up, not a user's input): ``rxstream timing`` leaves such records out by default."""
+
     def fields(self) -> dict[str, Any]:
         """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``).
 
@@ -88,6 +92,8 @@ class TimingRecord:
             flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
         if self.client is not None:
             flat.update(self.client.fields())
+        if self.self_test:  # only then: the lines of a live run stay as they were
+            flat["self_test"] = True
         return flat
 
     @classmethod
@@ -116,6 +122,7 @@ class TimingRecord:
             from_client_ms=None if from_client is None else float(from_client),
             hops=hops,
             client=ClientTiming.from_fields(flat) if "photon_ms" in flat else None,
+            self_test=flat.get("self_test") is True,
         )
 
 
