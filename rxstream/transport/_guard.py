@@ -15,6 +15,7 @@ the server may say.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import ipaddress
 import json
@@ -54,9 +55,11 @@ _TOKEN = re.compile(r"[A-Za-z0-9_-]{16,256}")
 class Refused(Exception):
     """A message the session answers with ``{"type": "error", "code": code, …}``."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, ident: Any = None) -> None:
         super().__init__(message)
         self.code = code
+        self.ident = ident
+        """The refused message's ``id``, when it could be read before the refusal."""
 
 
 def shown(value: Any, limit: int = 60) -> str:
@@ -273,7 +276,15 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
         ) from None
     except ValueError as exc:  # json.JSONDecodeError among them
         raise Refused("malformed", f"a message must be JSON: {exc}") from None
-    _check_tree(value, limits)
+    try:
+        _check_tree(value, limits)
+    except Refused as refused:  # answer with the id if the id itself is fit to echo
+        ident = value.get("id") if isinstance(value, dict) else None
+        if isinstance(ident, int) or (isinstance(ident, str) and len(ident) <= 64):
+            with contextlib.suppress(Refused):
+                _check_string(ident, "$.id", limits) if isinstance(ident, str) else None
+                refused.ident = ident
+        raise
     return value
 
 

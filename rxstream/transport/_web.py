@@ -548,6 +548,7 @@ class WebTransport(Transport):
             if ident is not None:
                 client.push_text(wire({"type": "ack", "id": ident, **reply}), "ack", ident)
         except _Refused as refused:
+            ident = ident if refused.ident is None else refused.ident
             self._error(client, ident, refused.code, str(refused))
             return True
         except Exception as exc:  # a handler's own bug: answered, logged, never fatal
