@@ -363,6 +363,39 @@ def test_a_message_over_a_limit_is_answered_and_the_connection_goes_on(
     assert live.doc.snapshot()["prompt"] == "sea"
 
 
+def test_a_handler_that_raises_is_answered_and_the_session_goes_on() -> None:
+    """A bug in a handler becomes an internal error reply (one line, with the id); no more."""
+    with Live(token=TOKEN) as running:
+
+        def boom(client: Any, message: dict[str, Any]) -> dict[str, Any]:
+            raise KeyError("a bug\non two lines")
+
+        running.web._handlers["hello"] = boom
+
+        async def check() -> None:
+            async with attached(running) as ws:
+                await ws.send_json({"type": "hello", "accept": [], "id": 4})
+                error = await texts_until(ws, "error")
+                assert error == {
+                    "type": "error",
+                    "id": 4,
+                    "code": "internal",
+                    "error": "'hello' failed: KeyError: 'a bug\\non two lines'",
+                }
+                await ws.send_json({"type": "input", "stream": "pointer", "sample": [1], "id": 5})
+                assert (await texts_until(ws, "ack"))["id"] == 5
+
+        run(check())
+        assert running.pipeline.running
+
+
+def test_the_message_types_are_the_handlers() -> None:
+    """MESSAGE_TYPES lists exactly the types the transport has a handler for."""
+    from rxstream.transport._web import MESSAGE_TYPES
+
+    assert tuple(WebTransport()._handlers) == MESSAGE_TYPES
+
+
 def test_binary_frames_are_answered() -> None:
     """A binary frame (not JSON text) is answered with malformed; the socket stays open."""
     with Live(token=TOKEN) as running:

@@ -71,7 +71,9 @@ __all__ = ["MESSAGE_TYPES", "WebTransport"]
 _log = structlog.get_logger("rxstream.web")
 
 MESSAGE_TYPES = ("hello", "input", "set", "steer")
-"""The message types a page may send."""
+"""The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
+returning the ack's fields (or raising ``_Refused``), listed here and in
+``WebTransport._handlers``, and in ``_RATED`` if it needs a rate of its own."""
 
 _RATED = {"steer": "steers", "set": "sets", "input": "inputs"}
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
@@ -552,7 +554,7 @@ class WebTransport(Transport):
             self._error(client, ident, refused.code, str(refused))
             return True
         except Exception as exc:  # a handler's own bug: answered, logged, never fatal
-            _log.exception("web_handler_failed", type=shown(kind), client=client.guard.peer)
+            client.guard.log.warning("web_handler_failed", type=shown(kind), exc_info=True)
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
             self._error(client, ident, "internal", f"{shown(kind)} failed: {detail}")
             return True
