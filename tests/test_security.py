@@ -9,9 +9,12 @@ surrogates, rates) is answered with an error and the connection stays open.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
 import json
 import math
 import re
+import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -634,3 +637,68 @@ def test_no_token_needs_insecure_and_warns(capsys: pytest.CaptureFixture[str]) -
     serving = err.split("rank(s), serving ", 1)[1].split(";", 1)[0]
     assert serving.startswith("http://127.0.0.1:")
     assert "token" not in serving
+
+
+# --- a real browser -------------------------------------------------------------------------
+
+EVIL_PAGE = """<!doctype html><script>
+const ws = new WebSocket("%s");
+ws.onopen = () => { window.result = "open"; };
+ws.onclose = (e) => { window.result = window.result || `closed ${e.code}`; };
+</script>"""
+
+
+@contextlib.contextmanager
+def serving(html: str) -> Iterator[str]:
+    """Another site on loopback (another port: another origin) serving ``html``; its URL."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = html.encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler) as server:
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        try:
+            yield f"http://127.0.0.1:{server.server_address[1]}/"
+        finally:
+            server.shutdown()
+            thread.join(10)
+
+
+@pytest.mark.browser
+def test_in_chromium_another_sites_page_is_refused_and_the_page_works() -> None:
+    """Chromium: a page of another origin with the right token cannot attach; the page can."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with (
+        Live(token=TOKEN) as running,
+        serving(EVIL_PAGE % running.web.ws_url) as evil_url,
+        sync_api.sync_playwright() as playwright,
+    ):
+        browser = playwright.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.goto(evil_url)
+            result = page.wait_for_function("window.result || false", timeout=20_000)
+            assert result.json_value() == "closed 1006"
+            assert running.web.attached == 0
+
+            page = browser.new_page()
+            page.goto(running.web.url)
+            page.wait_for_function("window.rxstream.session !== null", timeout=20_000)
+            page.evaluate('rxstream.send({type: "input", stream: "pointer", sample: [1, 0]})')
+            page.wait_for_function("window.rxstream.frames > 0", timeout=20_000)
+            assert running.web.attached == 1
+        finally:
+            browser.close()
