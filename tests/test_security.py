@@ -597,6 +597,49 @@ def test_a_dropped_doc_state_replaced_by_a_newer_one_is_not_resent() -> None:
     assert [box.pop(), box.pop()] == ["doc-2", None]
 
 
+def big_frame(sample: tuple[float, float]) -> np.ndarray:
+    """A 640x480 raw frame (900 KB): a few fill the socket of a page that does not read."""
+    return np.full((480, 640, 3), int(sample[0] * 255), dtype=np.uint8)
+
+
+def test_a_page_that_stops_reading_is_told_which_acks_it_lost() -> None:
+    """Texts past queued_texts are dropped while a page does not read, then reported by id."""
+    web = WebTransport(port=0, token=TOKEN, limits=SessionLimits(queued_texts=8))
+    ctx = rxstream.Context(transport=web)
+    ctx.doc("control", defaults={"gain": 0.5})
+    pipeline = ctx.input("pointer") | ctx.pipe(big_frame) | ctx.stream("video", codec="raw")
+    ids = list(range(100, 140))
+
+    async def check() -> None:
+        task = asyncio.ensure_future(pipeline.run(poll_interval=0.02))
+        while web._bound_port is None:
+            await asyncio.sleep(0.01)
+        async with aiohttp.ClientSession() as http, http.ws_connect(web.ws_url) as ws:
+            await ws.send_json({"type": "hello", "accept": ["raw"]})
+            while web.dropped == 0:  # the writer is stuck on a frame: the page reads nothing
+                await ws.send_json({"type": "input", "stream": "pointer", "sample": [1, 0]})
+                await asyncio.sleep(0.01)
+            for i in ids:
+                await ws.send_json({"type": "set", "changes": {"gain": i / 1000}, "id": i})
+            answered: set[int] = set()
+            lost: set[int] = set()
+            while answered | lost != set(ids):
+                message = await ws.receive(timeout=10)
+                if message.type == aiohttp.WSMsgType.TEXT:
+                    data = json.loads(message.data)
+                    if data["type"] == "ack":
+                        answered.add(data["id"])
+                    elif data["type"] == "dropped":
+                        lost.update(data["ids"])
+                        assert data["counts"]["ack"] >= 1
+            assert lost
+            assert not answered & lost
+        web._open = False
+        await task
+
+    asyncio.run(check())
+
+
 def test_wire_never_sends_a_bare_nan() -> None:
     """Non-finite floats go out as null, their places listed; the JSON is strict."""
 

@@ -31,6 +31,7 @@ from typing import Any
 import structlog
 
 __all__ = [
+    "MAX_DROPPED_IDS",
     "ClientGuard",
     "Gate",
     "Outbox",
@@ -39,6 +40,7 @@ __all__ = [
     "SampledLog",
     "SessionLimits",
     "TokenBucket",
+    "check_token",
     "new_token",
     "parse_message",
     "shown",
@@ -356,6 +358,10 @@ def _finite(value: Any, path: str, places: list[str]) -> Any:
     return value
 
 
+MAX_DROPPED_IDS = 1024
+"""The ids a ``dropped`` report lists at most (the rest are counted)."""
+
+
 class Outbox:
     """The text messages waiting for one page: at most ``capacity``; none lost unsaid.
 
@@ -363,6 +369,7 @@ class Outbox:
     ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again,
     the next message out is ``{"type": "dropped", "counts": {type: n}, "ids": [...]}``, then
     the newest dropped state of each doc (a ``doc`` message that a later one did not replace).
+    ``ids`` holds the first :data:`MAX_DROPPED_IDS` ids; ``ids_omitted`` counts the rest.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -370,6 +377,7 @@ class Outbox:
         self._texts: deque[str] = deque()
         self._counts: dict[str, int] = {}
         self._ids: list[Any] = []
+        self._omitted = 0
         self._stale: dict[str, str] = {}
         self.dropped = 0
         """Text messages dropped on this connection so far."""
@@ -386,8 +394,11 @@ class Outbox:
             return True
         self.dropped += 1
         self._counts[kind] = self._counts.get(kind, 0) + 1
-        if ident is not None and len(self._ids) < self.capacity:
-            self._ids.append(ident)
+        if ident is not None:
+            if len(self._ids) < MAX_DROPPED_IDS:
+                self._ids.append(ident)
+            else:
+                self._omitted += 1
         if kind == "doc":
             self._stale[key] = text
         return False
@@ -395,11 +406,13 @@ class Outbox:
     def pop(self) -> str | None:
         """The next text to send, or None when nothing waits."""
         if self._counts and len(self._texts) <= self.capacity // 2:
-            report = wire({"type": "dropped", "counts": self._counts, "ids": self._ids})
-            self._counts, self._ids = {}, []
+            report: dict[str, Any] = {"type": "dropped", "counts": self._counts, "ids": self._ids}
+            if self._omitted:
+                report["ids_omitted"] = self._omitted
+            self._counts, self._ids, self._omitted = {}, [], 0
             stale, self._stale = self._stale, {}
             self._texts.extend(stale.values())
-            return report
+            return wire(report)
         return self._texts.popleft() if self._texts else None
 
 

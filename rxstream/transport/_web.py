@@ -118,7 +118,8 @@ class _Client:
         self.ready.set()
 
     def push_text(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> None:
-        self.texts.push(text, kind, ident, key)
+        if not self.texts.push(text, kind, ident, key):  # reported to the page once it reads
+            self.guard.log.warning("web_texts_dropped", kind=kind, queued=len(self.texts))
         self.ready.set()
 
 
