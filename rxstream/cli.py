@@ -82,6 +82,15 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allow-remote", action="store_true", help="let --host be a non-loopback address"
     )
+    run.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without the per-run token (needs --insecure: anyone who reaches the port "
+        "may then watch and steer)",
+    )
+    run.add_argument(
+        "--insecure", action="store_true", help="confirm --no-token (a warning is printed)"
+    )
     run.add_argument("--out", metavar="MP4", help="also write the egress to this MP4 (h264)")
     run.add_argument("--out-stream", metavar="NAME", help="the stream --out writes")
     run.add_argument(
@@ -159,6 +168,14 @@ def _run(args: argparse.Namespace) -> int:
         return fail(str(exc), 2)
     if not args.serve and (args.host is not None or args.port is not None or args.allow_remote):
         return fail("--host, --port and --allow-remote go with --serve", 2)
+    if args.no_token != args.insecure:
+        return fail(
+            "--no-token and --insecure go together: without the token any process that reaches "
+            "the port (any machine, with --allow-remote) may watch and steer the session",
+            2,
+        )
+    if args.no_token and not args.serve:
+        return fail("--no-token goes with --serve", 2)
     if args.out_stream is not None and args.out is None:
         return fail("--out-stream names the stream --out writes: give --out too", 2)
     serving = None
@@ -192,9 +209,18 @@ def _run(args: argparse.Namespace) -> int:
         host = "127.0.0.1" if args.host is None else args.host
         port = 8765 if args.port is None else args.port
         try:
-            transport = WebTransport(host=host, port=port, allow_remote=args.allow_remote)
+            transport = WebTransport(
+                host=host, port=port, allow_remote=args.allow_remote, token=not args.no_token
+            )
         except ValueError as exc:
             return fail(str(exc), 2)
+        if args.no_token:
+            print(
+                "rxstream run: warning: serving without a token (--no-token --insecure): any "
+                "process that reaches the port may watch and steer this session",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def opened() -> None:
         where = f"serving {transport.url}" if transport is not None else "headless"

@@ -299,12 +299,13 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
                 "VideoDecoder.isConfigSupported = async () => ({ supported: false });",
                 "",
             ),
-            ("mse", "", "?video=mse"),
+            ("mse", "", "video=mse"),
         ):
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             if script:
                 page.add_init_script(script)
-            page.goto(session.web.url + query)
+            url = session.web.url
+            page.goto(f"{url}{'&' if '?' in url else '?'}{query}" if query else url)
             pages[name] = page
         for name, label, codec in (
             ("no-webcodecs", "video: JPEG", "jpeg"),

@@ -314,7 +314,7 @@ def test_a_page_that_answers_pings_and_reports_gets_photon(tmp_path: Path) -> No
         (
             {"type": "shown", "stream": "video", "seq": 1, "input_seq": 1, "arrived": 1,
              "decoded": 2, "presented": math.inf},
-            "shown.presented must be a finite number, got inf",
+            "numbers must be finite, got '1e999'",  # the session's guard, before the handler
         ),
         (
             {"type": "keyframe", "stream": "audio"},

@@ -118,7 +118,7 @@ async def page(url: str, accept: tuple[str, ...] = ("jpeg",)) -> AsyncIterator[P
     """A connected :class:`Page`."""
     async with (
         aiohttp.ClientSession() as http,
-        http.ws_connect(url.replace("http", "ws") + "ws") as ws,
+        http.ws_connect(url.replace("http", "ws", 1).replace("/?", "/ws?", 1)) as ws,
     ):
         client = Page(ws)
         await client.send({"type": "hello", "accept": list(accept)})
@@ -136,7 +136,7 @@ def test_refuses_a_non_loopback_host_unless_asked() -> None:
     with pytest.raises(ValueError, match=r"loopback.*allow_remote.*'0\.0\.0\.0'"):
         WebTransport(host="0.0.0.0")
     assert WebTransport(host="0.0.0.0", allow_remote=True).host == "0.0.0.0"
-    assert WebTransport(host="::1").url == "http://[::1]:8765/"
+    assert WebTransport(host="::1", token="t" * 16).url == f"http://[::1]:8765/?token={'t' * 16}"
     with pytest.raises(ValueError, match="port"):
         WebTransport(port=70000)
 

@@ -14,6 +14,7 @@ from rxstream.transport._codecs import (
     to_rgb24,
 )
 from rxstream.transport._file import FileTransport
+from rxstream.transport._guard import Rate, SessionLimits
 from rxstream.transport._memory import MemoryTransport
 from rxstream.transport._tee import Tee
 
@@ -28,8 +29,10 @@ __all__ = [
     "H264Fragments",
     "JpegEncoder",
     "MemoryTransport",
+    "Rate",
     "RawEncoder",
     "Session",
+    "SessionLimits",
     "Tee",
     "Transport",
     "WebTransport",
@@ -45,7 +48,9 @@ for _name in (
     "H264Fragments",
     "JpegEncoder",
     "MemoryTransport",
+    "Rate",
     "RawEncoder",
+    "SessionLimits",
     "Tee",
     "Transport",
     "decode_raw",

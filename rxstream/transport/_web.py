@@ -16,7 +16,12 @@ event loop, so the pipeline's threads never wait on the network:
   ``_photon.py``). Each is validated; an unknown
   type, a malformed or oversized message, a write the doc's schema refuses, an unknown
   stream or an over-limit client stream is answered with ``{"type": "error", "code": …,
-  "error": …}`` on that socket, and the session goes on.
+  "error": …}`` on that socket, and the session goes on. A handler that raises is answered
+  too (``internal``); nothing a page sends ends the run.
+- guard (``_guard.py``): the page and ``/ws`` need the per-run token (in :attr:`url`), a
+  ``Host`` that is this server and, from a browser, the page's own ``Origin``; messages are
+  parsed within :class:`SessionLimits` (depth, digits, string length) and rated per
+  connection; refusals are logged once a second per connection at most.
 - state: on attach the page gets a ``session`` message (streams, inputs, each doc's
   controls); then every doc change (``doc``), every timing record (``timing``) and an
   ``ack`` for each message that carried an ``id``.
@@ -32,7 +37,6 @@ import asyncio
 import base64
 import contextlib
 import ipaddress
-import json
 import math
 import struct
 import threading
@@ -54,6 +58,19 @@ from rxstream.timing._client import ClockOffset
 from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
+from rxstream.transport._guard import (
+    ClientGuard,
+    Gate,
+    Outbox,
+    SampledLog,
+    SessionLimits,
+    check_token,
+    new_token,
+    parse_message,
+    shown,
+    wire,
+)
+from rxstream.transport._guard import Refused as _Refused
 from rxstream.transport._photon import PhotonJoin, Shown, log_photon
 
 __all__ = ["MESSAGE_TYPES", "WebTransport"]
@@ -61,7 +78,12 @@ __all__ = ["MESSAGE_TYPES", "WebTransport"]
 _log = structlog.get_logger("rxstream.web")
 
 MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
-"""The message types a page may send."""
+"""The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
+returning the ack's fields (or raising ``_Refused``), listed here and in
+``WebTransport._handlers``, and in ``_RATED`` if it needs a rate of its own."""
+
+_RATED = {"steer": "steers", "set": "sets", "input": "inputs"}
+"""Message types with a rate of their own (a :class:`SessionLimits` field)."""
 
 _FRAME = b"F"
 _START_S = 10.0
@@ -83,11 +105,12 @@ def _is_loopback(host: str) -> bool:
 class _Client:
     """One attached page: what it can play and what waits to be sent to it."""
 
-    def __init__(self, ws: web.WebSocketResponse, frames: int) -> None:
+    def __init__(self, ws: web.WebSocketResponse, frames: int, guard: ClientGuard) -> None:
         self.ws = ws
+        self.guard = guard
         self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
         self.frames: deque[bytes] = deque()
-        self.texts: deque[str] = deque(maxlen=256)
+        self.texts = Outbox(guard.limits.queued_texts)
         self.max_frames = frames
         self.ready = asyncio.Event()
         self.dropped = 0
@@ -111,8 +134,9 @@ class _Client:
         self.frames.append(data)
         self.ready.set()
 
-    def push_text(self, text: str) -> None:
-        self.texts.append(text)
+    def push_text(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> None:
+        if not self.texts.push(text, kind, ident, key):  # reported to the page once it reads
+            self.guard.log.warning("web_texts_dropped", kind=kind, queued=len(self.texts))
         self.ready.set()
 
 
@@ -123,6 +147,12 @@ class WebTransport(Transport):
     how long ``connected`` stays true after the last page left; ``max_message_bytes`` bounds
     one message from a page; ``client_frames`` how many frames may wait for a slow page;
     ``fps`` is the frame rate written into h264 fragments; ``jpeg_quality`` 1..95.
+
+    ``token``: True (default) makes a fresh secret for this transport, a string is used as
+    the secret (16..256 URL-safe characters), False serves without one (a warning is logged:
+    any process that reaches the port may then watch and steer). ``limits`` bounds what each
+    connection may send (:class:`SessionLimits`); ``allowed_hosts`` adds names a ``Host``
+    header may carry besides the bound address and ``localhost`` (for ``allow_remote``).
     """
 
     def __init__(
@@ -136,6 +166,9 @@ class WebTransport(Transport):
         client_frames: int = 4,
         jpeg_quality: int = 80,
         fps: float = 24.0,
+        token: str | bool = True,
+        limits: SessionLimits | None = None,
+        allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         if not _is_loopback(host) and not allow_remote:
             raise ValueError(
@@ -150,6 +183,27 @@ class WebTransport(Transport):
             raise ValueError(f"max_message_bytes must be >= 256, got {max_message_bytes}")
         if client_frames < 1:
             raise ValueError(f"client_frames must be >= 1, got {client_frames}")
+        if limits is not None and not isinstance(limits, SessionLimits):
+            raise ValueError(f"limits must be a SessionLimits, got {shown(limits)}")
+        self.token: str | None = (
+            new_token() if token is True else None if token is False else check_token(token)
+        )
+        """The per-run secret the page and ``/ws`` need (None: served without one)."""
+        self.limits = SessionLimits() if limits is None else limits
+        self._gate = Gate(
+            host=host, token=self.token, allow_remote=allow_remote, allowed_hosts=allowed_hosts
+        )
+        self._handshakes = SampledLog(self.limits.log_every_s)
+        self._handlers: dict[str, Callable[[_Client, dict[str, Any]], dict[str, Any]]] = {
+            "hello": self._on_hello,
+            "input": self._on_input,
+            "set": self._on_set,
+            "steer": self._on_steer,
+            "keyframe": self._on_keyframe,
+            "pong": self._on_pong,
+            "shown": self._on_shown,
+        }
+        """The message types a page may send, each to its handler (add a type here)."""
         self.host = host
         self.port = port
         self.grace_s = grace_s
@@ -179,9 +233,18 @@ class WebTransport(Transport):
 
     @property
     def url(self) -> str:
-        """The page's address (the bound port once the server runs)."""
+        """The page's address with its token (the bound port once the server runs)."""
+        return f"http://{self._address}/" + ("" if self.token is None else f"?token={self.token}")
+
+    @property
+    def ws_url(self) -> str:
+        """The WebSocket's address with the token, for a client that is not the page."""
+        return f"ws://{self._address}/ws" + ("" if self.token is None else f"?token={self.token}")
+
+    @property
+    def _address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._bound_port or self.port}/"
+        return f"{host}:{self._bound_port or self.port}"
 
     @property
     def connected(self) -> bool:
@@ -276,7 +339,7 @@ class WebTransport(Transport):
             self._loop.call_soon_threadsafe(client.push_frame, stream, chosen, data)
 
     def on_timing(self, record: TimingRecord) -> None:
-        self._broadcast_text(json.dumps({"type": "timing", "record": record.fields()}))
+        self._broadcast_text(wire({"type": "timing", "record": record.fields()}), "timing")
         for joined, client, page in self._photon.record(record):
             self._photon_joined(joined, client, page)
 
@@ -310,7 +373,7 @@ class WebTransport(Transport):
 
     def _session_message(self) -> str:
         session = self._session
-        return json.dumps(
+        return wire(
             {
                 "type": "session",
                 "streams": dict(session.streams),
@@ -324,7 +387,6 @@ class WebTransport(Transport):
                     for name, doc in session.docs.items()
                 },
             },
-            default=repr,
         )
 
     def _doc_listener(self, name: str) -> Callable[[Any], None]:
@@ -333,25 +395,26 @@ class WebTransport(Transport):
     def _doc_changed(self, name: str) -> None:
         doc = self._session.docs[name]
         self._broadcast_text(
-            json.dumps(
+            wire(
                 {
                     "type": "doc",
                     "name": name,
                     "version": doc.version,
                     "desired": thaw(doc.snapshot()),
-                },
-                default=repr,
-            )
+                }
+            ),
+            "doc",
+            key=name,
         )
 
-    def _broadcast_text(self, text: str) -> None:
+    def _broadcast_text(self, text: str, kind: str = "other", key: str = "") -> None:
         loop = self._loop
         if loop is None:
             return
         with self._lock:
             clients = tuple(self._clients)
         for client in clients:
-            loop.call_soon_threadsafe(client.push_text, text)
+            loop.call_soon_threadsafe(client.push_text, text, kind, None, key)
 
     # --- the server -----------------------------------------------------------------------
 
@@ -396,7 +459,13 @@ class WebTransport(Transport):
         server = site._server
         sockets = getattr(server, "sockets", None) or ()
         self._bound_port = sockets[0].getsockname()[1] if sockets else self.port
-        _log.info("web_session_serving", url=self.url)
+        _log.info("web_session_serving", url=f"http://{self._address}/")
+        if self.token is None:
+            _log.warning(
+                "web_session_without_token",
+                url=self.url,
+                risk="any process that reaches the port may watch and steer this session",
+            )
 
     async def _shutdown(self) -> None:
         with self._lock:
@@ -407,31 +476,76 @@ class WebTransport(Transport):
         if self._runner is not None:
             await self._runner.cleanup()
 
-    async def _page(self, request: web.Request) -> web.Response:
-        text = resources.files("rxstream.transport").joinpath("static/index.html").read_text()
-        return web.Response(text=text, content_type="text/html")
+    def _refusal(self, request: web.Request) -> str | None:
+        """Why this request may not have the page or the socket (None: it may)."""
+        reason = self._gate.refuse(
+            host=request.headers.get("Host"),
+            origin=request.headers.get("Origin"),
+            token=request.query.get("token"),
+        )
+        if reason is not None:
+            self._handshakes.warning(
+                "web_handshake_refused", path=request.path, peer=request.remote, reason=reason
+            )
+        return reason
 
-    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=max(4 * self.max_message_bytes, 1 << 20))
-        await ws.prepare(request)
-        client = _Client(ws, self.client_frames)
-        with self._lock:
+    async def _page(self, request: web.Request) -> web.Response:
+        reason = self._refusal(request)
+        if reason is not None:
+            return web.Response(status=403, text=f"403 Forbidden: {reason}\n")
+        text = resources.files("rxstream.transport").joinpath("static/index.html").read_text()
+        return web.Response(text=text, content_type="text/html", headers=_PAGE_HEADERS)
+
+    @property
+    def hard_message_bytes(self) -> int:
+        """Past this a message is not even read: the socket is closed (1009, too big)."""
+        return max(4 * self.max_message_bytes, 1 << 20)
+
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        reason = self._refusal(request)
+        if reason is not None:
+            return web.Response(status=403, text=f"403 Forbidden: {reason}\n")
+        if self.pages >= self.limits.max_connections:
+            self._handshakes.warning("web_handshake_refused", peer=request.remote, reason="full")
+            return web.Response(
+                status=503,
+                text=f"503 Service Unavailable: {self.limits.max_connections} connections are "
+                "attached already (SessionLimits.max_connections)\n",
+            )
+        ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes)
+        guard = ClientGuard(self.limits, f"{request.remote}:{_peer_port(request)}", _RATED)
+        client = _Client(ws, self.client_frames, guard)
+        with self._lock:  # counted before prepare() yields, so the cap holds for a burst
             self._clients.add(client)
-            self._ever_attached = True
-            self.attached += 1
-            client.number = self.attached
-        client.push_text(self._session_message())
-        writer = asyncio.ensure_future(self._write(client))
-        pinger = asyncio.ensure_future(self._ping(client))
+        writer: asyncio.Future[None] | None = None
+        pinger: asyncio.Future[None] | None = None
         try:
+            await ws.prepare(request)
+            with self._lock:
+                self._ever_attached = True
+                self.attached += 1
+                client.number = self.attached
+            client.push_text(self._session_message(), "session")
+            writer = asyncio.ensure_future(self._write(client))
+            pinger = asyncio.ensure_future(self._ping(client))
             async for message in ws:
                 if message.type == WSMsgType.TEXT:
-                    self._receive(client, message.data)
+                    refused = self._receive(client, message.data)
                 elif message.type == WSMsgType.BINARY:
                     self._error(client, None, "malformed", "messages must be JSON text")
+                    refused = True
+                else:  # ERROR: the frame was refused by the protocol (too big, bad UTF-8)
+                    guard.log.warning("web_socket_failed", error=str(ws.exception()))
+                    continue
+                wait = guard.paced(refused)
+                if wait > 0:  # over its rate: read this connection no faster (backpressure)
+                    await asyncio.sleep(wait)
         finally:
-            writer.cancel()
-            pinger.cancel()
+            if writer is not None:
+                writer.cancel()
+            if pinger is not None:
+                pinger.cancel()
+            guard.log.flush()
             with self._lock:
                 self._clients.discard(client)
                 self._dropped_closed += client.dropped
@@ -448,9 +562,9 @@ class WebTransport(Transport):
                     client.ping_due = False
                     sent = time.monotonic() * 1e3
                     client.pings.append(sent)
-                    await ws.send_str(json.dumps({"type": "ping", "t": sent}))
-                while client.texts:
-                    await ws.send_str(client.texts.popleft())
+                    await ws.send_str(wire({"type": "ping", "t": sent}))
+                while (text := client.texts.pop()) is not None:
+                    await ws.send_str(text)
                 while client.frames:
                     await ws.send_bytes(client.frames.popleft())
 
@@ -464,48 +578,48 @@ class WebTransport(Transport):
 
     def _photon_joined(self, record: TimingRecord, timing: ClientTiming, page: int) -> None:
         fields = log_photon(record, timing, page)
-        self._broadcast_text(json.dumps({"type": "photon", **fields}))
+        self._broadcast_text(wire({"type": "photon", **fields}), "photon")
 
     # --- messages from a page -------------------------------------------------------------
 
-    def _receive(self, client: _Client, text: str) -> None:
-        if len(text.encode()) > self.max_message_bytes:
-            self._error(
-                client,
-                None,
-                "oversized",
-                f"a message must be at most {self.max_message_bytes} bytes, "
-                f"got {len(text.encode())}",
-            )
-            return
+    def _receive(self, client: _Client, text: str) -> bool:
+        """Answer one text message: an ack (when it has an ``id``) or an error. True: refused."""
+        ident: Any = None
+        kind: Any = None
         try:
-            message = json.loads(text)
-        except json.JSONDecodeError as exc:
-            self._error(client, None, "malformed", f"a message must be JSON: {exc}")
-            return
-        if not isinstance(message, dict):
-            self._error(
-                client, None, "malformed", f"a message must be a JSON object, got {text[:80]!r}"
-            )
-            return
-        ident = message.get("id")
-        kind = message.get("type")
-        if kind not in MESSAGE_TYPES:
-            self._error(
-                client,
-                ident,
-                "unknown_type",
-                f"type must be one of {', '.join(MESSAGE_TYPES)}, got {kind!r}",
-            )
-            return
-        handler: Callable[[_Client, dict[str, Any]], dict[str, Any]] = getattr(self, f"_on_{kind}")
-        try:
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            if size > self.max_message_bytes:
+                raise _Refused(
+                    "oversized",
+                    f"a message must be at most {self.max_message_bytes} bytes, got {size}",
+                )
+            message = parse_message(text, self.limits)
+            if not isinstance(message, dict):
+                raise _Refused(
+                    "malformed", f"a message must be a JSON object, got {shown(message)}"
+                )
+            ident = message.get("id")
+            kind = message.get("type")
+            handler = self._handlers.get(kind) if isinstance(kind, str) else None
+            if handler is None:
+                raise _Refused(
+                    "unknown_type",
+                    f"type must be one of {', '.join(self._handlers)}, got {shown(kind)}",
+                )
+            client.guard.admit(kind)
             reply = handler(client, message)
+            if ident is not None:
+                client.push_text(wire({"type": "ack", "id": ident, **reply}), "ack", ident)
         except _Refused as refused:
+            ident = ident if refused.ident is None else refused.ident
             self._error(client, ident, refused.code, str(refused))
-            return
-        if ident is not None:
-            client.push_text(json.dumps({"type": "ack", "id": ident, **reply}))
+            return True
+        except Exception as exc:  # a handler's own bug: answered, logged, never fatal
+            client.guard.log.warning("web_handler_failed", type=shown(kind), exc_info=True)
+            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+            self._error(client, ident, "internal", f"{shown(kind)} failed: {detail}")
+            return True
+        return False
 
     def _on_hello(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
         accept = message.get("accept", [])
@@ -571,8 +685,9 @@ class WebTransport(Transport):
         return doc, changes
 
     def _error(self, client: _Client, ident: Any, code: str, error: str) -> None:
-        _log.warning("web_message_refused", code=code, error=error)
-        client.push_text(json.dumps({"type": "error", "id": ident, "code": code, "error": error}))
+        client.guard.refusal(code, error)
+        message = {"type": "error", "id": ident, "code": code, "error": error}
+        client.push_text(wire(message), "error", ident)
 
     def _on_keyframe(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
         stream = self._stream_of(message)
@@ -585,7 +700,7 @@ class WebTransport(Transport):
     def _on_pong(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
         sent = _number(message, "t")
         if sent not in client.pings:
-            raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {sent!r}")
+            raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {shown(sent)}")
         client.pings.remove(sent)
         client.clock.add(sent, _number(message, "c"), time.monotonic() * 1e3)
         return {}
@@ -604,7 +719,8 @@ class WebTransport(Transport):
         video = message.get("video", "")
         if video not in _VIDEO_PATHS:
             raise _Refused(
-                "malformed", f"shown.video must be one of {', '.join(_VIDEO_PATHS)}, got {video!r}"
+                "malformed",
+                f"shown.video must be one of {', '.join(_VIDEO_PATHS)}, got {shown(video)}",
             )
         report = Shown(
             stream=stream,
@@ -627,7 +743,7 @@ class WebTransport(Transport):
             raise _Refused(
                 "unknown_stream",
                 f"{message['type']}.stream must be one of "
-                f"{', '.join(self._session.streams) or 'none'}, got {stream!r}",
+                f"{', '.join(self._session.streams) or 'none'}, got {shown(stream)}",
             )
         return stream
 
@@ -643,7 +759,7 @@ def _number(message: dict[str, Any], name: str) -> float:
     value = message.get(name)
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         raise _Refused(
-            "malformed", f"{message['type']}.{name} must be a finite number, got {value!r}"
+            "malformed", f"{message['type']}.{name} must be a finite number, got {shown(value)}"
         )
     return float(value)
 
@@ -651,18 +767,28 @@ def _number(message: dict[str, Any], name: str) -> float:
 def _count(message: dict[str, Any], name: str) -> int:
     value = message.get(name)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Refused("malformed", f"{message['type']}.{name} must be an int >= 0, got {value!r}")
+        raise _Refused(
+            "malformed", f"{message['type']}.{name} must be an int >= 0, got {shown(value)}"
+        )
     return value
 
 
-class _Refused(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
+_PAGE_HEADERS = {
+    "Cache-Control": "no-store",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Content-Security-Policy": "frame-ancestors 'none'",
+}
+"""The page's URL holds the token: never cached, never sent as a referrer, never framed."""
+
+
+def _peer_port(request: web.Request) -> int | str:
+    peer = request.transport.get_extra_info("peername") if request.transport else None
+    return peer[1] if isinstance(peer, tuple) and len(peer) > 1 else "?"
 
 
 def _pack(header: dict[str, Any], data: bytes) -> bytes:
-    head = json.dumps(header).encode()
+    head = wire(header).encode()
     return _FRAME + struct.pack(">I", len(head)) + head + data
 
 
