@@ -97,6 +97,8 @@ class Run:
         self._bridge = bridge
         self._collect = collect
         self._lock = threading.Lock()
+        self._lifecycle = threading.RLock()
+        """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
         self._halted = False
         self._completed = 0
         self._done_callbacks: list[Callable[[], None]] = []
@@ -376,14 +378,26 @@ class Run:
     # --- threads mode -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start every stage thread, then every source thread."""
-        for thread in self.threads.values():
-            thread.start()
-        if self.error is not None:  # wiring failed: nothing to pump
-            return
-        if not self._ends:  # no stage runs here (a rank the app places nothing on): done
-            self._finish()
+        """Start every stage thread, then every source thread; nothing once halted.
+
+        Safe against a concurrent :meth:`stop`: that one halts at once and joins once the
+        threads started here are started (a thread is never joined before its start).
+        """
+        with self._lifecycle:
+            if self._halted:  # stopped before it started: nothing to run
+                return
+            for thread in self.threads.values():
+                thread.start()
+            if self.error is not None:  # wiring failed: nothing to pump
+                return
+            if not self._ends:  # no stage runs here (a rank the app places nothing on): done
+                self._finish()
+            self._start_sources()
+
+    def _start_sources(self) -> None:
         for node, puller in self._pullers.items():
+            if self._halted:
+                return
             source = threading.Thread(
                 target=self._pump,
                 args=(puller, self._observers[node]),
@@ -427,9 +441,14 @@ class Run:
         self._bridge.close()
 
     def stop(self, timeout: float) -> list[str]:
-        """Halt and join every thread within ``timeout`` seconds; the names still running."""
+        """Halt and join every thread within ``timeout`` seconds; the names still running.
+
+        Safe from any thread, also while :meth:`start` is under way on another.
+        """
         self.halt()
         deadline = time.monotonic() + timeout
+        with self._lifecycle:  # a concurrent start() has started all it will start
+            pass
         stuck = []
         for source in self._source_threads:
             source.join(max(0.0, deadline - time.monotonic()))
