@@ -13,7 +13,7 @@ import pytest
 
 import rxstream
 from rxstream import PipelineError, PipelineStateError, SelfTestError
-from rxstream.testing import live_threads
+from rxstream.testing import live_threads, wait_idle
 from rxstream.transport import MemoryTransport, Session
 
 
@@ -356,3 +356,26 @@ def test_run_stop_racing_run_start_never_joins_an_unstarted_thread(ctx: rxstream
         assert errors == []
         assert run.stop(1.0) == []
         assert live_threads() == []
+
+
+def test_wait_idle_returns_once_every_fed_item_has_left(ctx: rxstream.Context) -> None:
+    """wait_idle() returns True once fed samples went through a slow stage; False unstarted."""
+    release = threading.Event()
+
+    def held(x: int) -> int:
+        release.wait(10)
+        return x
+
+    pipeline = ctx.input("pointer") | ctx.pipe(held, name="slow") | ctx.stream("out")
+    assert not wait_idle(pipeline, 0.01)
+    pipeline.start()
+    try:
+        for i in range(3):
+            pipeline.feed("pointer", i)
+        assert not wait_idle(pipeline, 0.05)  # held: an item is at work, another queued
+        release.set()
+        assert wait_idle(pipeline, 30)
+        stats = pipeline.statistics()
+        assert (stats["out"].items_out, stats["slow"].inbox_depth) == (3, 0)
+    finally:
+        pipeline.stop()

@@ -26,6 +26,7 @@ from rxstream.ipc import RingSpec, ShmRing
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
+from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
@@ -111,7 +112,7 @@ class Run:
         self.threads: dict[Node, StageThread] = {}
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
-        self._source_threads: list[threading.Thread] = []
+        self._source_threads: dict[Node, threading.Thread] = {}
         self._subscriptions = CompositeDisposable()
         for node in self.local:
             self._make_shell(node)
@@ -404,7 +405,7 @@ class Run:
                 name=f"rxstream:{self.plan.name_of(node)}",
                 daemon=True,
             )
-            self._source_threads.append(source)
+            self._source_threads[node] = source
             source.start()
 
     def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
@@ -450,7 +451,7 @@ class Run:
         with self._lifecycle:  # a concurrent start() has started all it will start
             pass
         stuck = []
-        for source in self._source_threads:
+        for source in self._source_threads.values():
             source.join(max(0.0, deadline - time.monotonic()))
             if source.is_alive():
                 stuck.append(source.name)
@@ -556,6 +557,25 @@ class Run:
         clock.schedule_absolute(index * interval if index < frames else clock.clock(), pull)
 
     # --- statistics -------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether nothing moves here, checked from the sources down: every source ended or,
+        for a ``ctx.input``, waits for a sample with none queued; every stage thread waits
+        for work (see ``StageThread.idle``). Then every item taken in has left or was dropped,
+        and the statistics count it. A source that keeps producing keeps the run busy."""
+        for node in self.local:
+            thread = self.threads.get(node)
+            if thread is not None:
+                if not thread.idle:
+                    return False
+                continue
+            pump = self._source_threads.get(node)
+            if pump is None or not pump.is_alive():
+                continue
+            feed = node.stage.source
+            if not (isinstance(feed, InputFeed) and feed.idle):
+                return False
+        return True
 
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics now, by name, in plan order."""
