@@ -489,6 +489,9 @@ def _rank_main(
     sender = _Sender(conn)
     rings: dict[str, ShmRing] = {}
     try:
+        # first of all, so that the controller can unlink the rings' names at once
+        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
+        sender.send(("attached", rank))
         _configure_quiet(spawn.quiet)
         transport = _Forward(sender if spawn.forward else None, spawn.frames)
         ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
@@ -502,7 +505,6 @@ def _rank_main(
             _apply_serving(pipeline, spawn.serving)
         if _has_sink(pipeline, rank):
             _configure_log(spawn.log)
-        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         run = _rank_run(pipeline, rank, rings, releases)
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
         listener = threading.Thread(
@@ -819,6 +821,7 @@ class _Ranks:
         its sources only once the whole pipeline can take their items (a rank importing
         torch takes seconds). A rank that fails or dies first raises ``PipelineError``."""
         waiting = dict(self.conns)
+        attached: set[int] = set()
         deadline = time.monotonic() + timeout
         while waiting:
             left = deadline - time.monotonic()
@@ -837,7 +840,11 @@ class _Ranks:
                         message = conn.recv()
                     except (EOFError, OSError):
                         message = ("error", rank, "its process ended before it was ready", {})
-                    if message[0] == "ready":
+                    if message[0] == "attached":
+                        attached.add(rank)
+                        if len(attached) == len(self.conns):
+                            self.unlink_rings()
+                    elif message[0] == "ready":
                         del waiting[rank]
                     elif message[0] == "error":
                         raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
@@ -848,6 +855,12 @@ class _Ranks:
                         f"rank {rank}",
                         RuntimeError(f"rank {rank} died (exit code {code}) before it was ready"),
                     )
+
+    def unlink_rings(self) -> None:
+        """Remove the rings' names: every rank has attached (the mappings stay), and a run
+        killed even by SIGKILL leaves nothing in ``/dev/shm``. Idempotent."""
+        for ring in self.rings.values():
+            ring.unlink()
 
     def close(self) -> None:
         """Stop every rank, join it (kill it after ``JOIN_S``), close pipes, unlink rings."""

@@ -196,6 +196,7 @@ class Run:
             if ring is None:  # every rank in this process: the run owns the ring
                 spec = self._ring_spec
                 ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
+                ring.unlink()  # both sides use this mapping: no name needed, none left behind
                 self._owned_rings.append(ring)
             cuda = None
             if self._cuda_api is not None:
