@@ -98,8 +98,8 @@ def made_rings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     made: list[str] = []
     create = ShmRing.create
 
-    def creating(**options: int) -> ShmRing:
-        ring = create(**options)
+    def creating(*, slots: int, slot_bytes: int) -> ShmRing:
+        ring = create(slots=slots, slot_bytes=slot_bytes)
         made.append(ring.name)
         return ring
 
