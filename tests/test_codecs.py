@@ -439,7 +439,9 @@ def test_file_transport_writes_a_playable_mp4_from_a_threaded_run(
         assert container.format.name.startswith("mov,mp4")
         assert stream.codec_context.name == "h264"
         assert stream.average_rate == 20
-        assert stream.duration * stream.time_base == 1  # 20 frames at 20 fps
+        duration, time_base = stream.duration, stream.time_base
+        assert duration is not None and time_base is not None
+        assert duration * time_base == 1  # 20 frames at 20 fps
 
 
 _CUT_SHORT = """
