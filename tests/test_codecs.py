@@ -440,7 +440,8 @@ def test_file_transport_writes_a_playable_mp4_from_a_threaded_run(
         assert stream.codec_context.name == "h264"
         assert stream.average_rate == 20
         duration, time_base = stream.duration, stream.time_base
-        assert duration is not None and time_base is not None
+        assert duration is not None
+        assert time_base is not None
         assert duration * time_base == 1  # 20 frames at 20 fps
 
 

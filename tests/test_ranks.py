@@ -117,9 +117,7 @@ def test_rings_lose_their_names_once_every_rank_attached(
 ) -> None:
     """While a launch runs, its ring (rank 0 -> rank 1) has no /dev/shm entry any more."""
     seen: list[list[str]] = []
-    rxstream.launch(
-        APP, ranks=2, timeout=1.5, on_status=lambda _: seen.append(in_shm(made_rings))
-    )
+    rxstream.launch(APP, ranks=2, timeout=1.5, on_status=lambda _: seen.append(in_shm(made_rings)))
     assert len(made_rings) == 1  # the boundary's ring, made by this process
     assert made_rings[0].startswith(f"rxs_{os.getpid()}_")  # a test can tell its own
     assert seen  # looked at while the ranks ran
