@@ -145,6 +145,22 @@ def test_in_process_rings_have_no_name_while_they_run(
         pipeline.stop()
 
 
+def test_stop_ends_a_launch_with_every_rank_s_statistics(clean_host: None) -> None:
+    """Setting stop (as a signal handler does) ends the run; each rank reports, none fails."""
+    stop = threading.Event()
+    result = rxstream.launch(APP, ranks=2, timeout=60, on_status=lambda _: stop.set(), stop=stop)
+    assert set(result.statistics) == {0, 1}
+    assert result.statistics[1]["video"].items_out == result.egressed > 0
+
+
+def test_stop_before_the_ranks_are_ready_runs_nothing(clean_host: None) -> None:
+    """A launch whose stop is already set returns at once, with no statistics and no error."""
+    stop = threading.Event()
+    stop.set()
+    result = rxstream.launch(APP, ranks=2, timeout=60, stop=stop)
+    assert (result.ranks, dict(result.statistics), result.egressed) == (2, {}, 0)
+
+
 def test_a_finite_launch_delivers_everything_before_it_ends(clean_host: None) -> None:
     """When the source ends, every rank finishes its items before the launch returns."""
     result = rxstream.launch(APP, ranks=2, config={"mode": "finite"}, timeout=60)
