@@ -1250,7 +1250,7 @@ class _Watch:
         for rank, conn in self.conns.items():
             silent = now - self.heard[rank]
             if rank not in self.finished and silent > self.heartbeat and not conn.poll():
-                _unanswering(self.run, rank, self.procs[rank], silent)
+                _unanswering(self.run, rank, self.procs[rank], silent, self.heartbeat)
 
     def _read(self, rank: int, conn: Connection) -> None:
         self.heard[rank] = time.monotonic()
@@ -1297,7 +1297,7 @@ def _stopped_by(rank: int, signum: int) -> PipelineError:
     )
 
 
-def _unanswering(run: Run, rank: int, proc: Any, silent: float) -> NoReturn:
+def _unanswering(run: Run, rank: int, proc: Any, silent: float, allowed: float) -> NoReturn:
     """A rank that sends nothing any more (stopped, hung): kill it, fail the run naming it."""
     with contextlib.suppress(OSError):
         proc.kill()  # SIGKILL: the one signal a stopped process does not wait for
@@ -1306,7 +1306,7 @@ def _unanswering(run: Run, rank: int, proc: Any, silent: float) -> NoReturn:
         f"rank {rank}",
         RuntimeError(
             f"rank {rank} stopped answering: nothing from it for {silent:.1f} s "
-            f"(the heartbeat allows {heartbeat_s():g} s, {HEARTBEAT_ENV}); it was killed"
+            f"(the heartbeat allows {allowed:g} s, {HEARTBEAT_ENV}); it was killed"
         ),
     )
     run.fail(error)
