@@ -251,7 +251,9 @@ class _StopSignals:
     the exit status is 128 + the signal's number (130, 143, 129). A second one forces: every
     rank process is killed (SIGKILL) and this process exits at once with 128 + its number (the
     rings have no names left by then; the MP4 keeps its complete fragments). Installed only on
-    the main thread, and not under torchrun (which stops its workers with SIGTERM itself).
+    the main thread, not under torchrun (which stops its workers with SIGTERM itself), and not
+    for a signal this process inherited as ignored (``nohup`` ignores SIGHUP, a background job
+    of a non-interactive shell SIGINT).
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -270,6 +272,8 @@ class _StopSignals:
     def __enter__(self) -> _StopSignals:
         if self._enabled:
             for signum in self.SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): it stays
                 self._previous[signum] = signal.signal(signum, self._handle)
         return self
 

@@ -84,7 +84,12 @@ class Run:
     (a child of a non-interactive shell would inherit SIGINT ignored)."""
 
     def __init__(
-        self, folder: Path, ranks: int, serve: bool = False, heartbeat: float = HEARTBEAT_S
+        self,
+        folder: Path,
+        ranks: int,
+        serve: bool = False,
+        heartbeat: float = HEARTBEAT_S,
+        nohup: bool = False,
     ) -> None:
         self.folder = folder
         self.video = folder / "video.mp4"
@@ -98,7 +103,7 @@ class Run:
         env = {**os.environ, HEARTBEAT_ENV: str(heartbeat)}
         self.proc = subprocess.Popen(
             command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-            env=env, start_new_session=True, preexec_fn=_default_signals,
+            env=env, start_new_session=True, preexec_fn=_nohup if nohup else _default_signals,
         )  # fmt: skip
         self.ranks = ranks
         self.pids: dict[str, int] = {}
@@ -160,6 +165,11 @@ class Run:
 def _default_signals() -> None:
     for signum in CATCHABLE:
         signal.signal(signum, signal.SIG_DFL)
+
+
+def _nohup() -> None:
+    _default_signals()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _killpg(pgid: int) -> None:
@@ -282,6 +292,28 @@ def test_a_second_signal_forces_the_exit(tmp_path: Path) -> None:
     procs, shm = run.leftovers()
     assert status == 143, run.err
     assert "SIGTERM again: forced exit, rank processes killed" in run.err
+    assert procs == []
+    assert shm == []
+
+
+@pytest.mark.slow
+def test_a_signal_ignored_by_whoever_started_the_run_stays_ignored(tmp_path: Path) -> None:
+    """Under nohup (SIGHUP ignored) a hangup does not stop the run; SIGTERM still does."""
+    run = Run(tmp_path, 1, nohup=True)
+    try:
+        run.wait_running()
+        run.send("parent", signal.SIGHUP)
+        assert "SIGHUP" not in _peek(run)
+        assert run.proc.poll() is None
+        run.send("parent", signal.SIGTERM)
+        status = run.finish()
+    finally:
+        if run.proc.poll() is None:
+            run.finish(kill=True)
+    procs, shm = run.leftovers()
+    assert status == 143, run.err
+    assert "SIGHUP" not in run.err
+    assert "interrupted, stopped (SIGTERM)" in run.err
     assert procs == []
     assert shm == []
 
