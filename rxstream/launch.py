@@ -538,13 +538,15 @@ class _Signalled(BaseException):
 
 class _RankSignals:
     """A spawned rank's :data:`STOP_SIGNALS`: the first halts its run (once there is one;
-    before, it raises :class:`_Signalled`) and is reported; a second one kills."""
+    before, it raises :class:`_Signalled`) and is reported; a second one kills. A signal the
+    rank inherited as ignored (the launch runs under ``nohup``) stays ignored."""
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.run: Run | None = None
         for signum in STOP_SIGNALS:
-            signal.signal(signum, self._handle)
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self._handle)
 
     def _handle(self, signum: int, frame: object) -> None:
         for other in STOP_SIGNALS:
