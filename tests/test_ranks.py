@@ -25,8 +25,9 @@ APP = str(ROOT / "tests" / "apps" / "ranks_app.py")
 
 
 def shm_segments() -> set[str]:
-    """The shared-memory segments that exist now."""
-    return set(os.listdir("/dev/shm"))
+    """This process's shared-memory segments that exist now (rings are named ``rxs_<pid>_…``
+    by the process that makes them: rank 0, here; /dev/shm is shared with everything else)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"rxs_{os.getpid()}_")}
 
 
 def rank_processes() -> list[str]:
