@@ -18,10 +18,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping, Sequence
@@ -38,7 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 INTERRUPTED = 130
-"""The exit status after Ctrl-C (128 + SIGINT), as shells report it."""
+"""The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
+SIGHUP 129 (128 + the signal's number)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -151,6 +155,13 @@ def _seconds(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from rxstream.distributed import torchrun_env
+
+    with _StopSignals(enabled=torchrun_env() is None) as signals:
+        return _run_app(args, signals)
+
+
+def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import SettingError
     from rxstream._settings import split_setting
     from rxstream.distributed import torchrun_env
@@ -248,6 +259,7 @@ def _run(args: argparse.Namespace) -> int:
             on_open=opened,
             on_status=status,
             quiet=True,
+            stop=signals.event,
         )
     except KeyboardInterrupt:
         _clear(status)
@@ -257,6 +269,9 @@ def _run(args: argparse.Namespace) -> int:
         return fail(str(exc), 2)
     except Exception as exc:
         _clear(status)
+        if signals.signum is not None:  # what the stop left behind it: said, then the stop
+            fail(str(exc), 1)
+            return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
         return fail(str(exc), 1)
     _clear(status)
     job = torchrun_env()
@@ -273,7 +288,70 @@ def _run(args: argparse.Namespace) -> int:
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
         print(format_statistics(stats) if stats else "no stages")
+    if signals.signum is not None:
+        sys.stdout.flush()
+        return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
     return 0
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP while ``rxstream run`` runs (what a terminal, docker,
+    systemd and Kubernetes send).
+
+    The first one sets :attr:`event`, the launch's ``stop``: the run ends as at its
+    ``--timeout`` — every rank stops, the file is finished, the statistics are printed — and
+    the exit status is 128 + the signal's number (130, 143, 129). A second one forces: every
+    rank process is killed (SIGKILL) and this process exits at once with 128 + its number (the
+    rings have no names left by then; the MP4 keeps its complete fragments). Installed only on
+    the main thread, not under torchrun (which stops its workers with SIGTERM itself), and not
+    for a signal this process inherited as ignored (``nohup`` ignores SIGHUP, a background job
+    of a non-interactive shell SIGINT).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self._enabled = enabled and threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """The first signal's name (``SIGTERM``)."""
+        return "" if self.signum is None else signal.Signals(self.signum).name
+
+    def __enter__(self) -> _StopSignals:
+        if self._enabled:
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): it stays
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            self.event.set()
+            _say(f"\nrxstream run: {name}: stopping (the same again forces an exit)\n")
+            return
+        from rxstream.launch import kill_ranks
+
+        kill_ranks()
+        _say(f"rxstream run: {name} again: forced exit, rank processes killed\n")
+        os._exit(128 + signum)
+
+
+def _say(text: str) -> None:
+    """Write to stderr from a signal handler (``print`` may be in the middle of a write)."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), text.encode())
 
 
 def _prepare_output(flag: str, path: str) -> str | None:

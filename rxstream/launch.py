@@ -31,6 +31,7 @@ import importlib
 import importlib.util
 import inspect
 import logging
+import math
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -74,6 +75,44 @@ WATCH_S = 0.05
 """How often the controller checks on its ranks (a dead rank is noticed within ~this)."""
 STATUS_S = 0.5
 """How often ``on_status`` gets the statistics of every rank."""
+HEARTBEAT_ENV = "RXSTREAM_HEARTBEAT_S"
+"""Sets :data:`HEARTBEAT_S` for a launch (seconds, > 0)."""
+HEARTBEAT_S = 5.0
+"""A running rank that sends the controller nothing for this long (it reports every
+``WATCH_S``: its egress count is the heartbeat) has stopped answering — stopped (SIGSTOP),
+hung, swapped out: the run fails naming it, and it is killed (SIGKILL reaches a stopped
+process). Start-up is bounded by ``READY_S`` instead."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""The signals a spawned rank takes as "stop now": it halts its run and reports the signal
+(SIGINT, the terminal's Ctrl-C that reaches the whole process group, it ignores: the
+controller stops it)."""
+
+
+_live_ranks: set[Any] = set()
+"""The rank processes spawned and not yet joined, for :func:`kill_ranks`."""
+
+
+def kill_ranks() -> None:
+    """SIGKILL every spawned rank process still running (a forced exit's last act; safe in a
+    signal handler: it only sends signals)."""
+    for proc in tuple(_live_ranks):
+        with contextlib.suppress(OSError, TypeError):
+            os.kill(proc.pid, signal.SIGKILL)
+
+
+def heartbeat_s() -> float:
+    """:data:`HEARTBEAT_S`, or the seconds ``RXSTREAM_HEARTBEAT_S`` gives."""
+    text = os.environ.get(HEARTBEAT_ENV)
+    if text is None:
+        return HEARTBEAT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
+    return value
+
 
 Build = Callable[[Context], Pipeline]
 Main = Callable[[Context], Coroutine[Any, Any, Any]]
@@ -252,8 +291,10 @@ class _Egress(Transport):
         out_stream: str | None,
         frames: int | None,
         on_open: Callable[[], None] | None,
+        stop: threading.Event | None = None,
     ) -> None:
         self._primary = primary if primary is not None else MemoryTransport(keep=1)
+        self._stop = stop if stop is not None else threading.Event()
         self._out = out
         self._out_stream = out_stream
         self._on_open = on_open
@@ -271,13 +312,22 @@ class _Egress(Transport):
 
     @property
     def connected(self) -> bool:
-        return not self._ended and self._primary.connected
+        return not self.stopping and not self._ended and self._primary.connected
+
+    @property
+    def stopping(self) -> bool:
+        """Whether the launch's ``stop`` was set (a signal): the session ends now."""
+        return self._stop.is_set()
 
     @property
     def ended(self) -> bool:
-        """Whether the session is over: ended, its frames passed on, or — once it opened —
-        its client gone (a page that has not come yet keeps it)."""
-        return self._ended or (self._inner is not None and not self._primary.connected)
+        """Whether the session is over: ended, stopped, its frames passed on, or — once it
+        opened — its client gone (a page that has not come yet keeps it)."""
+        return (
+            self._ended
+            or self.stopping
+            or (self._inner is not None and not self._primary.connected)
+        )
 
     def end(self) -> None:
         """End the session: ``connected`` turns false, and a ``run()`` holding on it returns."""
@@ -482,6 +532,45 @@ def _layout(pipeline: Pipeline) -> tuple[str, ...]:
     return tuple(f"{plan.names[node]}@{plan.ranks[node]}" for node in plan.nodes)
 
 
+class _Signalled(BaseException):
+    """A stop signal reached a rank before its run started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class _RankSignals:
+    """A spawned rank's :data:`STOP_SIGNALS`: the first halts its run (once there is one;
+    before, it raises :class:`_Signalled`) and is reported; a second one kills. A signal the
+    rank inherited as ignored (the launch runs under ``nohup``) stays ignored."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.run: Run | None = None
+        for signum in STOP_SIGNALS:
+            if signal.getsignal(signum) is not signal.SIG_IGN:
+                signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        for other in STOP_SIGNALS:
+            signal.signal(other, signal.SIG_DFL)
+        self.signum = signum
+        run = self.run
+        if run is None:
+            raise _Signalled(signum)
+        run.halt()
+        run.done.set()
+
+
+def signal_name(signum: int) -> str:
+    """``SIGTERM`` for 15, …"""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _rank_main(
     setup: _RankSetup,
     releases: Mapping[str, tuple[Connection, Connection]],
@@ -489,10 +578,14 @@ def _rank_main(
 ) -> None:
     """The body of rank ``setup.rank`` > 0 (in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
+    signals = _RankSignals()
     rank, spawn = setup.rank, setup.spawn
     sender = _Sender(conn)
     rings: dict[str, ShmRing] = {}
     try:
+        # first of all, so that the controller can unlink the rings' names at once
+        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
+        sender.send(("attached", rank))
         _configure_quiet(spawn.quiet)
         transport = _Forward(sender if spawn.forward else None, spawn.frames)
         ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
@@ -506,8 +599,8 @@ def _rank_main(
             _apply_serving(pipeline, spawn.serving)
         if _has_sink(pipeline, rank):
             _configure_log(spawn.log)
-        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         run = _rank_run(pipeline, rank, rings, releases)
+        signals.run = run  # a stop signal from now on halts the run, reported below
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
         listener = threading.Thread(
             target=_listen, args=(conn, ctx, run), name="rxstream:control", daemon=True
@@ -524,10 +617,15 @@ def _rank_main(
                 sender.send(("stats", rank, stats_to_wire(stats)))
         run.stop(0.45)
         stats = run.statistics()
-        if run.error is not None:
+        if signals.signum is not None:
+            sender.send(("stopped", rank, signals.signum, egressed(stats), stats_to_wire(stats)))
+        elif run.error is not None:
             sender.send(("error", rank, describe(run.error), stats_to_wire(stats)))
         else:
             sender.send(("done", rank, egressed(stats), stats_to_wire(stats)))
+    except _Signalled as exc:
+        with contextlib.suppress(OSError):
+            sender.send(("stopped", rank, exc.signum, 0, {}))
     except BaseException as exc:
         with contextlib.suppress(OSError):
             sender.send(("error", rank, describe(exc), {}))
@@ -586,6 +684,7 @@ def launch(
     on_open: Callable[[], None] | None = None,
     on_status: Callable[[Statistics], None] | None = None,
     quiet: bool = False,
+    stop: threading.Event | None = None,
 ) -> LaunchResult:
     """Run the app ``entry`` on ``ranks`` processes until it ends; its statistics.
 
@@ -599,9 +698,14 @@ def launch(
     one) to an MP4 file; ``log`` is the timing log every rank with a sink writes (started
     afresh). ``on_open`` is called once the session transport opened, ``on_status`` every
     half second with every rank's statistics. ``quiet`` leaves only warnings and errors in
-    every rank's console log (the timing records still go to ``log``). A failure on any rank raises
+    every rank's console log (the timing records still go to ``log``). ``stop``, once set
+    (from a signal handler, another thread), ends the run as the ``timeout`` does: the session
+    ends, every rank stops and reports, and the statistics come back (set before every rank
+    is ready, nothing runs; not under torchrun, which stops its workers with SIGTERM).
+    A failure on any rank raises
     :class:`PipelineError` naming it; a refused setting :class:`SettingError`; a refused
-    serving config :class:`~rxstream.topology.DeploymentError`.
+    serving config :class:`~rxstream.topology.DeploymentError`. A rank that sends nothing for
+    :data:`HEARTBEAT_S` seconds is killed and named in that error.
     """
     from rxstream.distributed import launch_torchrun, torchrun_env
 
@@ -626,7 +730,9 @@ def launch(
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
     app.check_ranks(ranks)
-    egress = _Egress(transport, out=out, out_stream=out_stream, frames=frames, on_open=on_open)
+    egress = _Egress(
+        transport, out=out, out_stream=out_stream, frames=frames, on_open=on_open, stop=stop
+    )
     spawn = _Spawn(
         app.entry,
         ranks,
@@ -752,7 +858,8 @@ def _launch_build(
     run: Run | None = None
     try:
         run = _rank_run(pipeline, 0, ranks.rings, ranks.releases)
-        ranks.wait_ready()
+        if not ranks.wait_ready(stopping=lambda: egress.stopping):
+            return LaunchResult(spawn.world)  # stopped before it started: nothing ran
         egress.halt_at_frames(run)
         egress.open(pipeline.session())
         replicas = _replicate(ctx, ranks.conns)
@@ -814,17 +921,24 @@ class _Ranks:
                 finally:
                     child.close()
                 self.procs[rank] = proc
+                _live_ranks.add(proc)
         except BaseException:
             self.close()
             raise
 
-    def wait_ready(self, timeout: float = READY_S) -> None:
+    def wait_ready(
+        self, timeout: float = READY_S, stopping: Callable[[], bool] = lambda: False
+    ) -> bool:
         """Wait until every rank built its graph and started its run, so that rank 0 starts
         its sources only once the whole pipeline can take their items (a rank importing
-        torch takes seconds). A rank that fails or dies first raises ``PipelineError``."""
+        torch takes seconds); ``False`` when ``stopping()`` turned true first (a signal).
+        A rank that fails, dies or is stopped by a signal first raises ``PipelineError``."""
         waiting = dict(self.conns)
+        attached: set[int] = set()
         deadline = time.monotonic() + timeout
         while waiting:
+            if stopping():
+                return False
             left = deadline - time.monotonic()
             if left <= 0:
                 raise PipelineError(
@@ -841,10 +955,16 @@ class _Ranks:
                         message = conn.recv()
                     except (EOFError, OSError):
                         message = ("error", rank, "its process ended before it was ready", {})
-                    if message[0] == "ready":
+                    if message[0] == "attached":
+                        attached.add(rank)
+                        if len(attached) == len(self.conns):
+                            self.unlink_rings()
+                    elif message[0] == "ready":
                         del waiting[rank]
                     elif message[0] == "error":
                         raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
+                    elif message[0] == "stopped" and not stopping():
+                        raise _stopped_by(rank, message[2])
                 elif self.procs[rank].sentinel in ready and not conn.poll():
                     self.procs[rank].join(0.5)
                     code = self.procs[rank].exitcode
@@ -852,6 +972,13 @@ class _Ranks:
                         f"rank {rank}",
                         RuntimeError(f"rank {rank} died (exit code {code}) before it was ready"),
                     )
+        return True
+
+    def unlink_rings(self) -> None:
+        """Remove the rings' names: every rank has attached (the mappings stay), and a run
+        killed even by SIGKILL leaves nothing in ``/dev/shm``. Idempotent."""
+        for ring in self.rings.values():
+            ring.unlink()
 
     def close(self) -> None:
         """Stop every rank, join it (kill it after ``JOIN_S``), close pipes, unlink rings."""
@@ -863,6 +990,7 @@ class _Ranks:
             if proc.is_alive():
                 proc.kill()
                 proc.join()
+            _live_ranks.discard(proc)
         for conn in self.conns.values():
             conn.close()
         for pair in self.releases.values():
@@ -889,7 +1017,8 @@ class _MainRanks:
         ranks = _Ranks(self._spawn, pipeline)
         try:
             run = _rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
-            ranks.wait_ready()
+            if not ranks.wait_ready(stopping=lambda: self._egress.stopping):
+                raise PipelineStateError("the launch was stopped before every rank was ready")
         except BaseException:
             ranks.close()
             raise
@@ -1067,11 +1196,16 @@ class _Watch:
         self.stats: dict[int, dict[str, StageStatistics]] = {}
         self.live: dict[int, dict[str, StageStatistics]] = {}
         self.finished: set[int] = set()
+        self.heartbeat = heartbeat_s()
+        self.heard: dict[int, float] = {}
+        """When each rank was last heard from (any message)."""
 
     def until_end(self, frames: int | None, timeout: float | None) -> LaunchResult:
-        """Wait for every rank to end; fail fast naming a rank that died or failed."""
+        """Wait for every rank to end; fail fast naming a rank that died, failed or stopped
+        answering (nothing from it for ``heartbeat`` seconds)."""
         run, conns, procs = self.run, self.conns, self.procs
         deadline = None if timeout is None else time.monotonic() + timeout
+        self.heard = dict.fromkeys(conns, time.monotonic())
         reported = time.monotonic()
         stopping_until: float | None = None  # set once the run ends: ranks report, then go
         while True:
@@ -1084,6 +1218,7 @@ class _Watch:
             for rank, proc in procs.items():
                 if rank not in self.finished and proc.sentinel in ready and not conns[rank].poll():
                     _died(run, rank, proc)
+            self._check_heartbeats()
             run.raise_error()
             if len(self.finished) == len(conns) and (
                 run.done.is_set() or stopping_until is not None
@@ -1116,7 +1251,15 @@ class _Watch:
         total = sum(self.egressed.values()) + egressed(self.stats[0])
         return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total)
 
+    def _check_heartbeats(self) -> None:
+        now = time.monotonic()
+        for rank, conn in self.conns.items():
+            silent = now - self.heard[rank]
+            if rank not in self.finished and silent > self.heartbeat and not conn.poll():
+                _unanswering(self.run, rank, self.procs[rank], silent, self.heartbeat)
+
     def _read(self, rank: int, conn: Connection) -> None:
+        self.heard[rank] = time.monotonic()
         for _ in range(_DRAIN):
             try:
                 message = conn.recv()
@@ -1140,8 +1283,40 @@ class _Watch:
                 error = PipelineError(f"rank {rank}", RuntimeError(message[2]))
                 self.run.fail(error)
                 raise error
+            elif kind == "stopped":  # a signal stopped it: the launch's own stop, or a failure
+                self.egressed[rank], self.stats[rank] = message[3], stats_from_wire(message[4])
+                self.finished.add(rank)
+                if not self.egress.stopping:
+                    error = _stopped_by(rank, message[2])
+                    self.run.fail(error)
+                    raise error
+                return
             if not conn.poll():
                 return
+
+
+def _stopped_by(rank: int, signum: int) -> PipelineError:
+    """The error of a rank that a signal stopped while the launch itself was not stopping."""
+    return PipelineError(
+        f"rank {rank}",
+        RuntimeError(f"rank {rank} was stopped by {signal_name(signum)} (sent to it alone)"),
+    )
+
+
+def _unanswering(run: Run, rank: int, proc: Any, silent: float, allowed: float) -> NoReturn:
+    """A rank that sends nothing any more (stopped, hung): kill it, fail the run naming it."""
+    with contextlib.suppress(OSError):
+        proc.kill()  # SIGKILL: the one signal a stopped process does not wait for
+    proc.join(1.0)
+    error = PipelineError(
+        f"rank {rank}",
+        RuntimeError(
+            f"rank {rank} stopped answering: nothing from it for {silent:.1f} s "
+            f"(the heartbeat allows {allowed:g} s, {HEARTBEAT_ENV}); it was killed"
+        ),
+    )
+    run.fail(error)
+    raise error
 
 
 def _died(run: Run, rank: int, proc: Any) -> NoReturn:

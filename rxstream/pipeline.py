@@ -75,6 +75,7 @@ class Pipeline:
         self._run: Run | None = None
         self._ranks: RankRun | None = None
         self._legacy: list[abc.DisposableBase] = []
+        self._lifecycle = threading.RLock()  # start() and stop() from several threads
 
     # --- composition ------------------------------------------------------------------------
 
@@ -215,6 +216,12 @@ class Pipeline:
         return self
 
     def _start(self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None) -> Run:
+        with self._lifecycle:  # a concurrent stop() stops what this starts, after it
+            return self._start_locked(config, loop)
+
+    def _start_locked(
+        self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None
+    ) -> Run:
         if self.running:
             raise PipelineStateError("start() on a running pipeline: stop() it first")
         plan = self.plan
@@ -329,8 +336,13 @@ class Pipeline:
     def stop(self) -> None:
         """Stop sources, wake every blocked inbox, join the threads; idempotent, ~0.5 s at most.
 
-        Items still waiting in inboxes are counted as dropped with reason ``stopped``.
+        Items still waiting in inboxes are counted as dropped with reason ``stopped``. Safe
+        from any thread, also while a :meth:`start` is under way (it stops what that started).
         """
+        with self._lifecycle:
+            self._stop_locked()
+
+    def _stop_locked(self) -> None:
         run = self._run
         if run is not None and run.mode == "drive":
             self._end_session()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,12 +21,31 @@ __all__ = [
     "drive",
     "drive_items",
     "live_threads",
+    "wait_idle",
 ]
 
 
 def live_threads() -> list[threading.Thread]:
     """The live threads rxstream started (all are named ``rxstream:<stage>``)."""
     return [t for t in threading.enumerate() if t.name.startswith("rxstream:")]
+
+
+def wait_idle(pipeline: Pipeline, timeout: float) -> bool:
+    """Wait until every stage of ``pipeline``'s threaded run is idle: inboxes empty, no stage
+    at work, no timer due. With its sources quiet (a fed ``ctx.input``, a finished source),
+    every item taken in has then left the pipeline or been dropped, and ``statistics()`` says
+    so. Returns whether that happened within ``timeout`` seconds (``False`` when nothing runs).
+    """
+    run = pipeline._run
+    if run is None or run.mode != "threads":
+        return False
+    deadline = time.monotonic() + timeout
+    while not run.idle():  # looked at every 2 ms: the stage threads signal nothing for this
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, 0.002))
+    return True
 
 
 @contextlib.contextmanager

@@ -62,9 +62,11 @@ def serving_config(tmp_path: Path, streams: dict[str, Any]) -> str:
     return str(path)
 
 
-def shm_segments() -> set[str]:
-    """The shared-memory segments that exist now."""
-    return set(os.listdir("/dev/shm"))
+def shm_segments(pid: int | None = None) -> set[str]:
+    """The shared-memory segments that exist now; with ``pid``, only those that process made
+    (rings are named ``rxs_<pid>_…``; /dev/shm is shared with everything else)."""
+    names = set(os.listdir("/dev/shm"))
+    return names if pid is None else {n for n in names if n.startswith(f"rxs_{pid}_")}
 
 
 def alive(pid: int) -> bool:
@@ -519,7 +521,6 @@ def test_status_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_ctrl_c_stops_every_rank_and_closes_the_file(tmp_path: Path) -> None:
     """SIGINT to the run's process group: exit 130, rank processes gone, no shm, MP4 playable."""
-    before = shm_segments()
     video = tmp_path / "cut.mp4"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rxstream", "run", FRAMES_APP, "--ranks", "2",
@@ -547,10 +548,10 @@ def test_ctrl_c_stops_every_rank_and_closes_the_file(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
     deadline = time.monotonic() + 5
-    while (alive(pids[1]) or shm_segments() - before) and time.monotonic() < deadline:
+    while (alive(pids[1]) or shm_segments(proc.pid)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not alive(pids[1])
-    assert shm_segments() - before == set()
+    assert shm_segments(proc.pid) == set()
     frames = decoded_frames(video)
     assert frames
     assert set(frames) == {(48, 32)}
@@ -580,7 +581,6 @@ def test_ctrl_c_stops_a_main_app_and_closes_the_file(tmp_path: Path) -> None:
 
 def test_ctrl_c_stops_a_main_app_on_every_rank(tmp_path: Path) -> None:
     """SIGINT during a main(ctx) app's run on 2 ranks: exit 130, rank 1 gone, no shm left."""
-    before = shm_segments()
     seen = tmp_path / "rank1.pid"
     proc = subprocess.Popen(
         [sys.executable, "-m", "rxstream", "run", MAIN_RANKS_APP, "--ranks", "2",
@@ -600,10 +600,10 @@ def test_ctrl_c_stops_a_main_app_on_every_rank(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
     assert "rxstream run: interrupted, stopped" in err
-    deadline = time.monotonic() + 5  # (another process on this host may hold a ring a moment)
-    while shm_segments() - before and time.monotonic() < deadline:
+    deadline = time.monotonic() + 5
+    while shm_segments(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert shm_segments() - before == set()
+    assert shm_segments(proc.pid) == set()
     assert not alive(rank1)
 
 

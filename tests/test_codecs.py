@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import re
 import struct
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -437,7 +439,32 @@ def test_file_transport_writes_a_playable_mp4_from_a_threaded_run(
         assert container.format.name.startswith("mov,mp4")
         assert stream.codec_context.name == "h264"
         assert stream.average_rate == 20
-        assert stream.frames == 20
+        duration, time_base = stream.duration, stream.time_base
+        assert duration is not None
+        assert time_base is not None
+        assert duration * time_base == 1  # 20 frames at 20 fps
+
+
+_CUT_SHORT = """
+import os, sys
+import numpy as np
+from rxstream.item import PipelineItem, PipelineMetadata
+from rxstream.transport import FileTransport
+transport = FileTransport(sys.argv[1], fps=20)
+for index in range(50):
+    frame = np.full((48, 64, 3), index * 5, dtype=np.uint8)
+    transport.send("video", PipelineItem(frame, PipelineMetadata(pts=index)))
+os._exit(0)  # killed: no close(), no trailer
+"""
+
+
+def test_a_file_cut_short_plays_up_to_its_last_fragment(tmp_path: Path) -> None:
+    """A process that dies without close() leaves an MP4 whose whole fragments decode."""
+    path = tmp_path / "cut.mp4"
+    subprocess.run([sys.executable, "-c", _CUT_SHORT, str(path)], check=True, timeout=60)
+    frames = decode_all(path)
+    assert len(frames) >= 40  # 50 written, a fragment a second (20 frames): two complete
+    assert {frame.shape for frame in frames} == {(48, 64, 3)}
 
 
 def test_file_transport_takes_torch_frames_and_pads_odd_sizes(tmp_path: Path) -> None:

@@ -578,10 +578,10 @@ def test_create_validates_its_sizes() -> None:
 
 
 def test_default_name_and_unlink_twice() -> None:
-    """create() names the segment rxs_<hex>; unlink removes it and is safe to repeat."""
+    """create() names the segment rxs_<pid>_<hex>; unlink removes it and is safe to repeat."""
     ring = ShmRing.create(slots=1, slot_bytes=1024)
     try:
-        assert ring.name.startswith("rxs_")
+        assert ring.name.startswith(f"rxs_{os.getpid()}_")
         assert os.path.exists(f"/dev/shm/{ring.name}")
         assert repr(ring) == f"<ShmRing '{ring.name}' 1 slots x 1024 bytes, owner, open>"
     finally:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -11,8 +13,8 @@ import pytest
 
 import rxstream
 from rxstream import PipelineError, PipelineStateError, SelfTestError
-from rxstream.testing import live_threads
-from rxstream.transport import MemoryTransport
+from rxstream.testing import live_threads, wait_idle
+from rxstream.transport import MemoryTransport, Session
 
 
 def identity(x: int) -> int:
@@ -272,3 +274,110 @@ def test_self_test_passes_and_fails(ctx: rxstream.Context) -> None:
     ):
         raise AssertionError("shape")
     assert ctx.self_test_passed is False
+
+
+class _CountingTransport(MemoryTransport):
+    """Counts opens and closes, to check a session is closed as often as it was opened."""
+
+    def __init__(self) -> None:
+        super().__init__(keep=1)
+        self.opened = 0
+        self.closed = 0
+
+    def open(self, session: Session) -> None:
+        self.opened += 1
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def _race(start: Callable[[], object], stop: Callable[[], object]) -> list[BaseException]:
+    """Run ``start`` once and ``stop`` over and over (until start returned) from two threads
+    let go together by a barrier; what either raised."""
+    barrier = threading.Barrier(2)
+    started = threading.Event()
+    errors: list[BaseException] = []
+
+    def starter() -> None:
+        barrier.wait()
+        try:
+            start()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            started.set()
+
+    def stopper() -> None:
+        barrier.wait()
+        try:
+            while True:  # stop() lands anywhere in start(): before, during, after
+                done = started.is_set()
+                stop()
+                if done:
+                    return
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=starter), threading.Thread(target=stopper)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return errors
+
+
+def test_stop_racing_start_never_raises_and_leaves_nothing_running() -> None:
+    """pipeline.stop() concurrent with start(), 60 times: no error, no thread, session closed."""
+    for _ in range(60):
+        transport = _CountingTransport()
+        ctx = rxstream.Context(transport=transport)
+        pipeline = ctx.source(endless) | ctx.pipe(identity, name="a") | ctx.stream("out")
+        pipeline.plan  # noqa: B018 - compiled before the race, so start() is quick
+        errors = _race(pipeline.start, pipeline.stop)
+        pipeline.stop()
+        assert errors == []
+        assert not pipeline.running
+        assert live_threads() == []
+        assert transport.opened == transport.closed
+
+
+def test_run_stop_racing_run_start_never_joins_an_unstarted_thread(ctx: rxstream.Context) -> None:
+    """The runtime's Run.stop() concurrent with Run.start(), 60 times: never raises."""
+    from rxstream.runtime._aio import AsyncBridge
+    from rxstream.runtime._run import Run
+
+    pipeline = ctx.source(endless, name="s1") | ctx.pipe(identity, name="a") | ctx.stream("out")
+    for _ in range(60):
+        run = Run(
+            pipeline.plan,
+            mode="threads",
+            bridge=AsyncBridge(),
+            generations=ctx.generations,
+        )
+        errors = _race(run.start, functools.partial(run.stop, 1.0))
+        assert errors == []
+        assert run.stop(1.0) == []
+        assert live_threads() == []
+
+
+def test_wait_idle_returns_once_every_fed_item_has_left(ctx: rxstream.Context) -> None:
+    """wait_idle() returns True once fed samples went through a slow stage; False unstarted."""
+    release = threading.Event()
+
+    def held(x: int) -> int:
+        release.wait(10)
+        return x
+
+    pipeline = ctx.input("pointer") | ctx.pipe(held, name="slow") | ctx.stream("out")
+    assert not wait_idle(pipeline, 0.01)
+    pipeline.start()
+    try:
+        for i in range(3):
+            pipeline.feed("pointer", i)
+        assert not wait_idle(pipeline, 0.05)  # held: an item is at work, another queued
+        release.set()
+        assert wait_idle(pipeline, 30)
+        stats = pipeline.statistics()
+        assert (stats["out"].items_out, stats["slow"].inbox_depth) == (3, 0)
+    finally:
+        pipeline.stop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 
 import rxstream
 from rxstream import LaunchResult, PipelineError
+from rxstream.ipc import ShmRing
 from rxstream.transport import MemoryTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,8 +25,9 @@ APP = str(ROOT / "tests" / "apps" / "ranks_app.py")
 
 
 def shm_segments() -> set[str]:
-    """The shared-memory segments that exist now."""
-    return set(os.listdir("/dev/shm"))
+    """This process's shared-memory segments that exist now (rings are named ``rxs_<pid>_…``
+    by the process that makes them: rank 0, here; /dev/shm is shared with everything else)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(f"rxs_{os.getpid()}_")}
 
 
 def rank_processes() -> list[str]:
@@ -88,6 +91,75 @@ def test_launch_runs_two_rank_processes(clean_host: None) -> None:
     assert list(result.statistics[0]) == ["frames", "prepare"]
     assert list(result.statistics[1]) == ["work", "record", "video"]
     assert result.statistics[1]["video"].items_out == result.egressed
+
+
+@pytest.fixture
+def made_rings(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the rings this process creates during the test."""
+    made: list[str] = []
+    create = ShmRing.create
+
+    def creating(*, slots: int, slot_bytes: int) -> ShmRing:
+        ring = create(slots=slots, slot_bytes=slot_bytes)
+        made.append(ring.name)
+        return ring
+
+    monkeypatch.setattr(ShmRing, "create", creating)
+    return made
+
+
+def in_shm(names: list[str]) -> list[str]:
+    """Those of ``names`` that are in /dev/shm now."""
+    return [name for name in names if os.path.exists(f"/dev/shm/{name}")]
+
+
+def test_rings_lose_their_names_once_every_rank_attached(
+    made_rings: list[str], clean_host: None
+) -> None:
+    """While a launch runs, its ring (rank 0 -> rank 1) has no /dev/shm entry any more."""
+    seen: list[list[str]] = []
+    rxstream.launch(APP, ranks=2, timeout=1.5, on_status=lambda _: seen.append(in_shm(made_rings)))
+    assert len(made_rings) == 1  # the boundary's ring, made by this process
+    assert made_rings[0].startswith(f"rxs_{os.getpid()}_")  # a test can tell its own
+    assert seen  # looked at while the ranks ran
+    assert all(names == [] for names in seen)
+
+
+def test_in_process_rings_have_no_name_while_they_run(
+    ctx: rxstream.Context, made_rings: list[str]
+) -> None:
+    """A run with every rank in this process keeps no /dev/shm entry for its ring."""
+    pipeline = (
+        ctx.source(itertools.count, name="src") | ctx.pipe(lambda x: x, rank=1) | ctx.stream("out")
+    )
+    pipeline.start()
+    try:
+        transport = ctx.transport
+        assert isinstance(transport, MemoryTransport)
+        deadline = time.monotonic() + 30
+        while not transport.counts.get("out") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert transport.counts.get("out")  # items crossed the ring
+        assert len(made_rings) == 1
+        assert in_shm(made_rings) == []
+    finally:
+        pipeline.stop()
+
+
+def test_stop_ends_a_launch_with_every_rank_s_statistics(clean_host: None) -> None:
+    """Setting stop (as a signal handler does) ends the run; each rank reports, none fails."""
+    stop = threading.Event()
+    result = rxstream.launch(APP, ranks=2, timeout=60, on_status=lambda _: stop.set(), stop=stop)
+    assert set(result.statistics) == {0, 1}
+    assert result.statistics[1]["video"].items_out == result.egressed > 0
+
+
+def test_stop_before_the_ranks_are_ready_runs_nothing(clean_host: None) -> None:
+    """A launch whose stop is already set returns at once, with no statistics and no error."""
+    stop = threading.Event()
+    stop.set()
+    result = rxstream.launch(APP, ranks=2, timeout=60, stop=stop)
+    assert (result.ranks, dict(result.statistics), result.egressed) == (2, {}, 0)
 
 
 def test_a_finite_launch_delivers_everything_before_it_ends(clean_host: None) -> None:

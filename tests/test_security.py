@@ -417,7 +417,7 @@ def test_what_the_protocol_refuses_closes_only_that_socket() -> None:
     """Over the hard size cap (1009) or invalid UTF-8 (1007): that socket ends, the run not."""
     with Live(token=TOKEN) as running:
 
-        async def closing(ws: Any) -> aiohttp.WSMessage:
+        async def closing(ws: aiohttp.ClientWebSocketResponse) -> aiohttp.WSMessage:
             """The first message that is not text (the server's clock pings go on meanwhile)."""
             while (message := await ws.receive(timeout=10)).type == aiohttp.WSMsgType.TEXT:
                 pass

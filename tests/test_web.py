@@ -17,6 +17,7 @@ import pytest
 from PIL import Image
 
 import rxstream
+from rxstream.testing import wait_idle
 from rxstream.topology import ClientStreamLimits
 from rxstream.transport import WebTransport, decode_raw
 
@@ -255,10 +256,13 @@ def test_over_limit_client_stream_is_refused_on_that_stream() -> None:
             assert "pointer" in error["error"]
             await ws.send(json.dumps({"type": "set", "changes": {"gain": 1.0}, "id": 3}))
             assert (await ws.text("ack"))["version"] == 1
+            # both accepted samples are in; the page is still here, so the run goes on
+            assert await asyncio.to_thread(wait_idle, running.pipeline, 30)
+            stats = running.pipeline.statistics()
+            assert (stats["video"].items_out, stats["render"].inbox_depth) == (2, 0)
 
     with Session(max_items=2) as running:
         asyncio.run(check(running.web))
-        assert running.pipeline.statistics()["video"].items_out == 2
 
 
 def test_raw_frames_and_h264_with_an_init_segment() -> None:

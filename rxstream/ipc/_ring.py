@@ -56,7 +56,8 @@ from rxstream.ipc._framing import Buffer, Framed, frame, unframe
 __all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
 NAME_PREFIX = "rxs_"
-"""The prefix of the segment names :meth:`ShmRing.create` makes up."""
+"""The prefix of the segment names :meth:`ShmRing.create` makes up: ``rxs_<pid>_<hex>``, the
+creating process's pid, so a process (a test) can tell its own segments from others'."""
 MAX_SLOTS = 1024
 """The most slots a ring takes: the pipes hold every index in flight without blocking."""
 MIN_SLOT_BYTES = 256
@@ -227,10 +228,10 @@ class ShmRing:
     def create(cls, *, slots: int = 8, slot_bytes: int = 8 << 20, name: str | None = None) -> Self:
         """A new ring of ``slots`` slots of ``slot_bytes`` each; this process owns it.
 
-        ``name`` names the segment (default: ``rxs_`` and random hex).
+        ``name`` names the segment (default: ``rxs_<pid>_`` and random hex).
         """
         _check_geometry(slots, slot_bytes)
-        name = name or f"{NAME_PREFIX}{secrets.token_hex(8)}"
+        name = name or f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
         size = _align(_WORDS * 8 + slots) + slots * _align(slot_bytes)
         segment = _Segment(name=name, create=True, size=size)
         try:

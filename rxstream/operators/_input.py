@@ -105,6 +105,14 @@ class InputFeed:
         those the full queue dropped before)."""
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
+        self._waiting = False
+
+    @property
+    def idle(self) -> bool:
+        """Whether the input stage waits in :meth:`take` with nothing queued (every sample
+        fed so far has been handed on)."""
+        with self._cond:
+            return self._waiting and not self._queue
 
     def feed(self, sample: Any, at_ms: float | None = None, client: Hashable = None) -> int:
         """Queue ``sample`` (``at_ms``: the client's clock, ms); returns its ``input_seq``.
@@ -213,8 +221,10 @@ class InputFeed:
         with self._cond:
             if not self._queue and block and not self._closed:
                 started = time.perf_counter()
+                self._waiting = True
                 while not self._queue and not self._closed:
                     self._cond.wait()
+                self._waiting = False
                 self.waited += time.perf_counter() - started
             if not self._queue:
                 return None

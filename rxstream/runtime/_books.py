@@ -45,7 +45,7 @@ _FED = ("invalid", "limit", "latest")
 
 def settled(run: Run) -> bool:
     """Whether every thread of ``run`` has ended (its books no longer move)."""
-    sources = run._source_threads  # the books read the run they check
+    sources = run._source_threads.values()  # the books read the run they check
     return not any(thread.is_alive() for thread in sources) and all(
         thread.join(0) for thread in run.threads.values()
     )

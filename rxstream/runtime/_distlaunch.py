@@ -441,7 +441,9 @@ def share_rings(
             ring, release = _take_ring(address, name, handles[name])
             rings[name] = ring
             releases[name] = release
-        dist.barrier()
+        dist.barrier()  # every same-host ring is attached: its name can go now
+        for ring, _, _ in mine.values():
+            ring.unlink()
     except BaseException:
         for ring, _, _ in mine.values():
             ring.close()

@@ -27,6 +27,7 @@ from rxstream.ipc import RingSpec, ShmRing
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
+from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
@@ -100,6 +101,8 @@ class Run:
         """What the ends keep: ``"items"``, ``"payloads"`` or nothing (``None``); a driven
         session may change it between drives (not from ``None``)."""
         self._lock = threading.Lock()
+        self._lifecycle = threading.RLock()
+        """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
         self._halted = False
         self._completed = 0
         self._done_callbacks: list[Callable[[], None]] = []
@@ -112,7 +115,7 @@ class Run:
         self.threads: dict[Node, StageThread] = {}
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
-        self._source_threads: list[threading.Thread] = []
+        self._source_threads: dict[Node, threading.Thread] = {}
         self._subscriptions = CompositeDisposable()
         # a driven session: its sources once opened, those that ended, the last pull's time
         self._sources: list[tuple[SourcePuller, abc.ObserverBase[PipelineItem]]] | None = None
@@ -203,6 +206,7 @@ class Run:
             if ring is None:  # every rank in this process: the run owns the ring
                 spec = self._ring_spec
                 ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
+                ring.unlink()  # both sides use this mapping: no name needed, none left behind
                 self._owned_rings.append(ring)
             cuda = None
             if self._cuda_api is not None:
@@ -392,21 +396,33 @@ class Run:
     # --- threads mode -----------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start every stage thread, then every source thread."""
-        for thread in self.threads.values():
-            thread.start()
-        if self.error is not None:  # wiring failed: nothing to pump
-            return
-        if not self._ends:  # no stage runs here (a rank the app places nothing on): done
-            self._finish()
+        """Start every stage thread, then every source thread; nothing once halted.
+
+        Safe against a concurrent :meth:`stop`: that one halts at once and joins once the
+        threads started here are started (a thread is never joined before its start).
+        """
+        with self._lifecycle:
+            if self._halted:  # stopped before it started: nothing to run
+                return
+            for thread in self.threads.values():
+                thread.start()
+            if self.error is not None:  # wiring failed: nothing to pump
+                return
+            if not self._ends:  # no stage runs here (a rank the app places nothing on): done
+                self._finish()
+            self._start_sources()
+
+    def _start_sources(self) -> None:
         for node, puller in self._pullers.items():
+            if self._halted:
+                return
             source = threading.Thread(
                 target=self._pump,
                 args=(puller, self._observers[node]),
                 name=f"rxstream:{self.plan.name_of(node)}",
                 daemon=True,
             )
-            self._source_threads.append(source)
+            self._source_threads[node] = source
             source.start()
 
     def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
@@ -443,11 +459,16 @@ class Run:
         self._bridge.close()
 
     def stop(self, timeout: float) -> list[str]:
-        """Halt and join every thread within ``timeout`` seconds; the names still running."""
+        """Halt and join every thread within ``timeout`` seconds; the names still running.
+
+        Safe from any thread, also while :meth:`start` is under way on another.
+        """
         self.halt()
         deadline = time.monotonic() + timeout
+        with self._lifecycle:  # a concurrent start() has started all it will start
+            pass
         stuck = []
-        for source in self._source_threads:
+        for source in self._source_threads.values():
             source.join(max(0.0, deadline - time.monotonic()))
             if source.is_alive():
                 stuck.append(source.name)
@@ -590,6 +611,25 @@ class Run:
         clock.schedule_absolute(start + index * interval, pull)
 
     # --- statistics -------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether nothing moves here, checked from the sources down: every source ended or,
+        for a ``ctx.input``, waits for a sample with none queued; every stage thread waits
+        for work (see ``StageThread.idle``). Then every item taken in has left or was dropped,
+        and the statistics count it. A source that keeps producing keeps the run busy."""
+        for node in self.local:
+            thread = self.threads.get(node)
+            if thread is not None:
+                if not thread.idle:
+                    return False
+                continue
+            pump = self._source_threads.get(node)
+            if pump is None or not pump.is_alive():
+                continue
+            feed = node.stage.source
+            if not (isinstance(feed, InputFeed) and feed.idle):
+                return False
+        return True
 
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics now, by name, in plan order."""

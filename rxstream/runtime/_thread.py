@@ -281,6 +281,13 @@ class StageThread(_ClockScheduler):
         """Data items waiting now."""
         return self._data
 
+    @property
+    def idle(self) -> bool:
+        """Whether the thread waits for work with nothing queued: no item, no message, no
+        timer due (a timer due later, such as a ``pace`` tick, does not count)."""
+        with self._lock:
+            return self._idle and not self._inbox and not self._ready
+
     # --- producers --------------------------------------------------------------------------
 
     def _put_block(self, deliver: Callable[[Any], None], value: Any) -> None:
