@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+import _serving
 import aiohttp
 import numpy as np
 import pytest
@@ -235,46 +236,19 @@ def test_budget_resets_on_a_new_start(ctx: rxstream.Context) -> None:
     assert seen == [(0, 1), (0, 2), (1, 1), (1, 2)]
 
 
-class Served:
+class Served(_serving.Served):
     """``pipeline.run()`` behind a WebTransport on a free port, on a thread, while in ``with``."""
 
     def __init__(self, limits: ClientStreamLimits) -> None:
-        self.web = WebTransport(port=0, grace_s=0.1)
-        ctx = rxstream.Context(transport=self.web)
+        web = WebTransport(port=0, grace_s=0.1)
+        ctx = rxstream.Context(transport=web)
         self.doc = ctx.doc("control", defaults={"prompt": "sea", "gain": 0.5})
-        self.pipeline = (
+        super().__init__(
+            web,
             ctx.input("pointer", limits, schema=POINTER)
             | ctx.pipe(lambda s: np.full((4, 4, 3), int(s[0] * 255), np.uint8), name="render")
-            | ctx.stream("video")
+            | ctx.stream("video"),
         )
-        self.failure: list[BaseException] = []
-        self.serving = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
-            while self.web._thread is None and not task.done():
-                await asyncio.sleep(0.01)
-            self.serving.set()
-            await task
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            self.failure.append(exc)
-        finally:
-            self.serving.set()
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        assert self.serving.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.web._open = False  # let run() return once the pages are gone
-        self.thread.join(10)
-        assert not self.thread.is_alive()
 
 
 async def exchange(ws: Any, texts: list[str]) -> list[dict[str, Any]]:
@@ -315,7 +289,7 @@ def test_web_refuses_bad_samples_and_doc_values_and_goes_on() -> None:
 
     with Served(ClientStreamLimits(max_items=2)) as served:
         replies = asyncio.run(talk(served.web.ws_url))
-    assert not served.failure
+    assert served.error is None
     codes = [(r.get("id"), r["type"], r.get("code")) for r in replies]
     # the wire's guard refuses what JSON cannot carry faithfully before any handler runs
     # (the doc's own rules, behind it, are pinned in test_doc_values.py)
@@ -353,7 +327,7 @@ def test_web_pages_have_a_budget_each() -> None:
 
     with Served(ClientStreamLimits(max_items=2)) as served:
         first, second = asyncio.run(talk(served.web.ws_url))
-    assert not served.failure
+    assert served.error is None
     for replies in (first, second):
         assert [r["type"] for r in replies] == ["ack", "ack", "error"]
         assert replies[2]["code"] == "limit"

@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 import pytest
 import structlog
+from _serving import Served
 
 import rxstream
 from rxstream import cli
@@ -51,49 +52,28 @@ def frame_of(sample: tuple[float, float]) -> np.ndarray:
     return np.full((8, 8, 3), int(sample[0] * 255), dtype=np.uint8)
 
 
-class Live:
+class Live(Served):
     """A pointer-driven pipeline with a doc behind a WebTransport on a free port."""
 
     def __init__(self, **options: Any) -> None:
-        self.web = WebTransport(port=0, grace_s=0.1, **options)
-        ctx = rxstream.Context(transport=self.web)
+        web = WebTransport(port=0, grace_s=0.1, **options)
+        ctx = rxstream.Context(transport=web)
         self.doc = ctx.doc("control", defaults={"gain": 0.5, "prompt": "sea"})
-        self.pipeline = (
-            ctx.input("pointer") | ctx.pipe(frame_of, name="render") | ctx.stream("video")
+        super().__init__(
+            web, ctx.input("pointer") | ctx.pipe(frame_of, name="render") | ctx.stream("video")
         )
-        self.error: BaseException | None = None
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
-            while self.web._bound_port is None and not task.done():
-                await asyncio.sleep(0.01)
-            self.started.set()
-            await task
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.started.set()
 
     @property
     def origin(self) -> str:
         return f"http://127.0.0.1:{self.web._bound_port}"
 
     def __enter__(self) -> Live:
-        self.thread.start()
-        assert self.started.wait(10)
+        super().__enter__()
         assert self.error is None
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.web._open = False
-        self.thread.join(10)
-        assert not self.thread.is_alive()
+        super().__exit__(*exc)
         assert self.error is None
 
 

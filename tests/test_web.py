@@ -6,7 +6,6 @@ import asyncio
 import io
 import json
 import struct
-import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from _serving import Served
 from PIL import Image
 
 import rxstream
@@ -31,46 +31,19 @@ def frame_of(sample: tuple[float, float]) -> np.ndarray:
     return np.full((HEIGHT, WIDTH, 3), int(sample[0] * 255), dtype=np.uint8)
 
 
-class Session:
+class Session(Served):
     """A pointer-driven pipeline behind a WebTransport on a free port, run by ``run()``."""
 
     def __init__(self, codec: str = "jpeg", *, grace_s: float = 0.1, max_items: int = 50):
-        self.web = WebTransport(port=0, grace_s=grace_s, max_message_bytes=1024)
-        ctx = rxstream.Context(transport=self.web)
+        web = WebTransport(port=0, grace_s=grace_s, max_message_bytes=1024)
+        ctx = rxstream.Context(transport=web)
         self.doc = ctx.doc("control", defaults={"gain": 0.5, "prompt": "sea"})
-        self.pipeline = (
+        super().__init__(
+            web,
             ctx.input("pointer", ClientStreamLimits(max_items=max_items))
             | ctx.pipe(frame_of, name="render")
-            | ctx.stream("video", codec=codec)
+            | ctx.stream("video", codec=codec),
         )
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.started = threading.Event()
-
-    def _run(self) -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
-            while self.web._thread is None and not task.done():
-                await asyncio.sleep(0.01)
-            self.started.set()
-            await task
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.started.set()
-
-    def __enter__(self) -> Session:
-        self.thread.start()
-        assert self.started.wait(10)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.web._open = False  # a test that never attached a page: let run() return
-        self.thread.join(10)
-        assert not self.thread.is_alive()
 
 
 class Page:

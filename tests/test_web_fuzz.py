@@ -23,6 +23,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from _serving import Served
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -50,39 +51,20 @@ def frame_of(sample: Any) -> np.ndarray:
     return np.full((24, 32, 3), int(level * 255), dtype=np.uint8)
 
 
-class Live:
+class Live(Served):
     """The fuzzed session: pointer -> render -> pace(24) -> video, with a control doc."""
 
     def __init__(self, limits: SessionLimits) -> None:
-        self.web = WebTransport(
-            port=0, grace_s=1.0, max_message_bytes=MAX_MESSAGE_BYTES, limits=limits
-        )
-        ctx = rxstream.Context(transport=self.web)
+        web = WebTransport(port=0, grace_s=1.0, max_message_bytes=MAX_MESSAGE_BYTES, limits=limits)
+        ctx = rxstream.Context(transport=web)
         self.doc = ctx.doc("control", defaults={"gain": 0.5, "prompt": "sea", "on": True})
-        self.pipeline = (
+        super().__init__(
+            web,
             ctx.input("pointer")
             | ctx.pipe(frame_of, name="render")
             | ctx.pace(FPS)
-            | ctx.stream("video", codec="jpeg")
+            | ctx.stream("video", codec="jpeg"),
         )
-        self.error: BaseException | None = None
-        self.started = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        async def main() -> None:
-            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
-            while self.web._bound_port is None and not task.done():
-                await asyncio.sleep(0.01)
-            self.started.set()
-            await task
-
-        try:
-            asyncio.run(main())
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.started.set()
 
 
 @dataclass

@@ -1,0 +1,49 @@
+"""A pipeline's ``run()`` served on a thread of its own behind a WebTransport, for the tests
+that talk to a live session over its socket (web, security, fuzz, input schemas)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Self
+
+from rxstream import Pipeline
+from rxstream.transport import WebTransport
+
+
+class Served:
+    """``pipeline.run()`` on a thread while in ``with``; ``web`` serves it on a free port."""
+
+    def __init__(self, web: WebTransport, pipeline: Pipeline) -> None:
+        self.web = web
+        self.pipeline = pipeline
+        self.error: BaseException | None = None
+        """What ``run()`` raised, if anything."""
+        self.started = threading.Event()
+        """Set once the page's server is up (or ``run()`` ended before it was)."""
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        async def main() -> None:
+            task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
+            while self.web._bound_port is None and not task.done():
+                await asyncio.sleep(0.01)
+            self.started.set()
+            await task
+
+        try:
+            asyncio.run(main())
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.started.set()
+
+    def __enter__(self) -> Self:
+        self.thread.start()
+        assert self.started.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.web._open = False  # a test that never attached a page: let run() return
+        self.thread.join(10)
+        assert not self.thread.is_alive()
