@@ -24,8 +24,8 @@ import torch
 import rxstream
 from rxstream.distributed import DistChannel, loopback_groups
 from rxstream.ipc._cuda import FakeCudaApi
+from rxstream.ranks._distboundary import DistRun
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._distboundary import DistRun
 from rxstream.transport import MemoryTransport
 
 KINDS = ["inbox", "ring", "cuda", "dist"]

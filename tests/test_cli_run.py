@@ -23,7 +23,8 @@ import rxstream
 from rxstream import PipelineError, cli
 from rxstream._settings import split_setting, typed_settings
 from rxstream.ipc import ShmRing
-from rxstream.launch import SettingError, _Egress, launch, load_app
+from rxstream.launch import SettingError, launch, load_app
+from rxstream.ranks._launch import _Egress
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport import MemoryTransport, Session
 

@@ -37,7 +37,7 @@ from rxstream.ipc._cuda import (
     FakeCudaApi,
     TorchCuda,
 )
-from rxstream.runtime._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
+from rxstream.ranks._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
@@ -728,7 +728,7 @@ def test_statistics_count_copies_zero_copies_and_copies_out(api: FakeCudaApi) ->
 def test_lease_is_a_slot_only_on_the_writers_thread_and_where_it_fits(api: FakeCudaApi) -> None:
     """``ctx.lease``: a slot for the thread whose output crosses, once the pool exists; a new
     tensor before, on other threads, for other devices, when too large, or once closed."""
-    from rxstream.runtime._cudaxing import lease
+    from rxstream.ranks._cudaxing import lease
 
     writer, reader = crossing(api, RingSpec(slots=2, slot_bytes=256))
     assert lease((4,), torch.float32).device.type == "cpu"  # no pool yet: a new (CPU) tensor

@@ -30,9 +30,9 @@ from rxstream.operators._core import attach
 from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.operators._walks import producer_operator
+from rxstream.ranks._boundary import Boundary
+from rxstream.ranks._cudaxing import CudaCrossing, default_cuda_api
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._boundary import Boundary
-from rxstream.runtime._cudaxing import CudaCrossing, default_cuda_api
 from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell

@@ -43,7 +43,7 @@ from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
 from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped, now
 from rxstream.operators._core import attach
-from rxstream.runtime._cudaxing import CudaCrossing
+from rxstream.ranks._cudaxing import CudaCrossing
 from rxstream.runtime._stats import StageCounters
 from rxstream.typing import ItemStream
 

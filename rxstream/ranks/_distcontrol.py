@@ -1,7 +1,7 @@
 """The control plane of a torchrun launch: a gloo group of its own between rank 0 and the rest.
 
 Rank 0, the controller, has a channel each way with every other rank (two
-:class:`~rxstream.runtime._distboundary.DistChannel` s per rank, in the launch's control
+:class:`~rxstream.ranks._distboundary.DistChannel` s per rank, in the launch's control
 group). It sends doc writes, generation changes, heartbeats and, at the end, ``stop`` (with
 the failure, if any) and ``bye``; the ranks send their egress counts, statistics and
 failures. A send may block on a peer that went quiet, so each peer's messages leave from a
@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
-from rxstream.launch import LaunchResult, apply_replica, describe, replicate
-from rxstream.runtime._distboundary import DistChannel, DistRun, RankLost
+from rxstream.ranks._distboundary import DistChannel, DistRun, RankLost
+from rxstream.ranks._launch import LaunchResult, apply_replica, describe, replicate
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 
 if TYPE_CHECKING:
-    from rxstream.runtime._distlaunch import Launch
+    from rxstream.ranks._distlaunch import Launch
 
 __all__ = [
     "HEARTBEAT_S",

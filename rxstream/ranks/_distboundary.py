@@ -1,7 +1,7 @@
 """A rank boundary over ``torch.distributed`` point-to-point: for ranks on different hosts.
 
 :class:`DistChannel` stands where a :class:`~rxstream.ipc.ShmRing` stands on one host: the
-boundary's writer and reader (:class:`~rxstream.runtime._boundary.Boundary`) drive it through
+boundary's writer and reader (:class:`~rxstream.ranks._boundary.Boundary`) drive it through
 the same ``put``/``get``/``close``/``statistics``, so an item crosses encoded exactly as it
 crosses a ring (the payload, the metadata's fields and the flat stamps), stamped
 ``<edge>.in``/``<edge>.out`` by the boundary, its drops counted by the boundary.
@@ -51,8 +51,8 @@ import numpy as np
 from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
+from rxstream.ranks._boundary import CATCH_UP_S, Boundary, catch_up
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._boundary import CATCH_UP_S, Boundary, catch_up
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._run import Run
 from rxstream.stage import Node
@@ -105,7 +105,7 @@ def _reason(exc: BaseException) -> str:
 def shift_stamps(wire: tuple[Any, ...], shift: float) -> tuple[Any, ...]:
     """An encoded item with every stamp moved by ``shift`` seconds (into another host's clock).
 
-    The encoding (:func:`rxstream.runtime._boundary.encode`) ends with the stamps flat:
+    The encoding (:func:`rxstream.ranks._boundary.encode`) ends with the stamps flat:
     ``hop, t, hop, t…``.
     """
     flat = wire[-1]

@@ -32,16 +32,16 @@ from rxstream._exceptions import PipelineError, PipelineStateError
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.launch import LaunchResult, _Forward, load_app
 from rxstream.pipeline import Pipeline
+from rxstream.ranks._distboundary import DistChannel, DistRun
+from rxstream.ranks._distcontrol import Control, Options, describe
+from rxstream.ranks._launch import LaunchResult, _Forward, load_app
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._distboundary import DistChannel, DistRun
-from rxstream.runtime._distcontrol import Control, Options, describe
 from rxstream.runtime._plan import Plan
 from rxstream.timing import configure_logging
 
 if TYPE_CHECKING:
-    from rxstream.distributed import TorchrunEnv
+    from rxstream.ranks._torchrun import TorchrunEnv
 
 __all__ = [
     "BACKEND_ENV",
@@ -200,7 +200,8 @@ class Launch:
                 if options.log is not None:  # afresh, before any rank writes to it
                     Path(options.log).parent.mkdir(parents=True, exist_ok=True)
                     Path(options.log).write_text("", encoding="utf-8")
-                from rxstream.launch import _AppContext  # writes --set as the app makes the doc
+                # _AppContext writes --set as the app makes the doc
+                from rxstream.ranks._launch import _AppContext
 
                 ctx = _AppContext(
                     settings=options.settings,
