@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -211,9 +212,8 @@ def test_ring_spec_rules_name_the_field_and_value() -> None:
     pipeline.start()
     assert pipeline.wait(timeout=30)
     assert pipeline._run is not None
-    assert [(r.ring._slots, r.ring._slot_bytes) for r in pipeline._run.boundaries.values()] == [
-        (2, 1 << 20)
-    ]
+    rings = [cast(ShmRing, r.ring) for r in pipeline._run.boundaries.values()]
+    assert [(ring._slots, ring._slot_bytes) for ring in rings] == [(2, 1 << 20)]
 
 
 def test_a_rank_without_stages_ends_at_once_and_leaves_the_rings_alone(clean_host: None) -> None:

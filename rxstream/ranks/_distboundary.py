@@ -44,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -261,6 +261,9 @@ class DistChannel:
     ``on_lost`` is called (once, from any thread) when the connection breaks while the channel
     is open; without it, ``put``/``get`` raise the :class:`RankLost`.
     """
+
+    portable = True
+    """It crosses hosts: a boundary puts ``encode``'s plain form (a ``Channel``)."""
 
     def __init__(
         self,
@@ -618,8 +621,7 @@ class DistRun(Run):
             return super()._boundary(upstream, node)
         boundary = self.boundaries.get(name)
         if boundary is None:
-            # a channel offers what a Boundary uses of its ring: put, get, close, statistics,
-            # put_wait_ns and all_leased; CUDA tensors cross inside it, not as IPC refs
-            boundary = Boundary(name, cast(ShmRing, link), timing=self.timing)
+            # a Channel; CUDA tensors cross inside it, not as IPC refs
+            boundary = Boundary(name, link, timing=self.timing)
             self.boundaries[name] = boundary
         return boundary
