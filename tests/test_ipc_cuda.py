@@ -37,6 +37,7 @@ from rxstream.ipc._cuda import (
     FakeCudaApi,
     TorchCuda,
 )
+from rxstream.ranks._boundary import Boundary
 from rxstream.ranks._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
 
 HAS_CUDA = torch.cuda.is_available()
@@ -822,7 +823,8 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         transport = ctx.transport
         assert isinstance(transport, MemoryTransport)
         assert transport.payloads("out") == [8.0 * i for i in range(8)]
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         deadline = time.monotonic() + 30  # the stage threads let go of their last items
         while calls(api, "record_release") < 8 and time.monotonic() < deadline:
@@ -995,7 +997,8 @@ def test_stop_wakes_a_writer_waiting_for_a_slot() -> None:
     pipeline.start()
     stopper = threading.Thread(target=pipeline.stop)
     try:
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

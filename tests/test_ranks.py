@@ -19,6 +19,7 @@ import pytest
 import rxstream
 from rxstream import LaunchResult, PipelineError
 from rxstream.ipc import ShmRing
+from rxstream.ranks._boundary import Boundary
 from rxstream.transport import MemoryTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -318,7 +319,8 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
         deadline = time.monotonic() + 20
         while len(sums) < 12 and time.monotonic() < deadline:
             time.sleep(0.01)
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         import gc
 

@@ -51,11 +51,11 @@ import numpy as np
 from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
-from rxstream.ranks._boundary import CATCH_UP_S, Boundary, catch_up
+from rxstream.ranks._boundary import CATCH_UP_S, catch_up
+from rxstream.ranks._factory import LinkBoundaries, RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._run import Run
-from rxstream.stage import Node
 
 __all__ = [
     "CATCH_UP_S",
@@ -604,24 +604,12 @@ class DistRun(Run):
             generations=generations,
             timing=timing,
             rank=rank,
-            rings=rings,
-            releases=releases,
-            cuda_api=cuda_api,
+            boundaries=LinkBoundaries(
+                self._links, RingBoundaries(rings=rings, releases=releases, cuda_api=cuda_api)
+            ),
             replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:
         """Hold an item of a generation this rank has not seen until its replicas have it."""
         catch_up(self.generations, wire[1], wire[2])  # see encode: the generations
-
-    def _boundary(self, upstream: Node, node: Node) -> Boundary:
-        name = self.plan.edge_name(upstream, node)
-        link = self._links.get(name)
-        if link is None:
-            return super()._boundary(upstream, node)
-        boundary = self.boundaries.get(name)
-        if boundary is None:
-            # a Channel; CUDA tensors cross inside it, not as IPC refs
-            boundary = Boundary(name, link, timing=self.timing)
-            self.boundaries[name] = boundary
-        return boundary

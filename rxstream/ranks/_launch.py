@@ -57,6 +57,7 @@ from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
+from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
@@ -494,11 +495,10 @@ def _rank_run(
         generations=ctx.generations,
         timing=ctx.timing,
         rank=rank,
-        rings=rings,
-        releases=releases,
-        cuda_api=ctx.cuda_api,
+        boundaries=RingBoundaries(
+            rings=rings, releases=releases, cuda_api=ctx.cuda_api, spec=ctx.ring_spec
+        ),
         replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
-        ring_spec=ctx.ring_spec,
     )
 
 
