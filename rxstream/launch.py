@@ -6,7 +6,10 @@ imported, ``rxstream.launch`` is the function; import the rest from this module.
 """
 
 from rxstream._exceptions import SettingError
-from rxstream.ranks._launch import App, LaunchResult, launch, load_app, run_self_test
+from rxstream.ranks._app import App, load_app
+from rxstream.ranks._common import LaunchResult
+from rxstream.ranks._launch import launch
+from rxstream.ranks._selftest import run_self_test
 
 __all__ = ["App", "LaunchResult", "SettingError", "launch", "load_app", "run_self_test"]
 

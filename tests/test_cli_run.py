@@ -24,7 +24,7 @@ from rxstream import PipelineError, cli
 from rxstream._settings import split_setting, typed_settings
 from rxstream.ipc import ShmRing
 from rxstream.launch import SettingError, launch, load_app
-from rxstream.ranks._launch import _Egress
+from rxstream.ranks._egress import _Egress
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport import MemoryTransport, Session
 

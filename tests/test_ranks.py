@@ -385,7 +385,7 @@ def test_small_plain_payloads_cross_a_ring_with_their_metadata(
 
 def test_ranks_other_than_the_controller_replicate_and_catch_up() -> None:
     """A launched rank > 0 runs as a replica (its readers catch up); rank 0 steers."""
-    from rxstream.ranks._launch import _rank_run
+    from rxstream.ranks._rank import _rank_run
 
     ctx = rxstream.Context()
     pipeline = (

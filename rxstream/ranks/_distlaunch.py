@@ -33,9 +33,11 @@ from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
+from rxstream.ranks._app import load_app
+from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun
-from rxstream.ranks._distcontrol import Control, Options, describe
-from rxstream.ranks._launch import LaunchResult, _Forward, load_app
+from rxstream.ranks._distcontrol import Control, describe
+from rxstream.ranks._egress import _Forward
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
 from rxstream.timing import configure_logging
@@ -140,7 +142,7 @@ class Peer:
 class Launch:
     """One rank's side of a torchrun launch: set up, run, end, tear down."""
 
-    def __init__(self, env: TorchrunEnv, entry: str, options: Options) -> None:
+    def __init__(self, env: TorchrunEnv, entry: str, options: LaunchOptions) -> None:
         import torch.distributed as dist
 
         self.env = env
@@ -201,7 +203,7 @@ class Launch:
                     Path(options.log).parent.mkdir(parents=True, exist_ok=True)
                     Path(options.log).write_text("", encoding="utf-8")
                 # _AppContext writes --set as the app makes the doc
-                from rxstream.ranks._launch import _AppContext
+                from rxstream.ranks._app import _AppContext
 
                 ctx = _AppContext(
                     settings=options.settings,

@@ -27,643 +27,49 @@ or a file to reach.
 
 import asyncio
 import contextlib
-import importlib
-import importlib.util
-import inspect
-import logging
-import math
 import multiprocessing
 import multiprocessing.connection
-import os
-import signal
-import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, NoReturn
+from typing import Any
 
-import structlog
-
-from rxstream._exceptions import PipelineError, PipelineStateError, SettingError
-from rxstream._settings import apply_settings
+from rxstream._exceptions import PipelineError, PipelineStateError
 from rxstream.context import Context
-from rxstream.doc import Doc, GenerationState, Snapshot
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._factory import RingBoundaries
+from rxstream.ranks._app import App, Main, _AppContext, load_app
+from rxstream.ranks._common import (
+    JOIN_S,
+    READY_S,
+    STATUS_S,
+    WATCH_S,
+    LaunchOptions,
+    LaunchResult,
+    Statistics,
+    _live_ranks,
+)
+from rxstream.ranks._egress import (
+    _apply_serving,
+    _configure_log,
+    _configure_quiet,
+    _Egress,
+    _has_sink,
+    _start_log,
+)
+from rxstream.ranks._rank import _layout, _rank_main, _rank_run, _RankSetup, _send, _Spawn
+from rxstream.ranks._replicate import replicate
+from rxstream.ranks._watch import _stopped_by, _Watch
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import Run
-from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
-from rxstream.timing import TimingRecord
-from rxstream.transport import MemoryTransport, Session, Transport
+from rxstream.runtime._stats import StageStatistics, egressed
+from rxstream.transport import Transport
 
-__all__ = ["App", "LaunchResult", "SettingError", "launch", "load_app", "run_self_test"]
-
-_log = structlog.get_logger("rxstream")
-
-JOIN_S = 2.0
-"""Seconds a stopping controller waits for a rank process (or a ``main`` coroutine)."""
-READY_S = 120.0
-"""How long the controller waits for a spawned rank to build its graph and start."""
-WATCH_S = 0.05
-"""How often the controller checks on its ranks (a dead rank is noticed within ~this)."""
-STATUS_S = 0.5
-"""How often ``on_status`` gets the statistics of every rank."""
-HEARTBEAT_ENV = "RXSTREAM_HEARTBEAT_S"
-"""Sets :data:`HEARTBEAT_S` for a launch (seconds, > 0)."""
-HEARTBEAT_S = 5.0
-"""A running rank that sends the controller nothing for this long (it reports every
-``WATCH_S``: its egress count is the heartbeat) has stopped answering — stopped (SIGSTOP),
-hung, swapped out: the run fails naming it, and it is killed (SIGKILL reaches a stopped
-process). Start-up is bounded by ``READY_S`` instead."""
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-"""The signals a spawned rank takes as "stop now": it halts its run and reports the signal
-(SIGINT, the terminal's Ctrl-C that reaches the whole process group, it ignores: the
-controller stops it)."""
-
-
-_live_ranks: set[Any] = set()
-"""The rank processes spawned and not yet joined, for :func:`kill_ranks`."""
-
-
-def kill_ranks() -> None:
-    """SIGKILL every spawned rank process still running (a forced exit's last act; safe in a
-    signal handler: it only sends signals)."""
-    for proc in tuple(_live_ranks):
-        with contextlib.suppress(OSError, TypeError):
-            os.kill(proc.pid, signal.SIGKILL)
-
-
-def heartbeat_s() -> float:
-    """:data:`HEARTBEAT_S`, or the seconds ``RXSTREAM_HEARTBEAT_S`` gives."""
-    text = os.environ.get(HEARTBEAT_ENV)
-    if text is None:
-        return HEARTBEAT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
-
-
-Build = Callable[[Context], Pipeline]
-Main = Callable[[Context], Coroutine[Any, Any, Any]]
-Statistics = Mapping[int, Mapping[str, StageStatistics]]
-
-
-@dataclass(frozen=True)
-class LaunchResult:
-    """How a launched pipeline ended: statistics per rank, and egressed frames."""
-
-    ranks: int
-    """How many rank processes ran (the controller included)."""
-    statistics: Statistics = field(default_factory=dict)
-    """Each rank's stage statistics when it stopped, by rank."""
-    egressed: int = 0
-    """Items all sinks egressed, over every rank."""
-
-
-# --- the app ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class App:
-    """An app as :func:`load_app` found it: its ``build``, its ``main``, or both.
-
-    Calling it is calling ``build`` (so ``load_app(entry)(ctx)`` builds the pipeline).
-    """
-
-    entry: str
-    """What was loaded: ``path/app.py[:func]`` or ``module[:func]``."""
-    build: Build | None
-    """``build(ctx) -> Pipeline``, which every rank calls."""
-    main: Main | None
-    """``async def main(ctx)``: the app's own session, run on rank 0 (the other ranks of its
-    runs call ``build``)."""
-
-    def check_ranks(self, ranks: int) -> None:
-        """Refuse a main app without a build on several ranks: ranks 1..N-1 call ``build``."""
-        if self.main is not None and self.build is None and ranks > 1:
-            raise ValueError(
-                f"an async main(ctx) app runs on {ranks} ranks only with a build(ctx) -> "
-                f"Pipeline too (ranks 1..{ranks - 1} call it to build the graph main runs); "
-                f"{self.entry!r} has none"
-            )
-
-    def __call__(self, ctx: Context) -> Pipeline:
-        if self.build is None:
-            raise AttributeError(
-                f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
-            )
-        return self.build(ctx)
-
-
-def load_app(entry: str) -> App:
-    """The app ``entry``: ``path/app.py[:func]`` or ``module[:func]``.
-
-    Without ``func`` it finds ``build(ctx)`` and ``async def main(ctx)`` (a coroutine function
-    of one argument; another ``main`` is ignored); with ``func``, that function alone — a main
-    when it is a coroutine function, else a build.
-    """
-    target, _, attr = entry.partition(":")
-    module = _import_app(entry, target)
-    if attr:
-        chosen = getattr(module, attr, None)
-        if not callable(chosen):
-            raise AttributeError(
-                f"app {entry!r} has no callable {attr!r} "
-                f"(def {attr}(ctx) -> Pipeline or async def {attr}(ctx))"
-            )
-        if inspect.iscoroutinefunction(chosen):
-            return App(entry, None, chosen)
-        return App(entry, chosen, None)
-    build = getattr(module, "build", None)
-    main = getattr(module, "main", None)
-    app = App(entry, build if callable(build) else None, main if _is_main(main) else None)
-    if app.build is None and app.main is None:
-        raise AttributeError(
-            f"app {entry!r} has neither a build(ctx) -> Pipeline nor an async def main(ctx)"
-        )
-    return app
-
-
-def _import_app(entry: str, target: str) -> Any:
-    if not (target.endswith(".py") or os.sep in target):
-        return importlib.import_module(target)
-    path = Path(target).resolve()
-    if not path.exists():
-        raise FileNotFoundError(f"app file {entry!r} does not exist")
-    name = f"rxstream_app_{path.stem}"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"cannot import app file {entry!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            del sys.modules[name]  # a failed import leaves no half-made module behind
-            raise
-    return module
-
-
-def _is_main(fn: object) -> bool:
-    """Whether ``fn`` is an app's ``async def main(ctx)``."""
-    if not inspect.iscoroutinefunction(fn):
-        return False
-    try:
-        inspect.signature(fn).bind(None)
-    except TypeError:
-        return False
-    return True
-
-
-class _AppContext(Context):
-    """The launcher's context: writes the ``--set`` settings as the app makes the control doc."""
-
-    def __init__(self, *, settings: Sequence[str] = (), **options: Any) -> None:
-        super().__init__(**options)
-        self._settings = tuple(settings)
-
-    def doc(
-        self,
-        name: str = "control",
-        *,
-        defaults: Mapping[str, Any] | None = None,
-        schema: object = None,
-    ) -> Doc:
-        fresh = name not in self.docs
-        made = super().doc(name, defaults=defaults, schema=schema)
-        if fresh and name == "control" and self._settings:
-            apply_settings(made, self._settings)
-        return made
-
-    def check_settings(self) -> None:
-        """Fail when there are settings and the app made no control doc to take them."""
-        if self._settings and "control" not in self.docs:
-            shown = " ".join(f"--set {text}" for text in self._settings)
-            raise SettingError(
-                f"{shown}: the app made no control doc (ctx.doc('control')) to write to"
-            )
-
-
-# --- what egresses -----------------------------------------------------------------------------
-
-
-def _pipeline_of(session: Session) -> Pipeline | None:
-    """The pipeline whose run opened ``session`` (its ``feed`` is that pipeline's method)."""
-    owner = getattr(session.feed, "__self__", None)
-    return owner if isinstance(owner, Pipeline) else None
-
-
-def _pace_fps(pipeline: Pipeline | None) -> float:
-    """The frame rate of the pipeline's first ``pace`` stage (24 without one)."""
-    if pipeline is not None:
-        for stage in pipeline.stages.values():
-            if stage.kind == "pace":
-                return float(stage.options["fps"])
-    return 24.0
-
-
-class _Egress(Transport):
-    """Rank 0's session transport: the caller's (or an in-memory one) and the ``out`` file.
-
-    It opens them with the first session and closes them when the launch ends. It passes at
-    most ``frames`` items on, then ends the session (``connected`` turns false), as
-    :meth:`end` does and as the caller's transport does when its client leaves.
-    """
-
-    def __init__(
-        self,
-        primary: Transport | None,
-        *,
-        out: str | Path | None,
-        out_stream: str | None,
-        frames: int | None,
-        on_open: Callable[[], None] | None,
-        stop: threading.Event | None = None,
-    ) -> None:
-        self._primary = primary if primary is not None else MemoryTransport(keep=1)
-        self._stop = stop if stop is not None else threading.Event()
-        self._out = out
-        self._out_stream = out_stream
-        self._on_open = on_open
-        self.on_session: Callable[[Pipeline | None], None] = lambda _pipeline: None
-        """Called with the first session's pipeline, before the transports open."""
-        self.forwards = primary is not None or out is not None
-        """Whether anything reads what egresses (else a rank > 0 keeps it to itself)."""
-        self._inner: Transport | None = None
-        self._gate = _Gate(frames, self.end)
-        self._ended = False
-        self.pipeline: Pipeline | None = None
-        """The pipeline of the first session."""
-        self.file: Any = None
-        """The ``FileTransport`` writing ``out``, once open."""
-
-    @property
-    def connected(self) -> bool:
-        return not self.stopping and not self._ended and self._primary.connected
-
-    @property
-    def stopping(self) -> bool:
-        """Whether the launch's ``stop`` was set (a signal): the session ends now."""
-        return self._stop.is_set()
-
-    @property
-    def ended(self) -> bool:
-        """Whether the session is over: ended, stopped, its frames passed on, or — once it
-        opened — its client gone (a page that has not come yet keeps it)."""
-        return (
-            self._ended
-            or self.stopping
-            or (self._inner is not None and not self._primary.connected)
-        )
-
-    def end(self) -> None:
-        """End the session: ``connected`` turns false, and a ``run()`` holding on it returns."""
-        self._ended = True
-
-    def halt_at_frames(self, run: Run) -> None:
-        """Halt ``run`` as soon as the last of ``frames`` items passed."""
-
-        def full() -> None:
-            self.end()
-            run.halt()
-
-        self._gate.on_full = full
-
-    def open(self, session: Session) -> None:
-        if self._inner is not None:
-            return  # one session transport a launch: a second run goes on in the first's
-        pipeline = self.pipeline = _pipeline_of(session)
-        self.on_session(pipeline)
-        inner = self._primary
-        if self._out is not None:
-            from rxstream.transport import FileTransport, Tee
-
-            self.file = FileTransport(self._out, stream=self._out_stream, fps=_pace_fps(pipeline))
-            inner = Tee(self._primary, self.file)
-        inner.open(session)
-        self._inner = inner
-        if self._on_open is not None:
-            self._on_open()
-
-    def send(self, stream: str, item: PipelineItem) -> None:
-        inner = self._inner
-        if inner is not None and self._gate.admit():
-            inner.send(stream, item)
-
-    def on_timing(self, record: TimingRecord) -> None:
-        if self._inner is not None:
-            self._inner.on_timing(record)
-
-    def close(self) -> None:
-        """A run stopped; the launch closes what it opened when it ends (:meth:`finish`)."""
-
-    def finish(self) -> None:
-        """Close the session transport and the file (finished, playable)."""
-        inner, self._inner = self._inner, None
-        self._ended = True
-        if inner is not None:
-            inner.close()
-
-
-class _Gate:
-    """Admits at most ``frames`` items (all of them for ``None``); ``on_full`` after the last."""
-
-    def __init__(self, frames: int | None, on_full: Callable[[], object]) -> None:
-        self._left = frames
-        self._lock = threading.Lock()
-        self.on_full = on_full
-
-    def admit(self) -> bool:
-        """Whether one more item may pass."""
-        if self._left is None:
-            return True
-        with self._lock:
-            if self._left <= 0:
-                return False
-            self._left -= 1
-            full = self._left == 0
-        if full:
-            self.on_full()
-        return True
-
-
-class _Sender:
-    """A rank's end of its control pipe, shared by its threads (a send is not thread-safe)."""
-
-    def __init__(self, conn: Connection) -> None:
-        self._conn = conn
-        self._lock = threading.Lock()
-
-    def send(self, message: tuple[Any, ...]) -> None:
-        with self._lock:
-            self._conn.send(message)
-
-
-class _Forward(Transport):
-    """A rank > 0's transport: passes at most ``frames`` items on — to the controller's
-    session when ``sender`` is given, else nowhere — and calls ``gate.on_full`` after the last.
-    """
-
-    def __init__(self, sender: _Sender | None, frames: int | None) -> None:
-        self._sender = sender
-        self.gate = _Gate(frames, lambda: None)
-
-    @property
-    def connected(self) -> bool:
-        return True
-
-    def send(self, stream: str, item: PipelineItem) -> None:
-        if self.gate.admit() and self._sender is not None:
-            self._sender.send(("egress", stream, item))
-
-    def on_timing(self, record: TimingRecord) -> None:
-        if self._sender is not None:
-            self._sender.send(("timing", record))
-
-
-def _apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> None:
-    """Check the serving config against the app's topology; lower its inputs' limits to it."""
-    from rxstream.operators._input import InputFeed
-    from rxstream.topology import client_stream_limits
-
-    limits = client_stream_limits(pipeline.topology(), serving)  # validates, listing problems
-    for name, stage in pipeline.stages.items():
-        if stage.kind == "input" and name in limits and isinstance(stage.source, InputFeed):
-            stage.source.limits = limits[name]
-
-
-def _has_sink(pipeline: Pipeline, rank: int) -> bool:
-    plan = pipeline.plan
-    return any(node.stage.is_sink and plan.ranks[node] == rank for node in plan.nodes)
-
-
-def _start_log(log: str | Path) -> None:
-    """Start the timing log afresh (the controller, before any rank writes to it)."""
-    path = Path(log)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("", encoding="utf-8")
-
-
-def _configure_log(log: str | Path | None) -> None:
-    if log is not None:
-        from rxstream.timing import configure_logging
-
-        configure_logging(log)
-
-
-def _configure_quiet(quiet: bool) -> None:
-    """Only warnings and errors, as text on stderr (until a timing log is configured)."""
-    if quiet:
-        from rxstream.timing import configure_logging
-
-        configure_logging(None, json=False, level=logging.WARNING)
-
-
-# --- statistics ---------------------------------------------------------------------------------
-
-
-# --- a rank process ----------------------------------------------------------------------------
-
-
-def _rank_run(
-    pipeline: Pipeline,
-    rank: int,
-    rings: Mapping[str, ShmRing],
-    releases: Mapping[str, tuple[Connection, Connection]],
-    bridge: AsyncBridge | None = None,
-) -> Run:
-    """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings."""
-    ctx = pipeline.context
-    return Run(
-        pipeline.plan,
-        mode="threads",
-        bridge=bridge if bridge is not None else AsyncBridge(),
-        generations=ctx.generations,
-        timing=ctx.timing,
-        rank=rank,
-        boundaries=RingBoundaries(
-            rings=rings, releases=releases, cuda_api=ctx.cuda_api, spec=ctx.ring_spec
-        ),
-        replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
-    )
-
-
-@dataclass(frozen=True)
-class _Spawn:
-    """How the controller spawns the other ranks: the same for every run of a launch."""
-
-    entry: str
-    world: int
-    forward: bool
-    frames: int | None
-    quiet: bool
-    serving: Mapping[str, Any] | None
-    log: str | None
-
-
-@dataclass(frozen=True)
-class _RankSetup:
-    """What the controller hands a rank process besides its pipes (it pickles)."""
-
-    spawn: _Spawn
-    rank: int
-    handles: Mapping[str, RingHandle]
-    docs: Mapping[str, tuple[dict[str, Any], int]]
-    layout: tuple[str, ...]
-    """Every stage as ``name@rank``: the graph the controller runs, which this rank must build."""
-
-
-def _layout(pipeline: Pipeline) -> tuple[str, ...]:
-    plan = pipeline.plan
-    return tuple(f"{plan.names[node]}@{plan.ranks[node]}" for node in plan.nodes)
-
-
-class _Signalled(BaseException):
-    """A stop signal reached a rank before its run started."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-class _RankSignals:
-    """A spawned rank's :data:`STOP_SIGNALS`: the first halts its run (once there is one;
-    before, it raises :class:`_Signalled`) and is reported; a second one kills. A signal the
-    rank inherited as ignored (the launch runs under ``nohup``) stays ignored."""
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self.run: Run | None = None
-        for signum in STOP_SIGNALS:
-            if signal.getsignal(signum) is not signal.SIG_IGN:
-                signal.signal(signum, self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        for other in STOP_SIGNALS:
-            signal.signal(other, signal.SIG_DFL)
-        self.signum = signum
-        run = self.run
-        if run is None:
-            raise _Signalled(signum)
-        run.halt()
-        run.done.set()
-
-
-def signal_name(signum: int) -> str:
-    """``SIGTERM`` for 15, …"""
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _rank_main(
-    setup: _RankSetup,
-    releases: Mapping[str, tuple[Connection, Connection]],
-    conn: Connection,
-) -> None:
-    """The body of rank ``setup.rank`` > 0 (in a spawned process)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
-    signals = _RankSignals()
-    rank, spawn = setup.rank, setup.spawn
-    sender = _Sender(conn)
-    rings: dict[str, ShmRing] = {}
-    try:
-        # first of all, so that the controller can unlink the rings' names at once
-        rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
-        sender.send(("attached", rank))
-        _configure_quiet(spawn.quiet)
-        transport = _Forward(sender if spawn.forward else None, spawn.frames)
-        ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
-        pipeline = load_app(spawn.entry)(ctx)
-        if _layout(pipeline) != setup.layout:
-            raise PipelineStateError(
-                f"rank {rank}'s build(ctx) made the stages {' | '.join(_layout(pipeline))}, "
-                f"but rank 0 runs {' | '.join(setup.layout)}: every rank must build the same graph"
-            )
-        if spawn.serving is not None:
-            _apply_serving(pipeline, spawn.serving)
-        if _has_sink(pipeline, rank):
-            _configure_log(spawn.log)
-        run = _rank_run(pipeline, rank, rings, releases)
-        signals.run = run  # a stop signal from now on halts the run, reported below
-        transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
-        listener = threading.Thread(
-            target=_listen, args=(conn, ctx, run), name="rxstream:control", daemon=True
-        )
-        listener.start()
-        run.start()
-        sender.send(("ready", rank))
-        reported = time.monotonic()
-        while not run.done.wait(WATCH_S):
-            stats = run.statistics()
-            sender.send(("egressed", rank, egressed(stats)))
-            if time.monotonic() - reported >= STATUS_S:
-                reported = time.monotonic()
-                sender.send(("stats", rank, stats_to_wire(stats)))
-        run.stop(0.45)
-        stats = run.statistics()
-        if signals.signum is not None:
-            sender.send(("stopped", rank, signals.signum, egressed(stats), stats_to_wire(stats)))
-        elif run.error is not None:
-            sender.send(("error", rank, describe(run.error), stats_to_wire(stats)))
-        else:
-            sender.send(("done", rank, egressed(stats), stats_to_wire(stats)))
-    except _Signalled as exc:
-        with contextlib.suppress(OSError):
-            sender.send(("stopped", rank, exc.signum, 0, {}))
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            sender.send(("error", rank, describe(exc), {}))
-    finally:
-        for ring in rings.values():
-            ring.close()
-        conn.close()
-
-
-def _send(conn: Connection, message: tuple[Any, ...]) -> None:
-    """Send to a rank, ignoring one that is gone (the watcher reports it)."""
-    with contextlib.suppress(OSError):
-        conn.send(message)
-
-
-def describe(exc: BaseException) -> str:
-    """An error as one line for another process: a PipelineError as it reads, else its type
-    and message (the torchrun control plane uses it too)."""
-    if isinstance(exc, PipelineError):
-        return str(exc)
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-def _listen(conn: Connection, ctx: Context, run: Run) -> None:
-    """Apply what the controller sends (doc writes, generations, stop) until it goes away."""
-    while True:
-        try:
-            message = conn.recv()
-        except (EOFError, OSError):  # the controller is gone: stop
-            run.fail(PipelineError("controller", RuntimeError("rank 0 went away")))
-            return
-        if apply_replica(ctx, message):
-            continue
-        if message[0] == "stop":
-            run.halt()
-            run.done.set()
-            return
-
+__all__ = ["launch"]
 
 # --- the controller ------------------------------------------------------------------------------
 
@@ -707,49 +113,57 @@ def launch(
     serving config :class:`~rxstream.topology.DeploymentError`. A rank that sends nothing for
     :data:`HEARTBEAT_S` seconds is killed and named in that error.
     """
-    from rxstream.ranks._torchrun import launch_torchrun, torchrun_env
+    options = LaunchOptions(
+        frames=frames,
+        config=config,
+        timeout=timeout,
+        settings=tuple(settings),
+        serving=serving,
+        transport=transport,
+        out=out,
+        out_stream=out_stream,
+        log=log,
+        on_open=on_open,
+        on_status=on_status,
+        quiet=quiet,
+        stop=stop,
+    )
+    from rxstream.ranks._torchrun import run_torchrun, torchrun_env
 
     if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
-        return launch_torchrun(
-            entry,
-            ranks,
-            frames=frames,
-            config=config,
-            timeout=timeout,
-            settings=settings,
-            serving=serving,
-            transport=transport,
-            out=out,
-            out_stream=out_stream,
-            log=log,
-            on_open=on_open,
-            on_status=on_status,
-            quiet=quiet,
-        )
+        return run_torchrun(entry, ranks, options)
+    return launch_spawned(entry, ranks, options)
+
+
+def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult:
+    """:func:`launch` with ``options``, not under torchrun: ranks 1… are spawned here."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
     app.check_ranks(ranks)
     egress = _Egress(
-        transport, out=out, out_stream=out_stream, frames=frames, on_open=on_open, stop=stop
+        options.transport,
+        out=options.out,
+        out_stream=options.out_stream,
+        frames=options.frames,
+        on_open=options.on_open,
+        stop=options.stop,
     )
-    spawn = _Spawn(
-        app.entry,
-        ranks,
-        egress.forwards,
-        frames,
-        quiet,
-        None if serving is None else dict(serving),
-        None if log is None else str(log),
-    )
-    if log is not None:
-        _start_log(log)
-    _configure_quiet(quiet)
+    spawn = _Spawn(app.entry, ranks, egress.forwards, options.for_ranks())
+    if options.log is not None:
+        _start_log(options.log)
+    _configure_quiet(options.quiet)
     try:
-        ctx = _AppContext(settings=settings, config=config, transport=egress, rank=0, world=ranks)
+        ctx = _AppContext(
+            settings=options.settings,
+            config=options.config,
+            transport=egress,
+            rank=0,
+            world=ranks,
+        )
         if app.main is not None:
-            return _launch_main(app.main, ctx, spawn, egress, serving, timeout, on_status)
-        return _launch_build(app, ctx, spawn, egress, serving, timeout, on_status)
+            return _launch_main(app.main, ctx, spawn, egress, options)
+        return _launch_build(app, ctx, spawn, egress, options)
     finally:
         egress.finish()
 
@@ -759,14 +173,13 @@ def _launch_main(
     ctx: _AppContext,
     spawn: _Spawn,
     egress: _Egress,
-    serving: Mapping[str, Any] | None,
-    timeout: float | None,
-    on_status: Callable[[Statistics], None] | None,
+    options: LaunchOptions,
 ) -> LaunchResult:
     """Run an ``async def main(ctx)`` app in this process until it returns or the session ends.
 
     On several ranks, the context's launcher hook spawns the other ranks for each run.
     """
+    serving, timeout, on_status = options.serving, options.timeout, options.on_status
 
     def on_session(pipeline: Pipeline | None) -> None:
         ctx.check_settings()
@@ -774,7 +187,7 @@ def _launch_main(
             _apply_serving(pipeline, serving)
 
     egress.on_session = on_session
-    _configure_log(spawn.log)
+    _configure_log(spawn.options.log)
     launcher = ctx._launcher = _MainRanks(spawn, egress) if spawn.world > 1 else None
     deadline = None if timeout is None else time.monotonic() + timeout
     reported = [time.monotonic()]
@@ -843,17 +256,15 @@ def _launch_build(
     ctx: _AppContext,
     spawn: _Spawn,
     egress: _Egress,
-    serving: Mapping[str, Any] | None,
-    timeout: float | None,
-    on_status: Callable[[Statistics], None] | None,
+    options: LaunchOptions,
 ) -> LaunchResult:
     """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
     pipeline = app(ctx)
     ctx.check_settings()
-    if serving is not None:
-        _apply_serving(pipeline, serving)
+    if options.serving is not None:
+        _apply_serving(pipeline, options.serving)
     if _has_sink(pipeline, 0):
-        _configure_log(spawn.log)
+        _configure_log(spawn.options.log)
     ranks = _Ranks(spawn, pipeline)
     run: Run | None = None
     try:
@@ -865,7 +276,8 @@ def _launch_build(
         replicas = _replicate(ctx, ranks.conns)
         run.start()
         try:
-            return _Watch(run, ranks, egress, on_status).until_end(spawn.frames, timeout)
+            watch = _Watch(run, ranks, egress, options.on_status)
+            return watch.until_end(options.frames, options.timeout)
         finally:
             for subscription in replicas:
                 subscription.dispose()
@@ -1022,7 +434,7 @@ class _MainRanks:
         except BaseException:
             ranks.close()
             raise
-        ranked = _RankRun(pipeline.context, run, ranks, self._egress, self._spawn.frames)
+        ranked = _RankRun(pipeline.context, run, ranks, self._egress, self._spawn.options.frames)
         self._runs.append((pipeline, ranked))
         return ranked
 
@@ -1120,260 +532,3 @@ def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:
             _send(conn, message)
 
     return replicate(ctx, broadcast)
-
-
-def replicate(ctx: Context, send: Callable[[tuple[Any, ...]], None]) -> list[Any]:
-    """``send`` every doc write and generation change of ``ctx`` as it happens (the messages
-    ranks apply with ``doc.replicate`` and ``generations.replicate``), and the generations as
-    they are now; the subscriptions to dispose. The spawn launch and the torchrun control
-    plane both use it."""
-    subscriptions: list[Any] = []
-
-    def doc_writer(name: str, doc: Doc) -> Callable[[Snapshot], None]:
-        return lambda snapshot: send(("doc", name, thaw(snapshot), doc.version))
-
-    for name, doc in ctx.docs.items():
-        subscriptions.append(doc.snapshots.subscribe(doc_writer(name, doc)))
-    gens = ctx.generations
-
-    def on_generations(state: GenerationState) -> None:
-        send(("generations", state, gens.steered_at))
-
-    gens.listeners.append(on_generations)
-    subscriptions.append(_Unlisten(gens.listeners, on_generations))
-    on_generations(gens.state())  # as they are now: a steer made before the ranks started
-    return subscriptions
-
-
-def apply_replica(ctx: Context, message: tuple[Any, ...]) -> bool:
-    """Apply a message :func:`replicate` sent (a doc write, the generations) to this rank's
-    ``ctx``; whether it was one."""
-    kind = message[0]
-    if kind == "doc":
-        _, name, state, version = message
-        ctx.doc(name).replicate(state, version)
-    elif kind == "generations":
-        _, state, steered_at = message
-        ctx.generations.replicate(state, steered_at)
-    else:
-        return False
-    return True
-
-
-class _Unlisten:
-    def __init__(self, listeners: list[Any], listener: Any) -> None:
-        self._listeners, self._listener = listeners, listener
-
-    def dispose(self) -> None:
-        if self._listener in self._listeners:
-            self._listeners.remove(self._listener)
-
-
-_DRAIN = 64
-"""Messages read from one rank per watch round (egress can arrive frame by frame)."""
-
-
-class _Watch:
-    """The controller's loop: reads every rank's messages until every rank has ended."""
-
-    def __init__(
-        self,
-        run: Run,
-        ranks: _Ranks,
-        egress: _Egress,
-        on_status: Callable[[Statistics], None] | None,
-        *,
-        closing: threading.Event | None = None,
-    ) -> None:
-        self.run = run
-        self.conns: Mapping[int, Connection] = ranks.conns
-        self.procs: Mapping[int, Any] = ranks.procs
-        self.egress = egress
-        self.on_status = on_status
-        self.closing = closing
-        """Set by a stopping pipeline (a main app's run): stop every rank as at the end."""
-        self.egressed = dict.fromkeys(ranks.conns, 0)
-        self.stats: dict[int, dict[str, StageStatistics]] = {}
-        self.live: dict[int, dict[str, StageStatistics]] = {}
-        self.finished: set[int] = set()
-        self.heartbeat = heartbeat_s()
-        self.heard: dict[int, float] = {}
-        """When each rank was last heard from (any message)."""
-
-    def until_end(self, frames: int | None, timeout: float | None) -> LaunchResult:
-        """Wait for every rank to end; fail fast naming a rank that died, failed or stopped
-        answering (nothing from it for ``heartbeat`` seconds)."""
-        run, conns, procs = self.run, self.conns, self.procs
-        deadline = None if timeout is None else time.monotonic() + timeout
-        self.heard = dict.fromkeys(conns, time.monotonic())
-        reported = time.monotonic()
-        stopping_until: float | None = None  # set once the run ends: ranks report, then go
-        while True:
-            ready = multiprocessing.connection.wait(
-                [*conns.values(), *(p.sentinel for p in procs.values())], timeout=WATCH_S
-            )
-            for rank, conn in conns.items():
-                if conn in ready and rank not in self.finished:
-                    self._read(rank, conn)
-            for rank, proc in procs.items():
-                if rank not in self.finished and proc.sentinel in ready and not conns[rank].poll():
-                    _died(run, rank, proc)
-            self._check_heartbeats()
-            run.raise_error()
-            if len(self.finished) == len(conns) and (
-                run.done.is_set() or stopping_until is not None
-            ):
-                break
-            now = time.monotonic()
-            if self.on_status is not None and now - reported >= STATUS_S:
-                reported = now
-                self.on_status({0: run.statistics(), **self.live})
-            if stopping_until is not None:
-                if now > stopping_until:
-                    break  # a rank that does not report in time is killed by the caller
-                continue
-            total = sum(self.egressed.values()) + egressed(run.statistics())
-            # a finite run ends by itself: every rank completes once the end reaches it
-            ended = (
-                (frames is not None and total >= frames)
-                or (deadline is not None and now > deadline)
-                or self.egress.ended
-            )
-            if ended:
-                self.egress.end()
-            if ended or (self.closing is not None and self.closing.is_set()):
-                run.halt()  # stop every rank, then collect their final statistics
-                for rank, conn in conns.items():
-                    if rank not in self.finished:
-                        _send(conn, ("stop",))
-                stopping_until = now + JOIN_S
-        self.stats[0] = dict(run.statistics())
-        total = sum(self.egressed.values()) + egressed(self.stats[0])
-        return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total)
-
-    def _check_heartbeats(self) -> None:
-        now = time.monotonic()
-        for rank, conn in self.conns.items():
-            silent = now - self.heard[rank]
-            if rank not in self.finished and silent > self.heartbeat and not conn.poll():
-                _unanswering(self.run, rank, self.procs[rank], silent, self.heartbeat)
-
-    def _read(self, rank: int, conn: Connection) -> None:
-        self.heard[rank] = time.monotonic()
-        for _ in range(_DRAIN):
-            try:
-                message = conn.recv()
-            except (EOFError, OSError):  # its end of the pipe closed: the process is gone
-                _died(self.run, rank, self.procs[rank])
-            kind = message[0]
-            if kind == "egress":
-                self.egress.send(message[1], message[2])
-            elif kind == "timing":
-                self.egress.on_timing(message[1])
-            elif kind == "egressed":
-                self.egressed[rank] = message[2]
-            elif kind == "stats":
-                self.live[rank] = stats_from_wire(message[2])
-            elif kind == "done":
-                self.egressed[rank], self.stats[rank] = message[2], stats_from_wire(message[3])
-                self.finished.add(rank)
-                return
-            elif kind == "error":
-                self.stats[rank] = stats_from_wire(message[3])
-                error = PipelineError(f"rank {rank}", RuntimeError(message[2]))
-                self.run.fail(error)
-                raise error
-            elif kind == "stopped":  # a signal stopped it: the launch's own stop, or a failure
-                self.egressed[rank], self.stats[rank] = message[3], stats_from_wire(message[4])
-                self.finished.add(rank)
-                if not self.egress.stopping:
-                    error = _stopped_by(rank, message[2])
-                    self.run.fail(error)
-                    raise error
-                return
-            if not conn.poll():
-                return
-
-
-def _stopped_by(rank: int, signum: int) -> PipelineError:
-    """The error of a rank that a signal stopped while the launch itself was not stopping."""
-    return PipelineError(
-        f"rank {rank}",
-        RuntimeError(f"rank {rank} was stopped by {signal_name(signum)} (sent to it alone)"),
-    )
-
-
-def _unanswering(run: Run, rank: int, proc: Any, silent: float, allowed: float) -> NoReturn:
-    """A rank that sends nothing any more (stopped, hung): kill it, fail the run naming it."""
-    with contextlib.suppress(OSError):
-        proc.kill()  # SIGKILL: the one signal a stopped process does not wait for
-    proc.join(1.0)
-    error = PipelineError(
-        f"rank {rank}",
-        RuntimeError(
-            f"rank {rank} stopped answering: nothing from it for {silent:.1f} s "
-            f"(the heartbeat allows {allowed:g} s, {HEARTBEAT_ENV}); it was killed"
-        ),
-    )
-    run.fail(error)
-    raise error
-
-
-def _died(run: Run, rank: int, proc: Any) -> NoReturn:
-    """A rank process ended without reporting: fail the run, naming it."""
-    proc.join(0.5)
-    error = PipelineError(
-        f"rank {rank}", RuntimeError(f"rank {rank} died (exit code {proc.exitcode})")
-    )
-    run.fail(error)
-    raise error
-
-
-# --- the CPU harness -----------------------------------------------------------------------------
-
-
-class _UntilSelfTest(MemoryTransport):
-    """The harness's session: attached until the app's self test has finished."""
-
-    def __init__(self, finished: Callable[[], bool]) -> None:
-        super().__init__(keep=8)
-        self._finished = finished
-
-    @property
-    def connected(self) -> bool:
-        return super().connected and not self._finished()
-
-
-def run_self_test(entry: str, *, timeout: float = 60.0) -> bool | None:
-    """Run the ``with ctx.self_test():`` block of the app ``entry`` under the CPU harness.
-
-    The app gets ``Context(harness=True)`` with an in-memory transport. A ``build`` app is
-    built (its block runs as ``build`` does); a ``main`` app runs until its block finished —
-    its transport disconnects then, so a ``run()`` after the block returns at once — and is
-    cancelled if it has not returned ``JOIN_S`` later. Returns ``True`` when the block
-    passed, ``None`` when the app ran none (``False`` when the app caught its failure).
-    Raises :class:`~rxstream.SelfTestError` (the cause attached) when it failed, what the app
-    raised outside the block, and ``TimeoutError`` when no block finished in ``timeout`` s.
-    """
-    app = load_app(entry)
-    main = app.main
-    if main is None:
-        ctx = Context(harness=True, transport=MemoryTransport(keep=8))
-        app(ctx)
-        return ctx.self_test_passed
-    holder: list[Context] = []
-
-    def finished() -> bool:
-        return holder[0].self_test_passed is not None
-
-    ctx = Context(harness=True, transport=_UntilSelfTest(finished))
-    holder.append(ctx)
-    deadline = time.monotonic() + timeout
-
-    def over() -> bool:
-        return finished() or time.monotonic() > deadline
-
-    asyncio.run(_supervise(main(ctx), should_end=over))
-    if ctx.self_test_passed is None and time.monotonic() > deadline:
-        raise TimeoutError(f"the app's self test did not finish within {timeout:g} s")
-    return ctx.self_test_passed

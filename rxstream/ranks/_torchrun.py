@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream.ranks._common import LaunchOptions, LaunchResult, Statistics
 from rxstream.ranks._distboundary import DistChannel, RankLost
-from rxstream.ranks._distcontrol import Options, Statistics
 from rxstream.ranks._distlaunch import (
     BACKEND_ENV,
     CROSS_HOST_ENV,
@@ -47,7 +47,6 @@ from rxstream.ranks._distlaunch import (
     exit_now,
     terminate_as_interrupt,
 )
-from rxstream.ranks._launch import LaunchResult
 from rxstream.timing import configure_logging
 
 __all__ = [
@@ -200,6 +199,25 @@ def launch_torchrun(
     A failure anywhere raises :class:`PipelineError` on every rank that is left, naming the
     rank (for a rank or host that went away, caused by :class:`RankLost`).
     """
+    options = LaunchOptions(
+        frames=frames,
+        config=config,
+        timeout=timeout,
+        settings=tuple(settings),
+        serving=serving,
+        transport=transport,
+        out=out,
+        out_stream=out_stream,
+        log=log,
+        on_open=on_open,
+        on_status=on_status,
+        quiet=quiet,
+    )
+    return run_torchrun(entry, ranks, options)
+
+
+def run_torchrun(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult:
+    """:func:`launch_torchrun` with ``options``."""
     env = torchrun_env()
     if env is None:
         raise PipelineStateError(
@@ -210,11 +228,16 @@ def launch_torchrun(
         raise ValueError(
             f"ranks must be 1 or torchrun's WORLD_SIZE ({env.world}) under torchrun, got {ranks!r}"
         )
-    given = {"transport": transport, "out": out, "out_stream": out_stream, "serving": serving}
+    given = {
+        "transport": options.transport,
+        "out": options.out,
+        "out_stream": options.out_stream,
+        "serving": options.serving,
+    }
     for name, value in given.items():
         if value is not None:
             raise ValueError(f"{name} is not supported under torchrun yet, got {value!r}")
-    options = Options(frames, config, timeout, tuple(settings), log, on_open, on_status, quiet)
+    quiet = options.quiet
     import torch
     import torch.distributed as dist
 
