@@ -385,13 +385,13 @@ def test_small_plain_payloads_cross_a_ring_with_their_metadata(
 
 def test_ranks_other_than_the_controller_replicate_and_catch_up() -> None:
     """A launched rank > 0 runs as a replica (its readers catch up); rank 0 steers."""
-    from rxstream.ranks._rank import _rank_run
+    from rxstream.ranks._rank import rank_run
 
     ctx = rxstream.Context()
     pipeline = (
         ctx.source([1, 2], name="src") | ctx.pipe(lambda x: x, rank=1) | ctx.stream("out", rank=1)
     )
-    runs = [_rank_run(pipeline, rank, {}, {}) for rank in (0, 1)]
+    runs = [rank_run(pipeline, rank, {}, {}) for rank in (0, 1)]
     try:
         assert [run.replica for run in runs] == [False, True]
     finally:

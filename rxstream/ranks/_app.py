@@ -119,7 +119,7 @@ def _is_main(fn: object) -> bool:
     return True
 
 
-class _AppContext(Context):
+class AppContext(Context):
     """The launcher's context: writes the ``--set`` settings as the app makes the control doc."""
 
     def __init__(self, *, settings: Sequence[str] = (), **options: Any) -> None:

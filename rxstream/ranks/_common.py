@@ -34,14 +34,14 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 controller stops it)."""
 
 
-_live_ranks: set[Any] = set()
+live_ranks: set[Any] = set()
 """The rank processes spawned and not yet joined, for :func:`kill_ranks`."""
 
 
 def kill_ranks() -> None:
     """SIGKILL every spawned rank process still running (a forced exit's last act; safe in a
     signal handler: it only sends signals)."""
-    for proc in tuple(_live_ranks):
+    for proc in tuple(live_ranks):
         with contextlib.suppress(OSError, TypeError):
             os.kill(proc.pid, signal.SIGKILL)
 

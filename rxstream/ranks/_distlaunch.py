@@ -37,7 +37,7 @@ from rxstream.ranks._app import load_app
 from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun
 from rxstream.ranks._distcontrol import Control, describe
-from rxstream.ranks._egress import _Forward
+from rxstream.ranks._egress import Forward
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
 from rxstream.timing import configure_logging
@@ -155,7 +155,7 @@ class Launch:
         self.world = env.world
         self.dist = dist
         self.control = dist.new_group(backend="gloo")  # doc writes, reports, heartbeats
-        self.egress = _Forward(None, options.frames)
+        self.egress = Forward(None, options.frames)
         """Every rank's transport: passes at most ``frames`` items, then halts the run."""
         self.ctx: Context
         self.pipeline: Pipeline
@@ -202,10 +202,10 @@ class Launch:
                 if options.log is not None:  # afresh, before any rank writes to it
                     Path(options.log).parent.mkdir(parents=True, exist_ok=True)
                     Path(options.log).write_text("", encoding="utf-8")
-                # _AppContext writes --set as the app makes the doc
-                from rxstream.ranks._app import _AppContext
+                # AppContext writes --set as the app makes the doc
+                from rxstream.ranks._app import AppContext
 
-                ctx = _AppContext(
+                ctx = AppContext(
                     settings=options.settings,
                     config=options.config,
                     rank=0,

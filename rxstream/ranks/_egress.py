@@ -33,7 +33,7 @@ def _pace_fps(pipeline: Pipeline | None) -> float:
     return 24.0
 
 
-class _Egress(Transport):
+class Egress(Transport):
     """Rank 0's session transport: the caller's (or an in-memory one) and the ``out`` file.
 
     It opens them with the first session and closes them when the launch ends. It passes at
@@ -158,7 +158,7 @@ class _Gate:
         return True
 
 
-class _Sender:
+class Sender:
     """A rank's end of its control pipe, shared by its threads (a send is not thread-safe)."""
 
     def __init__(self, conn: Connection) -> None:
@@ -170,12 +170,12 @@ class _Sender:
             self._conn.send(message)
 
 
-class _Forward(Transport):
+class Forward(Transport):
     """A rank > 0's transport: passes at most ``frames`` items on — to the controller's
     session when ``sender`` is given, else nowhere — and calls ``gate.on_full`` after the last.
     """
 
-    def __init__(self, sender: _Sender | None, frames: int | None) -> None:
+    def __init__(self, sender: Sender | None, frames: int | None) -> None:
         self._sender = sender
         self.gate = _Gate(frames, lambda: None)
 
@@ -192,7 +192,7 @@ class _Forward(Transport):
             self._sender.send(("timing", record))
 
 
-def _apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> None:
+def apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> None:
     """Check the serving config against the app's topology; lower its inputs' limits to it."""
     from rxstream.operators._input import InputFeed
     from rxstream.topology import client_stream_limits
@@ -203,26 +203,26 @@ def _apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> Non
             stage.source.limits = limits[name]
 
 
-def _has_sink(pipeline: Pipeline, rank: int) -> bool:
+def pipeline_has_sink(pipeline: Pipeline, rank: int) -> bool:
     plan = pipeline.plan
     return any(node.stage.is_sink and plan.ranks[node] == rank for node in plan.nodes)
 
 
-def _start_log(log: str | Path) -> None:
+def start_log(log: str | Path) -> None:
     """Start the timing log afresh (the controller, before any rank writes to it)."""
     path = Path(log)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("", encoding="utf-8")
 
 
-def _configure_log(log: str | Path | None) -> None:
+def configure_log(log: str | Path | None) -> None:
     if log is not None:
         from rxstream.timing import configure_logging
 
         configure_logging(log)
 
 
-def _configure_quiet(quiet: bool) -> None:
+def configure_quiet(quiet: bool) -> None:
     """Only warnings and errors, as text on stderr (until a timing log is configured)."""
     if quiet:
         from rxstream.timing import configure_logging

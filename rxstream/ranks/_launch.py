@@ -42,7 +42,7 @@ from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._app import App, Main, _AppContext, load_app
+from rxstream.ranks._app import App, AppContext, Main, load_app
 from rxstream.ranks._common import (
     JOIN_S,
     READY_S,
@@ -51,19 +51,19 @@ from rxstream.ranks._common import (
     LaunchOptions,
     LaunchResult,
     Statistics,
-    _live_ranks,
+    live_ranks,
 )
 from rxstream.ranks._egress import (
-    _apply_serving,
-    _configure_log,
-    _configure_quiet,
-    _Egress,
-    _has_sink,
-    _start_log,
+    Egress,
+    apply_serving,
+    configure_log,
+    configure_quiet,
+    pipeline_has_sink,
+    start_log,
 )
-from rxstream.ranks._rank import _layout, _rank_main, _rank_run, _RankSetup, _send, _Spawn
+from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
 from rxstream.ranks._replicate import replicate
-from rxstream.ranks._watch import _stopped_by, _Watch
+from rxstream.ranks._watch import Watch, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed
@@ -141,7 +141,7 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
         raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
     app.check_ranks(ranks)
-    egress = _Egress(
+    egress = Egress(
         options.transport,
         out=options.out,
         out_stream=options.out_stream,
@@ -149,12 +149,12 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
         on_open=options.on_open,
         stop=options.stop,
     )
-    spawn = _Spawn(app.entry, ranks, egress.forwards, options.for_ranks())
+    spawn = Spawn(app.entry, ranks, egress.forwards, options.for_ranks())
     if options.log is not None:
-        _start_log(options.log)
-    _configure_quiet(options.quiet)
+        start_log(options.log)
+    configure_quiet(options.quiet)
     try:
-        ctx = _AppContext(
+        ctx = AppContext(
             settings=options.settings,
             config=options.config,
             transport=egress,
@@ -170,9 +170,9 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
 
 def _launch_main(
     main: Main,
-    ctx: _AppContext,
-    spawn: _Spawn,
-    egress: _Egress,
+    ctx: AppContext,
+    spawn: Spawn,
+    egress: Egress,
     options: LaunchOptions,
 ) -> LaunchResult:
     """Run an ``async def main(ctx)`` app in this process until it returns or the session ends.
@@ -184,10 +184,10 @@ def _launch_main(
     def on_session(pipeline: Pipeline | None) -> None:
         ctx.check_settings()
         if pipeline is not None and serving is not None:
-            _apply_serving(pipeline, serving)
+            apply_serving(pipeline, serving)
 
     egress.on_session = on_session
-    _configure_log(spawn.options.log)
+    configure_log(spawn.options.log)
     launcher = ctx._launcher = _MainRanks(spawn, egress) if spawn.world > 1 else None
     deadline = None if timeout is None else time.monotonic() + timeout
     reported = [time.monotonic()]
@@ -203,7 +203,7 @@ def _launch_main(
             on_status({0: pipeline.statistics(), **others})
 
     try:
-        asyncio.run(_supervise(main(ctx), should_end=lambda: egress.ended, tick=tick))
+        asyncio.run(supervise(main(ctx), should_end=lambda: egress.ended, tick=tick))
     finally:
         if egress.pipeline is not None:
             egress.pipeline.stop()
@@ -220,7 +220,7 @@ def _launch_main(
     return LaunchResult(spawn.world, MappingProxyType(statistics), total)
 
 
-async def _supervise(
+async def supervise(
     coroutine: Coroutine[Any, Any, Any],
     *,
     should_end: Callable[[], bool],
@@ -253,22 +253,22 @@ async def _supervise(
 
 def _launch_build(
     app: App,
-    ctx: _AppContext,
-    spawn: _Spawn,
-    egress: _Egress,
+    ctx: AppContext,
+    spawn: Spawn,
+    egress: Egress,
     options: LaunchOptions,
 ) -> LaunchResult:
     """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
     pipeline = app(ctx)
     ctx.check_settings()
     if options.serving is not None:
-        _apply_serving(pipeline, options.serving)
-    if _has_sink(pipeline, 0):
-        _configure_log(spawn.options.log)
-    ranks = _Ranks(spawn, pipeline)
+        apply_serving(pipeline, options.serving)
+    if pipeline_has_sink(pipeline, 0):
+        configure_log(spawn.options.log)
+    ranks = Ranks(spawn, pipeline)
     run: Run | None = None
     try:
-        run = _rank_run(pipeline, 0, ranks.rings, ranks.releases)
+        run = rank_run(pipeline, 0, ranks.rings, ranks.releases)
         if not ranks.wait_ready(stopping=lambda: egress.stopping):
             return LaunchResult(spawn.world)  # stopped before it started: nothing ran
         egress.halt_at_frames(run)
@@ -276,7 +276,7 @@ def _launch_build(
         replicas = _replicate(ctx, ranks.conns)
         run.start()
         try:
-            watch = _Watch(run, ranks, egress, options.on_status)
+            watch = Watch(run, ranks, egress, options.on_status)
             return watch.until_end(options.frames, options.timeout)
         finally:
             for subscription in replicas:
@@ -287,14 +287,14 @@ def _launch_build(
         ranks.close()
 
 
-class _Ranks:
+class Ranks:
     """Ranks 1..N-1 of one run, spawned by rank 0, and a ring per boundary between the ranks.
 
     Made and released together: :meth:`close` stops every rank, joins it (killing one still
     there ``JOIN_S`` later), closes the pipes and unlinks every ring.
     """
 
-    def __init__(self, spawn: _Spawn, pipeline: Pipeline) -> None:
+    def __init__(self, spawn: Spawn, pipeline: Pipeline) -> None:
         plan = pipeline.plan
         if plan.world > spawn.world:
             raise PipelineStateError(
@@ -317,13 +317,13 @@ class _Ranks:
                 for r in {plan.ranks[up], plan.ranks[down]}:
                     touching[r][name] = self.rings[name].handle()
             docs = {n: (thaw(d.snapshot()), d.version) for n, d in pipeline.context.docs.items()}
-            layout = _layout(pipeline)
+            layout = layout_of(pipeline)
             for rank in range(1, spawn.world):
                 parent, child = context.Pipe()
                 self.conns[rank] = parent
-                setup = _RankSetup(spawn, rank, touching[rank], docs, layout)
+                setup = RankSetup(spawn, rank, touching[rank], docs, layout)
                 proc = context.Process(
-                    target=_rank_main,
+                    target=rank_main,
                     args=(setup, self.releases, child),
                     name=f"rxstream-rank-{rank}",
                     daemon=True,
@@ -333,7 +333,7 @@ class _Ranks:
                 finally:
                     child.close()
                 self.procs[rank] = proc
-                _live_ranks.add(proc)
+                live_ranks.add(proc)
         except BaseException:
             self.close()
             raise
@@ -376,7 +376,7 @@ class _Ranks:
                     elif message[0] == "error":
                         raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
                     elif message[0] == "stopped" and not stopping():
-                        raise _stopped_by(rank, message[2])
+                        raise stopped_by(rank, message[2])
                 elif self.procs[rank].sentinel in ready and not conn.poll():
                     self.procs[rank].join(0.5)
                     code = self.procs[rank].exitcode
@@ -395,14 +395,14 @@ class _Ranks:
     def close(self) -> None:
         """Stop every rank, join it (kill it after ``JOIN_S``), close pipes, unlink rings."""
         for conn in self.conns.values():
-            _send(conn, ("stop",))
+            send_to(conn, ("stop",))
         deadline = time.monotonic() + JOIN_S
         for proc in self.procs.values():
             proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join()
-            _live_ranks.discard(proc)
+            live_ranks.discard(proc)
         for conn in self.conns.values():
             conn.close()
         for pair in self.releases.values():
@@ -420,15 +420,15 @@ class _MainRanks:
     (each calls the app's ``build(ctx)``) and hands :class:`Pipeline` a :class:`_RankRun`.
     """
 
-    def __init__(self, spawn: _Spawn, egress: _Egress) -> None:
+    def __init__(self, spawn: Spawn, egress: Egress) -> None:
         self._spawn = spawn
         self._egress = egress
         self._runs: list[tuple[Pipeline, _RankRun]] = []
 
     def __call__(self, pipeline: Pipeline, bridge: AsyncBridge) -> "_RankRun":
-        ranks = _Ranks(self._spawn, pipeline)
+        ranks = Ranks(self._spawn, pipeline)
         try:
-            run = _rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
+            run = rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
             if not ranks.wait_ready(stopping=lambda: self._egress.stopping):
                 raise PipelineStateError("the launch was stopped before every rank was ready")
         except BaseException:
@@ -465,7 +465,7 @@ class _RankRun:
     """
 
     def __init__(
-        self, ctx: Context, run: Run, ranks: _Ranks, egress: _Egress, frames: int | None
+        self, ctx: Context, run: Run, ranks: Ranks, egress: Egress, frames: int | None
     ) -> None:
         self.run = run
         self.done = threading.Event()
@@ -474,7 +474,7 @@ class _RankRun:
         self._frames = frames
         self._ranks = ranks
         self._closing = threading.Event()
-        self.watch = _Watch(run, ranks, egress, None, closing=self._closing)
+        self.watch = Watch(run, ranks, egress, None, closing=self._closing)
         self._replicas: list[Any] = []
         self._thread: threading.Thread | None = None
         self._callbacks: list[Callable[[], None]] = []
@@ -529,6 +529,6 @@ def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:
 
     def broadcast(message: tuple[Any, ...]) -> None:
         for conn in conns.values():
-            _send(conn, message)
+            send_to(conn, message)
 
     return replicate(ctx, broadcast)

@@ -19,12 +19,12 @@ from rxstream.pipeline import Pipeline
 from rxstream.ranks._app import load_app
 from rxstream.ranks._common import STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
 from rxstream.ranks._egress import (
-    _apply_serving,
-    _configure_log,
-    _configure_quiet,
-    _Forward,
-    _has_sink,
-    _Sender,
+    Forward,
+    Sender,
+    apply_serving,
+    configure_log,
+    configure_quiet,
+    pipeline_has_sink,
 )
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.ranks._replicate import apply_replica
@@ -35,7 +35,7 @@ from rxstream.runtime._stats import egressed, stats_to_wire
 # --- a rank process ----------------------------------------------------------------------------
 
 
-def _rank_run(
+def rank_run(
     pipeline: Pipeline,
     rank: int,
     rings: Mapping[str, ShmRing],
@@ -59,7 +59,7 @@ def _rank_run(
 
 
 @dataclass(frozen=True)
-class _Spawn:
+class Spawn:
     """How the controller spawns the other ranks: the same for every run of a launch."""
 
     entry: str
@@ -70,10 +70,10 @@ class _Spawn:
 
 
 @dataclass(frozen=True)
-class _RankSetup:
+class RankSetup:
     """What the controller hands a rank process besides its pipes (it pickles)."""
 
-    spawn: _Spawn
+    spawn: Spawn
     rank: int
     handles: Mapping[str, RingHandle]
     docs: Mapping[str, tuple[dict[str, Any], int]]
@@ -81,7 +81,7 @@ class _RankSetup:
     """Every stage as ``name@rank``: the graph the controller runs, which this rank must build."""
 
 
-def _layout(pipeline: Pipeline) -> tuple[str, ...]:
+def layout_of(pipeline: Pipeline) -> tuple[str, ...]:
     plan = pipeline.plan
     return tuple(f"{plan.names[node]}@{plan.ranks[node]}" for node in plan.nodes)
 
@@ -125,8 +125,8 @@ def signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _rank_main(
-    setup: _RankSetup,
+def rank_main(
+    setup: RankSetup,
     releases: Mapping[str, tuple[Connection, Connection]],
     conn: Connection,
 ) -> None:
@@ -134,26 +134,26 @@ def _rank_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
     signals = _RankSignals()
     rank, spawn = setup.rank, setup.spawn
-    sender = _Sender(conn)
+    sender = Sender(conn)
     rings: dict[str, ShmRing] = {}
     try:
         # first of all, so that the controller can unlink the rings' names at once
         rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         sender.send(("attached", rank))
-        _configure_quiet(spawn.options.quiet)
-        transport = _Forward(sender if spawn.forward else None, spawn.options.frames)
+        configure_quiet(spawn.options.quiet)
+        transport = Forward(sender if spawn.forward else None, spawn.options.frames)
         ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
         pipeline = load_app(spawn.entry)(ctx)
-        if _layout(pipeline) != setup.layout:
+        if layout_of(pipeline) != setup.layout:
             raise PipelineStateError(
-                f"rank {rank}'s build(ctx) made the stages {' | '.join(_layout(pipeline))}, "
+                f"rank {rank}'s build(ctx) made the stages {' | '.join(layout_of(pipeline))}, "
                 f"but rank 0 runs {' | '.join(setup.layout)}: every rank must build the same graph"
             )
         if spawn.options.serving is not None:
-            _apply_serving(pipeline, spawn.options.serving)
-        if _has_sink(pipeline, rank):
-            _configure_log(spawn.options.log)
-        run = _rank_run(pipeline, rank, rings, releases)
+            apply_serving(pipeline, spawn.options.serving)
+        if pipeline_has_sink(pipeline, rank):
+            configure_log(spawn.options.log)
+        run = rank_run(pipeline, rank, rings, releases)
         signals.run = run  # a stop signal from now on halts the run, reported below
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
         listener = threading.Thread(
@@ -189,7 +189,7 @@ def _rank_main(
         conn.close()
 
 
-def _send(conn: Connection, message: tuple[Any, ...]) -> None:
+def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
     """Send to a rank, ignoring one that is gone (the watcher reports it)."""
     with contextlib.suppress(OSError):
         conn.send(message)

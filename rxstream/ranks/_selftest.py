@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from rxstream.context import Context
 from rxstream.ranks._app import load_app
-from rxstream.ranks._launch import _supervise
+from rxstream.ranks._launch import supervise
 from rxstream.transport import MemoryTransport
 
 # --- the CPU harness -----------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def run_self_test(entry: str, *, timeout: float = 60.0) -> bool | None:
     def over() -> bool:
         return finished() or time.monotonic() > deadline
 
-    asyncio.run(_supervise(main(ctx), should_end=over))
+    asyncio.run(supervise(main(ctx), should_end=over))
     if ctx.self_test_passed is None and time.monotonic() > deadline:
         raise TimeoutError(f"the app's self test did not finish within {timeout:g} s")
     return ctx.self_test_passed

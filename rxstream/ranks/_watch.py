@@ -22,26 +22,26 @@ from rxstream.ranks._common import (
     Statistics,
     heartbeat_s,
 )
-from rxstream.ranks._egress import _Egress
-from rxstream.ranks._rank import _send, signal_name
+from rxstream.ranks._egress import Egress
+from rxstream.ranks._rank import send_to, signal_name
 from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire
 
 if TYPE_CHECKING:
-    from rxstream.ranks._launch import _Ranks
+    from rxstream.ranks._launch import Ranks
 
 _DRAIN = 64
 """Messages read from one rank per watch round (egress can arrive frame by frame)."""
 
 
-class _Watch:
+class Watch:
     """The controller's loop: reads every rank's messages until every rank has ended."""
 
     def __init__(
         self,
         run: Run,
-        ranks: _Ranks,
-        egress: _Egress,
+        ranks: Ranks,
+        egress: Egress,
         on_status: Callable[[Statistics], None] | None,
         *,
         closing: threading.Event | None = None,
@@ -106,7 +106,7 @@ class _Watch:
                 run.halt()  # stop every rank, then collect their final statistics
                 for rank, conn in conns.items():
                     if rank not in self.finished:
-                        _send(conn, ("stop",))
+                        send_to(conn, ("stop",))
                 stopping_until = now + JOIN_S
         self.stats[0] = dict(run.statistics())
         total = sum(self.egressed.values()) + egressed(self.stats[0])
@@ -148,7 +148,7 @@ class _Watch:
                 self.egressed[rank], self.stats[rank] = message[3], stats_from_wire(message[4])
                 self.finished.add(rank)
                 if not self.egress.stopping:
-                    error = _stopped_by(rank, message[2])
+                    error = stopped_by(rank, message[2])
                     self.run.fail(error)
                     raise error
                 return
@@ -156,7 +156,7 @@ class _Watch:
                 return
 
 
-def _stopped_by(rank: int, signum: int) -> PipelineError:
+def stopped_by(rank: int, signum: int) -> PipelineError:
     """The error of a rank that a signal stopped while the launch itself was not stopping."""
     return PipelineError(
         f"rank {rank}",
