@@ -28,10 +28,8 @@ __all__ = ["Channel"]
 class Channel(Protocol):
     """One side of a single-producer, single-consumer link between two ranks."""
 
-    @property
-    def portable(self) -> bool:
-        """Whether the link leaves the interpreter's host: items cross in ``encode``'s form."""
-        ...
+    portable: bool
+    """Whether the link leaves the interpreter's host: items cross in ``encode``'s form."""
 
     @property
     def all_leased(self) -> bool:
