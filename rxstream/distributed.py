@@ -29,6 +29,15 @@ __all__ = [
     "torchrun_env",
 ]
 
-for _obj in (DistChannel, RankLost, TorchrunEnv, estimate_offset):
+for _obj in (
+    DistChannel,
+    RankLost,
+    TorchrunEnv,
+    estimate_offset,
+    launch_torchrun,
+    loopback_groups,
+    open_group,
+    torchrun_env,
+):
     _obj.__module__ = __name__
 del _obj
