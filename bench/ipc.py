@@ -67,7 +67,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from rxstream.distributed import DistChannel, open_group
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.item import PipelineItem, PipelineMetadata, _stamped
-from rxstream.runtime._boundary import Boundary, decode, encode
+from rxstream.ranks._boundary import Boundary, decode, encode
 from rxstream.runtime._stats import StageCounters
 
 SPAWN = multiprocessing.get_context("spawn")

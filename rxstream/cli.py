@@ -155,7 +155,7 @@ def _seconds(text: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from rxstream.distributed import torchrun_env
+    from rxstream.ranks._torchrun import torchrun_env
 
     with _StopSignals(enabled=torchrun_env() is None) as signals:
         return _run_app(args, signals)
@@ -164,8 +164,9 @@ def _run(args: argparse.Namespace) -> int:
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import SettingError
     from rxstream._settings import split_setting
-    from rxstream.distributed import torchrun_env
-    from rxstream.launch import launch, load_app
+    from rxstream.ranks._app import load_app
+    from rxstream.ranks._launch import launch
+    from rxstream.ranks._torchrun import torchrun_env
     from rxstream.topology import DeploymentError, load_serving_config
 
     def fail(message: str, status: int) -> int:
@@ -341,7 +342,7 @@ class _StopSignals:
             self.event.set()
             _say(f"\nrxstream run: {name}: stopping (the same again forces an exit)\n")
             return
-        from rxstream.launch import kill_ranks
+        from rxstream.ranks._common import kill_ranks
 
         kill_ranks()
         _say(f"rxstream run: {name} again: forced exit, rank processes killed\n")
@@ -449,7 +450,8 @@ TRACEBACK_LINES = 20
 
 def _test(args: argparse.Namespace) -> int:
     from rxstream._exceptions import SelfTestError
-    from rxstream.launch import load_app, run_self_test
+    from rxstream.ranks._app import load_app
+    from rxstream.ranks._selftest import run_self_test
 
     try:
         load_app(args.app)  # a missing file, a syntax error, no build/main: one line, as `run`
@@ -547,7 +549,7 @@ def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
 
 def _topology(args: argparse.Namespace) -> int:
     from rxstream.context import Context
-    from rxstream.launch import load_app
+    from rxstream.ranks._app import load_app
     from rxstream.topology import (
         DeploymentError,
         client_stream_limits,

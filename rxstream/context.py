@@ -127,7 +127,7 @@ class Context:
         runs everywhere. Keep no reference to it once returned: the slot is reused once the
         consumer is done and no view of the lease lives. See docs/ranks.md.
         """
-        from rxstream.runtime._cudaxing import lease
+        from rxstream.ranks._cudaxing import lease
 
         return lease(shape, dtype, device)
 

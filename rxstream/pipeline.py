@@ -15,6 +15,7 @@ from reactivex import abc, operators
 
 from rxstream._exceptions import PipelineStateError, StageBuildError
 from rxstream.operators._input import InputFeed
+from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
@@ -239,8 +240,11 @@ class Pipeline:
                 bridge=AsyncBridge(loop),
                 generations=self._context.generations,
                 timing=self._context.timing,
-                cuda_api=self._context.cuda_api,
-                ring_spec=self._context.ring_spec,
+                boundaries=RingBoundaries(
+                    cuda_api=self._context.cuda_api,
+                    spec=self._context.ring_spec,
+                    in_process=True,
+                ),
             )
         self._run, self._ranks = run, ranks
         self._stopped = False
@@ -427,7 +431,6 @@ class Pipeline:
                 generations=self._context.generations,
                 timing=self._context.timing,
                 collect="items" if items else "payloads",
-                ring_spec=self._context.ring_spec,
             )
             self._run, self._ranks = run, None
         if self._context.self_testing and self not in self._context._self_test_drives:

@@ -23,9 +23,11 @@ import torch
 
 import rxstream
 from rxstream.distributed import DistChannel, loopback_groups
+from rxstream.ipc import ShmRing
 from rxstream.ipc._cuda import FakeCudaApi
+from rxstream.ranks._channel import Channel
+from rxstream.ranks._distboundary import DistRun
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._distboundary import DistRun
 from rxstream.transport import MemoryTransport
 
 KINDS = ["inbox", "ring", "cuda", "dist"]
@@ -295,3 +297,9 @@ def test_empty_and_large_payloads(hop: Hop, size: int) -> None:
     assert [g.shape for g in got] == [(size,)] * 3
     for i, value in enumerate(got):
         assert np.array_equal(value, np.arange(size, dtype=np.uint8) + i)
+
+
+def test_every_channel_says_which_wire_form_it_takes() -> None:
+    """A ring and a DistChannel are both Channels; only the one that leaves the host is portable."""
+    channels: list[type[Channel]] = [ShmRing, DistChannel]  # mypy holds each to the Protocol
+    assert [channel.portable for channel in channels] == [False, True]

@@ -23,7 +23,8 @@ import rxstream
 from rxstream import PipelineError, cli
 from rxstream._settings import split_setting, typed_settings
 from rxstream.ipc import ShmRing
-from rxstream.launch import SettingError, _Egress, launch, load_app
+from rxstream.launch import SettingError, launch, load_app
+from rxstream.ranks._egress import Egress
 from rxstream.topology import ClientStreamLimitExceeded
 from rxstream.transport import MemoryTransport, Session
 
@@ -625,7 +626,7 @@ class _LatePage(MemoryTransport):
 def test_a_session_not_yet_open_does_not_end_the_run() -> None:
     """Before the session opens a detached transport does not end it; after, its leaving does."""
     page = _LatePage()
-    egress = _Egress(page, out=None, out_stream=None, frames=None, on_open=None)
+    egress = Egress(page, out=None, out_stream=None, frames=None, on_open=None)
     assert not egress.ended  # a main(ctx) app still in its self test keeps its session
     egress.open(Session())
     assert egress.connected

@@ -40,9 +40,9 @@ from rxstream.distributed import (
     torchrun_env,
 )
 from rxstream.ipc import FramingError, RingClosed
-from rxstream.runtime._boundary import decode, encode
-from rxstream.runtime._distcontrol import LOST_S, Control
-from rxstream.runtime._distlaunch import Peer, cross_edges, use_nccl
+from rxstream.ranks._boundary import decode, encode
+from rxstream.ranks._distcontrol import LOST_S, Control
+from rxstream.ranks._distlaunch import Peer, cross_edges, use_nccl
 from rxstream.testing import assert_same
 
 pytestmark = pytest.mark.distributed

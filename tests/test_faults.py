@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from rxstream.launch import HEARTBEAT_ENV, HEARTBEAT_S, heartbeat_s
+from rxstream.ranks._common import HEARTBEAT_ENV, HEARTBEAT_S, heartbeat_s
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")

@@ -37,7 +37,8 @@ from rxstream.ipc._cuda import (
     FakeCudaApi,
     TorchCuda,
 )
-from rxstream.runtime._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
+from rxstream.ranks._boundary import Boundary
+from rxstream.ranks._cudaxing import EXTRA_SLOTS, CudaCrossing, PoolShared
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(
@@ -728,7 +729,7 @@ def test_statistics_count_copies_zero_copies_and_copies_out(api: FakeCudaApi) ->
 def test_lease_is_a_slot_only_on_the_writers_thread_and_where_it_fits(api: FakeCudaApi) -> None:
     """``ctx.lease``: a slot for the thread whose output crosses, once the pool exists; a new
     tensor before, on other threads, for other devices, when too large, or once closed."""
-    from rxstream.runtime._cudaxing import lease
+    from rxstream.ranks._cudaxing import lease
 
     writer, reader = crossing(api, RingSpec(slots=2, slot_bytes=256))
     assert lease((4,), torch.float32).device.type == "cpu"  # no pool yet: a new (CPU) tensor
@@ -822,7 +823,8 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         transport = ctx.transport
         assert isinstance(transport, MemoryTransport)
         assert transport.payloads("out") == [8.0 * i for i in range(8)]
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         deadline = time.monotonic() + 30  # the stage threads let go of their last items
         while calls(api, "record_release") < 8 and time.monotonic() < deadline:
@@ -995,7 +997,8 @@ def test_stop_wakes_a_writer_waiting_for_a_slot() -> None:
     pipeline.start()
     stopper = threading.Thread(target=pipeline.stop)
     try:
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:

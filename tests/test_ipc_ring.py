@@ -744,7 +744,7 @@ def test_process_with_its_own_resource_tracker_does_not_unlink_on_exit(ring_name
 
 def _boundary_pair(ring_name: str, replicas: Any) -> tuple[ShmRing, ShmRing, Any, Any]:
     """A ring, its other side, a boundary writer's send and a reader's receive over them."""
-    from rxstream.runtime._boundary import Boundary
+    from rxstream.ranks._boundary import Boundary
     from rxstream.runtime._stats import StageCounters
 
     owner = ShmRing.create(slots=2, slot_bytes=4096, name=ring_name)
@@ -785,7 +785,7 @@ def test_reader_waits_for_replicas_a_bounded_time(
 ) -> None:
     """Replicas that never come do not hold the item for good: it goes on after CATCH_UP_S."""
     from rxstream.doc._generations import Generations
-    from rxstream.runtime import _boundary
+    from rxstream.ranks import _boundary
 
     monkeypatch.setattr(_boundary, "CATCH_UP_S", 0.05)
     owner, other, send, receive = _boundary_pair(ring_name, Generations())

@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ import pytest
 import rxstream
 from rxstream import LaunchResult, PipelineError
 from rxstream.ipc import ShmRing
+from rxstream.ranks._boundary import Boundary
 from rxstream.transport import MemoryTransport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -211,9 +213,8 @@ def test_ring_spec_rules_name_the_field_and_value() -> None:
     pipeline.start()
     assert pipeline.wait(timeout=30)
     assert pipeline._run is not None
-    assert [(r.ring._slots, r.ring._slot_bytes) for r in pipeline._run.boundaries.values()] == [
-        (2, 1 << 20)
-    ]
+    rings = [cast(ShmRing, r.ring) for r in pipeline._run.boundaries.values()]
+    assert [(ring._slots, ring._slot_bytes) for ring in rings] == [(2, 1 << 20)]
 
 
 def test_a_rank_without_stages_ends_at_once_and_leaves_the_rings_alone(clean_host: None) -> None:
@@ -318,7 +319,8 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
         deadline = time.monotonic() + 20
         while len(sums) < 12 and time.monotonic() < deadline:
             time.sleep(0.01)
-        (boundary,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        (edge,) = pipeline._run.boundaries.values()  # type: ignore[union-attr]
+        boundary = cast(Boundary, edge)
         assert boundary.cuda is not None
         import gc
 
@@ -383,13 +385,13 @@ def test_small_plain_payloads_cross_a_ring_with_their_metadata(
 
 def test_ranks_other_than_the_controller_replicate_and_catch_up() -> None:
     """A launched rank > 0 runs as a replica (its readers catch up); rank 0 steers."""
-    from rxstream.launch import _rank_run
+    from rxstream.ranks._rank import rank_run
 
     ctx = rxstream.Context()
     pipeline = (
         ctx.source([1, 2], name="src") | ctx.pipe(lambda x: x, rank=1) | ctx.stream("out", rank=1)
     )
-    runs = [_rank_run(pipeline, rank, {}, {}) for rank in (0, 1)]
+    runs = [rank_run(pipeline, rank, {}, {}) for rank in (0, 1)]
     try:
         assert [run.replica for run in runs] == [False, True]
     finally:

@@ -175,6 +175,10 @@ class CudaPoolStatistics:
 class CudaApi(Protocol[StorageT, EventT]):
     """The CUDA calls the bridge makes, and nothing else; `TorchCuda` makes them for real."""
 
+    local_refs: bool
+    """Whether a tensor crossing within one process may pass as a reference to itself (real
+    CUDA cannot open its own IPC handle; a fake checks the IPC path, so it says no)."""
+
     def available(self) -> bool:
         """Whether CUDA can be used in this process."""
         ...
@@ -694,6 +698,8 @@ class TorchCuda:
     `open` does not wait on torch's. These torch entry points are untyped, hence the ignores.
     """
 
+    local_refs = True
+
     def available(self) -> bool:
         return torch.cuda.is_available()
 
@@ -829,6 +835,8 @@ class FakeCudaApi:
     with an object that has an array interface: a storage over the same memory that holds the
     object until the storage (every view of it) is gone.
     """
+
+    local_refs = False
 
     def __init__(self, *, available: bool = True, device: int = 0) -> None:
         self.log: list[tuple[str, str]] = []

@@ -172,6 +172,9 @@ class ShmRing:
     Each side closes its ring; the owner also unlinks it.
     """
 
+    portable = False
+    """Its two ends share a host and an interpreter (a ``Channel`` in ``rxstream.ranks``)."""
+
     def __init__(
         self,
         segment: "_Segment",

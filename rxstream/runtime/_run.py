@@ -10,11 +10,9 @@ across drives, one session (:meth:`Run.drive`), until :meth:`Run.close`.
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 import time
 from collections.abc import Callable, Mapping
-from multiprocessing.connection import Connection
 from typing import Any
 
 import structlog
@@ -23,7 +21,6 @@ from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
 from rxstream.doc._generations import Generations
-from rxstream.ipc import RingSpec, ShmRing
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -31,8 +28,7 @@ from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._boundary import Boundary
-from rxstream.runtime._cudaxing import CudaCrossing, default_cuda_api
+from rxstream.runtime._crossings import BoundaryFactory, RankBoundary
 from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._shell import StageShell
@@ -71,11 +67,8 @@ class Run:
         collect: str | None = None,
         timing: bool = True,
         rank: int | None = None,
-        rings: Mapping[str, ShmRing] | None = None,
-        releases: Mapping[str, tuple[Connection, Connection]] | None = None,
-        cuda_api: Any = None,
+        boundaries: BoundaryFactory | None = None,
         replica: bool = False,
-        ring_spec: RingSpec | None = None,
     ) -> None:
         self.plan = plan
         self.rank = rank
@@ -84,13 +77,9 @@ class Run:
         hold an item of a newer generation until the replicas reach it)."""
         """The rank this process runs (``None``: every rank, in this process)."""
         self.local = tuple(n for n in plan.nodes if rank is None or plan.ranks[n] == rank)
-        self._rings = dict(rings or {})
-        self._releases = dict(releases or {})
-        self._cuda_api = cuda_api if cuda_api is not None else default_cuda_api()
-        self._owned_rings: list[ShmRing] = []
-        self._ring_spec = ring_spec or RingSpec()
-        """The geometry of the rings this run makes (its ranks are all in this process)."""
-        self.boundaries: dict[str, Boundary] = {}
+        self._make_boundary = boundaries
+        """Makes this run's rank boundaries (``None``: it has none, or runs on virtual time)."""
+        self.boundaries: dict[str, RankBoundary] = {}
         self.generations = generations
         self.timing = timing
         self.mode = mode
@@ -198,25 +187,14 @@ class Run:
         """Subscribers of ``node``'s stream here: local consumers and boundary writers."""
         return self.plan.consumers.get(node, 0)
 
-    def _boundary(self, upstream: Node, node: Node) -> Boundary:
+    def _boundary(self, upstream: Node, node: Node) -> RankBoundary:
         name = self.plan.edge_name(upstream, node)
         boundary = self.boundaries.get(name)
         if boundary is None:
-            ring = self._rings.get(name)
-            if ring is None:  # every rank in this process: the run owns the ring
-                spec = self._ring_spec
-                ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
-                ring.unlink()  # both sides use this mapping: no name needed, none left behind
-                self._owned_rings.append(ring)
-            cuda = None
-            if self._cuda_api is not None:
-                release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
-                local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
-                cuda = CudaCrossing(
-                    self._cuda_api, release, local=local, spec=self._ring_spec, name=name
-                )
+            if self._make_boundary is None:
+                raise RuntimeError(f"run has no boundary factory for edge {name!r}")
             replicas = self.generations if self.replica else None
-            boundary = Boundary(name, ring, timing=self.timing, cuda=cuda, replicas=replicas)
+            boundary = self._make_boundary(name, timing=self.timing, replicas=replicas)
             self.boundaries[name] = boundary
         return boundary
 
@@ -479,8 +457,8 @@ class Run:
             if not boundary.close(max(0.0, deadline - time.monotonic())):
                 stuck.append(f"rxstream:{name}")
         self._subscriptions.dispose()
-        for ring in self._owned_rings:
-            ring.unlink()
+        if self._make_boundary is not None:
+            self._make_boundary.close()
         return stuck
 
     # --- drive mode -------------------------------------------------------------------------

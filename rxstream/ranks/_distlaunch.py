@@ -32,16 +32,18 @@ from rxstream._exceptions import PipelineError, PipelineStateError
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
-from rxstream.launch import LaunchResult, _Forward, load_app
 from rxstream.pipeline import Pipeline
+from rxstream.ranks._app import load_app
+from rxstream.ranks._common import LaunchOptions, LaunchResult
+from rxstream.ranks._distboundary import DistChannel, DistRun
+from rxstream.ranks._distcontrol import Control, describe
+from rxstream.ranks._egress import Forward
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._distboundary import DistChannel, DistRun
-from rxstream.runtime._distcontrol import Control, Options, describe
 from rxstream.runtime._plan import Plan
 from rxstream.timing import configure_logging
 
 if TYPE_CHECKING:
-    from rxstream.distributed import TorchrunEnv
+    from rxstream.ranks._torchrun import TorchrunEnv
 
 __all__ = [
     "BACKEND_ENV",
@@ -140,7 +142,7 @@ class Peer:
 class Launch:
     """One rank's side of a torchrun launch: set up, run, end, tear down."""
 
-    def __init__(self, env: TorchrunEnv, entry: str, options: Options) -> None:
+    def __init__(self, env: TorchrunEnv, entry: str, options: LaunchOptions) -> None:
         import torch.distributed as dist
 
         self.env = env
@@ -153,7 +155,7 @@ class Launch:
         self.world = env.world
         self.dist = dist
         self.control = dist.new_group(backend="gloo")  # doc writes, reports, heartbeats
-        self.egress = _Forward(None, options.frames)
+        self.egress = Forward(None, options.frames)
         """Every rank's transport: passes at most ``frames`` items, then halts the run."""
         self.ctx: Context
         self.pipeline: Pipeline
@@ -200,9 +202,10 @@ class Launch:
                 if options.log is not None:  # afresh, before any rank writes to it
                     Path(options.log).parent.mkdir(parents=True, exist_ok=True)
                     Path(options.log).write_text("", encoding="utf-8")
-                from rxstream.launch import _AppContext  # writes --set as the app makes the doc
+                # AppContext writes --set as the app makes the doc
+                from rxstream.ranks._app import AppContext
 
-                ctx = _AppContext(
+                ctx = AppContext(
                     settings=options.settings,
                     config=options.config,
                     rank=0,

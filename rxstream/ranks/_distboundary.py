@@ -1,7 +1,7 @@
 """A rank boundary over ``torch.distributed`` point-to-point: for ranks on different hosts.
 
 :class:`DistChannel` stands where a :class:`~rxstream.ipc.ShmRing` stands on one host: the
-boundary's writer and reader (:class:`~rxstream.runtime._boundary.Boundary`) drive it through
+boundary's writer and reader (:class:`~rxstream.ranks._boundary.Boundary`) drive it through
 the same ``put``/``get``/``close``/``statistics``, so an item crosses encoded exactly as it
 crosses a ring (the payload, the metadata's fields and the flat stamps), stamped
 ``<edge>.in``/``<edge>.out`` by the boundary, its drops counted by the boundary.
@@ -44,18 +44,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from rxstream._exceptions import FramingError, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
+from rxstream.ranks._boundary import CATCH_UP_S, catch_up
+from rxstream.ranks._factory import LinkBoundaries, RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._boundary import CATCH_UP_S, Boundary, catch_up
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._run import Run
-from rxstream.stage import Node
 
 __all__ = [
     "CATCH_UP_S",
@@ -105,7 +105,7 @@ def _reason(exc: BaseException) -> str:
 def shift_stamps(wire: tuple[Any, ...], shift: float) -> tuple[Any, ...]:
     """An encoded item with every stamp moved by ``shift`` seconds (into another host's clock).
 
-    The encoding (:func:`rxstream.runtime._boundary.encode`) ends with the stamps flat:
+    The encoding (:func:`rxstream.ranks._boundary.encode`) ends with the stamps flat:
     ``hop, t, hop, t…``.
     """
     flat = wire[-1]
@@ -261,6 +261,9 @@ class DistChannel:
     ``on_lost`` is called (once, from any thread) when the connection breaks while the channel
     is open; without it, ``put``/``get`` raise the :class:`RankLost`.
     """
+
+    portable = True
+    """It crosses hosts: a boundary puts ``encode``'s plain form (a ``Channel``)."""
 
     def __init__(
         self,
@@ -601,25 +604,12 @@ class DistRun(Run):
             generations=generations,
             timing=timing,
             rank=rank,
-            rings=rings,
-            releases=releases,
-            cuda_api=cuda_api,
+            boundaries=LinkBoundaries(
+                self._links, RingBoundaries(rings=rings, releases=releases, cuda_api=cuda_api)
+            ),
             replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:
         """Hold an item of a generation this rank has not seen until its replicas have it."""
         catch_up(self.generations, wire[1], wire[2])  # see encode: the generations
-
-    def _boundary(self, upstream: Node, node: Node) -> Boundary:
-        name = self.plan.edge_name(upstream, node)
-        link = self._links.get(name)
-        if link is None:
-            return super()._boundary(upstream, node)
-        boundary = self.boundaries.get(name)
-        if boundary is None:
-            # a channel offers what a Boundary uses of its ring: put, get, close, statistics,
-            # put_wait_ns and all_leased; CUDA tensors cross inside it, not as IPC refs
-            boundary = Boundary(name, cast(ShmRing, link), timing=self.timing)
-            self.boundaries[name] = boundary
-        return boundary

@@ -1,7 +1,7 @@
 """Rank boundaries: where consecutive stages sit on different ranks.
 
 The upstream side (the *writer*) subscribes to the upstream stage's stream on that stage's
-thread and puts each item into a :class:`~rxstream.ipc.ShmRing`, stamped
+thread and puts each item into a :class:`~rxstream.ranks._channel.Channel` (a ring), stamped
 ``<upstream>><downstream>.in``; a full ring blocks it, which is backpressure across the
 boundary. The downstream side (the *reader*) is a thread that takes items out of the ring,
 stamps ``<upstream>><downstream>.out`` and hands them to the downstream stage's inbox. The
@@ -39,11 +39,11 @@ from reactivex.disposable import Disposable
 
 from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
-from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
 from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped, now
 from rxstream.operators._core import attach
-from rxstream.runtime._cudaxing import CudaCrossing
+from rxstream.ranks._channel import Channel
+from rxstream.ranks._cudaxing import CudaCrossing
 from rxstream.runtime._stats import StageCounters
 from rxstream.typing import ItemStream
 
@@ -223,7 +223,7 @@ class Boundary:
     def __init__(
         self,
         name: str,
-        ring: ShmRing,
+        ring: Channel,
         *,
         timing: bool = True,
         cuda: CudaCrossing | None = None,
@@ -318,7 +318,7 @@ class Boundary:
         ring = self.ring
         put = ring.put
         in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
-        portable = not isinstance(ring, ShmRing)  # a torch.distributed channel: encode's form
+        portable = ring.portable  # across hosts: encode's form
 
         def send(item: PipelineItem) -> None:
             started = now()
@@ -391,7 +391,7 @@ class Boundary:
         """
         ring = self.ring
         out_hop, timing, cuda, replicas = self._out_hop, self._timing, self.cuda, self.replicas
-        unwire = _decoded if not isinstance(ring, ShmRing) else unpack  # see sender
+        unwire = _decoded if ring.portable else unpack  # see sender
 
         def receive(got: Any) -> PipelineItem:
             payload, metadata, link = unwire(got)

@@ -1,7 +1,7 @@
 """The control plane of a torchrun launch: a gloo group of its own between rank 0 and the rest.
 
 Rank 0, the controller, has a channel each way with every other rank (two
-:class:`~rxstream.runtime._distboundary.DistChannel` s per rank, in the launch's control
+:class:`~rxstream.ranks._distboundary.DistChannel` s per rank, in the launch's control
 group). It sends doc writes, generation changes, heartbeats and, at the end, ``stop`` (with
 the failure, if any) and ``bye``; the ranks send their egress counts, statistics and
 failures. A send may block on a peer that went quiet, so each peer's messages leave from a
@@ -14,20 +14,20 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
-from rxstream.launch import LaunchResult, apply_replica, describe, replicate
-from rxstream.runtime._distboundary import DistChannel, DistRun, RankLost
+from rxstream.ranks._common import LaunchOptions, LaunchResult
+from rxstream.ranks._distboundary import DistChannel, DistRun, RankLost
+from rxstream.ranks._rank import describe
+from rxstream.ranks._replicate import apply_replica, replicate
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 
 if TYPE_CHECKING:
-    from rxstream.runtime._distlaunch import Launch
+    from rxstream.ranks._distlaunch import Launch
 
 __all__ = [
     "HEARTBEAT_S",
@@ -36,9 +36,7 @@ __all__ = [
     "STATUS_S",
     "WATCH_S",
     "Control",
-    "Options",
     "Outbox",
-    "Statistics",
     "describe",
 ]
 
@@ -54,22 +52,6 @@ JOIN_S = 2.0
 """How long the controller waits for the ranks' final statistics once the run stopped."""
 STATUS_S = 0.5
 """How often ``on_status`` gets every rank's statistics."""
-
-Statistics = Mapping[int, Mapping[str, StageStatistics]]
-
-
-@dataclass(frozen=True)
-class Options:
-    """What :func:`launch_torchrun` was asked for."""
-
-    frames: int | None
-    config: Mapping[str, Any] | None
-    timeout: float | None
-    settings: tuple[str, ...]
-    log: str | Path | None
-    on_open: Callable[[], None] | None
-    on_status: Callable[[Statistics], None] | None
-    quiet: bool
 
 
 class Outbox:
@@ -212,7 +194,7 @@ class Control:
 
     # --- the controller ---------------------------------------------------------------------
 
-    def lead(self, run: DistRun, options: Options) -> LaunchResult:
+    def lead(self, run: DistRun, options: LaunchOptions) -> LaunchResult:
         """Rank 0: replicate, watch every rank, end the run, collect the statistics."""
         world, frames = self.launch.world, options.frames
         deadline = None if options.timeout is None else time.monotonic() + options.timeout

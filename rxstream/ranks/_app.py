@@ -1,0 +1,148 @@
+"""The app a launch runs: ``build(ctx)``, ``async def main(ctx)``, or both (:func:`load_app`)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rxstream._exceptions import SettingError
+from rxstream._settings import apply_settings
+from rxstream.context import Context
+from rxstream.doc import Doc
+from rxstream.pipeline import Pipeline
+
+Build = Callable[[Context], Pipeline]
+Main = Callable[[Context], Coroutine[Any, Any, Any]]
+
+
+# --- the app ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class App:
+    """An app as :func:`load_app` found it: its ``build``, its ``main``, or both.
+
+    Calling it is calling ``build`` (so ``load_app(entry)(ctx)`` builds the pipeline).
+    """
+
+    entry: str
+    """What was loaded: ``path/app.py[:func]`` or ``module[:func]``."""
+    build: Build | None
+    """``build(ctx) -> Pipeline``, which every rank calls."""
+    main: Main | None
+    """``async def main(ctx)``: the app's own session, run on rank 0 (the other ranks of its
+    runs call ``build``)."""
+
+    def check_ranks(self, ranks: int) -> None:
+        """Refuse a main app without a build on several ranks: ranks 1..N-1 call ``build``."""
+        if self.main is not None and self.build is None and ranks > 1:
+            raise ValueError(
+                f"an async main(ctx) app runs on {ranks} ranks only with a build(ctx) -> "
+                f"Pipeline too (ranks 1..{ranks - 1} call it to build the graph main runs); "
+                f"{self.entry!r} has none"
+            )
+
+    def __call__(self, ctx: Context) -> Pipeline:
+        if self.build is None:
+            raise AttributeError(
+                f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
+            )
+        return self.build(ctx)
+
+
+def load_app(entry: str) -> App:
+    """The app ``entry``: ``path/app.py[:func]`` or ``module[:func]``.
+
+    Without ``func`` it finds ``build(ctx)`` and ``async def main(ctx)`` (a coroutine function
+    of one argument; another ``main`` is ignored); with ``func``, that function alone — a main
+    when it is a coroutine function, else a build.
+    """
+    target, _, attr = entry.partition(":")
+    module = _import_app(entry, target)
+    if attr:
+        chosen = getattr(module, attr, None)
+        if not callable(chosen):
+            raise AttributeError(
+                f"app {entry!r} has no callable {attr!r} "
+                f"(def {attr}(ctx) -> Pipeline or async def {attr}(ctx))"
+            )
+        if inspect.iscoroutinefunction(chosen):
+            return App(entry, None, chosen)
+        return App(entry, chosen, None)
+    build = getattr(module, "build", None)
+    main = getattr(module, "main", None)
+    app = App(entry, build if callable(build) else None, main if _is_main(main) else None)
+    if app.build is None and app.main is None:
+        raise AttributeError(
+            f"app {entry!r} has neither a build(ctx) -> Pipeline nor an async def main(ctx)"
+        )
+    return app
+
+
+def _import_app(entry: str, target: str) -> Any:
+    if not (target.endswith(".py") or os.sep in target):
+        return importlib.import_module(target)
+    path = Path(target).resolve()
+    if not path.exists():
+        raise FileNotFoundError(f"app file {entry!r} does not exist")
+    name = f"rxstream_app_{path.stem}"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ImportError(f"cannot import app file {entry!r}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]  # a failed import leaves no half-made module behind
+            raise
+    return module
+
+
+def _is_main(fn: object) -> bool:
+    """Whether ``fn`` is an app's ``async def main(ctx)``."""
+    if not inspect.iscoroutinefunction(fn):
+        return False
+    try:
+        inspect.signature(fn).bind(None)
+    except TypeError:
+        return False
+    return True
+
+
+class AppContext(Context):
+    """The launcher's context: writes the ``--set`` settings as the app makes the control doc."""
+
+    def __init__(self, *, settings: Sequence[str] = (), **options: Any) -> None:
+        super().__init__(**options)
+        self._settings = tuple(settings)
+
+    def doc(
+        self,
+        name: str = "control",
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        schema: object = None,
+    ) -> Doc:
+        fresh = name not in self.docs
+        made = super().doc(name, defaults=defaults, schema=schema)
+        if fresh and name == "control" and self._settings:
+            apply_settings(made, self._settings)
+        return made
+
+    def check_settings(self) -> None:
+        """Fail when there are settings and the app made no control doc to take them."""
+        if self._settings and "control" not in self.docs:
+            shown = " ".join(f"--set {text}" for text in self._settings)
+            raise SettingError(
+                f"{shown}: the app made no control doc (ctx.doc('control')) to write to"
+            )
