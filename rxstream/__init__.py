@@ -10,6 +10,7 @@ from rxstream._exceptions import (
     StageBuildError,
     StageReuseError,
 )
+from rxstream._util import fixup_module_metadata as _fixup_module_metadata
 from rxstream.context import Context
 from rxstream.doc import Doc
 from rxstream.ipc import RingSpec
@@ -47,8 +48,4 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("rxstream"):
-        _obj.__module__ = __name__
-del _name, _obj
+_fixup_module_metadata(__name__, globals())

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._util import fixup_module_metadata
 from rxstream.launch import LaunchResult
 from rxstream.runtime._distboundary import DistChannel, RankLost
 from rxstream.runtime._distcontrol import Options, Statistics
@@ -244,6 +245,4 @@ def launch_torchrun(
         dist.destroy_process_group()  # left to the interpreter's exit, it aborts the process
 
 
-for _name in ("DistChannel", "RankLost", "TorchrunEnv", "estimate_offset"):
-    globals()[_name].__module__ = __name__
-del _name
+fixup_module_metadata(__name__, globals())
