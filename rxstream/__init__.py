@@ -1,6 +1,8 @@
 """rxstream: a reactive dataflow engine for real-time streaming pipelines, built on RxPY."""
 
 from rxstream._exceptions import (
+    ArgumentError,
+    ArgumentTypeError,
     DocPathError,
     DocValidationError,
     PipelineError,
@@ -9,6 +11,7 @@ from rxstream._exceptions import (
     SelfTestError,
     StageBuildError,
     StageReuseError,
+    UnknownInputError,
 )
 from rxstream._util import fixup_module_metadata as _fixup_module_metadata
 from rxstream.context import Context
@@ -22,6 +25,8 @@ from rxstream.stage import Stage
 from rxstream.topology import Field
 
 __all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
     "Context",
     "Doc",
     "DocPathError",
@@ -41,6 +46,7 @@ __all__ = [
     "StageBuildError",
     "StageReuseError",
     "StageStatistics",
+    "UnknownInputError",
     "format_statistics",
     "launch",
     "merge_metadata",

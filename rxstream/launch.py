@@ -49,7 +49,7 @@ from typing import Any, NoReturn
 
 import structlog
 
-from rxstream._exceptions import PipelineError, PipelineStateError, SettingError
+from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError, SettingError
 from rxstream._settings import apply_settings
 from rxstream.context import Context
 from rxstream.doc import Doc, GenerationState, Snapshot
@@ -110,7 +110,7 @@ def heartbeat_s() -> float:
     except ValueError:
         value = math.nan
     if not value > 0 or math.isinf(value):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
+        raise ArgumentError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
     return value
 
 
@@ -152,7 +152,7 @@ class App:
     def check_ranks(self, ranks: int) -> None:
         """Refuse a main app without a build on several ranks: ranks 1..N-1 call ``build``."""
         if self.main is not None and self.build is None and ranks > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"an async main(ctx) app runs on {ranks} ranks only with a build(ctx) -> "
                 f"Pipeline too (ranks 1..{ranks - 1} call it to build the graph main runs); "
                 f"{self.entry!r} has none"
@@ -727,7 +727,7 @@ def launch(
             quiet=quiet,
         )
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
+        raise ArgumentError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
     app.check_ranks(ranks)
     egress = _Egress(
