@@ -209,7 +209,8 @@ class Run:
                 ring.unlink()  # both sides use this mapping: no name needed, none left behind
                 self._owned_rings.append(ring)
             cuda = None
-            if self._cuda_api is not None:
+            ends = (upstream.stage.device, node.stage.device)
+            if self._cuda_api is not None and "cpu" not in ends:  # device="cpu": the ring alone
                 release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
                 local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
                 cuda = CudaCrossing(
