@@ -1,6 +1,7 @@
 """rxstream: a reactive dataflow engine for real-time streaming pipelines, built on RxPY."""
 
 from rxstream._exceptions import (
+    AppEntryError,
     ArgumentError,
     ArgumentTypeError,
     DocPathError,
@@ -25,6 +26,7 @@ from rxstream.stage import Stage
 from rxstream.topology import Field
 
 __all__ = [
+    "AppEntryError",
     "ArgumentError",
     "ArgumentTypeError",
     "Context",

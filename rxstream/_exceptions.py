@@ -6,6 +6,8 @@
     ├── ArgumentError            an argument, option or environment setting its rule refuses
     │                            (a range, a choice, a combination; also a ValueError)
     ├── ArgumentTypeError        an argument of the wrong type or name (also a TypeError)
+    ├── AppEntryError            an app entry with no build(ctx) or main(ctx) to call
+    │                            (also an AttributeError)
     ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
@@ -49,6 +51,7 @@ from typing import Any
 
 __all__ = [
     "NO_VALUE",
+    "AppEntryError",
     "ArgumentError",
     "ArgumentTypeError",
     "ClientStreamLimitExceeded",
@@ -92,6 +95,11 @@ class ArgumentError(RxStreamError, ValueError):
 class ArgumentTypeError(RxStreamError, TypeError):
     """An argument of the wrong type (or a keyword that names no field); names it, what it
     must be and what was given."""
+
+
+class AppEntryError(RxStreamError, AttributeError):
+    """An app entry (``app.py[:func]``, ``module[:func]``) that names nothing to run: no
+    ``build(ctx)``, no ``async def main(ctx)``, or no callable ``func``."""
 
 
 class PipelineError(RxStreamError):

@@ -49,7 +49,13 @@ from typing import Any, NoReturn
 
 import structlog
 
-from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError, SettingError
+from rxstream._exceptions import (
+    AppEntryError,
+    ArgumentError,
+    PipelineError,
+    PipelineStateError,
+    SettingError,
+)
 from rxstream._settings import apply_settings
 from rxstream.context import Context
 from rxstream.doc import Doc, GenerationState, Snapshot
@@ -160,7 +166,7 @@ class App:
 
     def __call__(self, ctx: Context) -> Pipeline:
         if self.build is None:
-            raise AttributeError(
+            raise AppEntryError(
                 f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
             )
         return self.build(ctx)
@@ -178,7 +184,7 @@ def load_app(entry: str) -> App:
     if attr:
         chosen = getattr(module, attr, None)
         if not callable(chosen):
-            raise AttributeError(
+            raise AppEntryError(
                 f"app {entry!r} has no callable {attr!r} "
                 f"(def {attr}(ctx) -> Pipeline or async def {attr}(ctx))"
             )
@@ -189,7 +195,7 @@ def load_app(entry: str) -> App:
     main = getattr(module, "main", None)
     app = App(entry, build if callable(build) else None, main if _is_main(main) else None)
     if app.build is None and app.main is None:
-        raise AttributeError(
+        raise AppEntryError(
             f"app {entry!r} has neither a build(ctx) -> Pipeline nor an async def main(ctx)"
         )
     return app

@@ -41,6 +41,7 @@ def test_every_exception_class_is_under_the_root_and_in_the_tree() -> None:
     [
         (rxstream.ArgumentError, ValueError),
         (rxstream.ArgumentTypeError, TypeError),
+        (rxstream.AppEntryError, AttributeError),
         (rxstream.UnknownInputError, LookupError),
         (RankLost, RuntimeError),
         (SampleRefused, ValueError),
