@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from rxstream.context import Context
     from rxstream.pipeline import Pipeline
 
-__all__ = ["Node", "Stage"]
+__all__ = ["Node", "Stage", "cuda_path"]
 
 _ON_ERROR = get_args(OnError)
 _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
@@ -128,6 +128,13 @@ class Stage:
         from rxstream.pipeline import Pipeline
 
         return Pipeline.fan_in(left, self)
+
+
+def cuda_path(upstream: Stage, downstream: Stage) -> bool:
+    """Whether a same-host boundary from ``upstream`` to ``downstream`` carries CUDA tensors
+    through the CUDA IPC path (where the process has CUDA): unless either end declares
+    ``device="cpu"``, which makes it the shared-memory ring alone."""
+    return upstream.device != "cpu" and downstream.device != "cpu"
 
 
 @dataclass(frozen=True)

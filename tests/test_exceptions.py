@@ -96,3 +96,16 @@ def test_no_builtin_value_or_type_error_is_raised_at_users() -> None:
         for match in re.finditer(r"raise (ValueError|TypeError)\(", text):
             found.add((path.relative_to(PACKAGE).as_posix(), match.group(1)))
     assert found == set(BUILTIN_RAISES_KEPT)
+
+
+def test_an_app_with_nothing_to_run_is_an_app_entry_error(tmp_path: Path) -> None:
+    """load_app of a file with neither build(ctx) nor main(ctx): AppEntryError, which is
+    still the AttributeError it was."""
+    from rxstream.launch import load_app
+
+    app = tmp_path / "empty_app.py"
+    app.write_text("x = 1\n")
+    with pytest.raises(rxstream.AppEntryError, match=r"has neither a build\(ctx\) -> Pipeline"):
+        load_app(str(app))
+    with pytest.raises(AttributeError, match=r"has no callable 'nope'"):
+        load_app(f"{app}:nope")

@@ -43,7 +43,7 @@ from rxstream.runtime._thread import (
     _ClockScheduler,
     charge_stalls_to,
 )
-from rxstream.stage import Node
+from rxstream.stage import Node, cuda_path
 from rxstream.topology._edges import (
     WALKS,
     chunks_of,
@@ -209,8 +209,7 @@ class Run:
                 ring.unlink()  # both sides use this mapping: no name needed, none left behind
                 self._owned_rings.append(ring)
             cuda = None
-            ends = (upstream.stage.device, node.stage.device)
-            if self._cuda_api is not None and "cpu" not in ends:  # device="cpu": the ring alone
+            if self._cuda_api is not None and cuda_path(upstream.stage, node.stage):
                 release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
                 local = self.rank is None and type(self._cuda_api).__name__ == "TorchCuda"
                 cuda = CudaCrossing(
