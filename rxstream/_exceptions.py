@@ -11,7 +11,8 @@
     ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
-    ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start)
+    ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start;
+    │                            also a RuntimeError)
     ├── RankLost                 a rank or a host's ranks went away (also a RuntimeError;
     │                            the cause of the PipelineError that ends a launch)
     ├── UnknownInputError        a feed to an input stream the pipeline does not have
@@ -19,7 +20,7 @@
     ├── SampleRefused            a client sample ``feed`` refused (also a ValueError)
     │   ├── ClientStreamLimitExceeded  past the stream's ``ClientStreamLimits``
     │   └── InvalidSample        a sample that breaks its stream's schema
-    ├── SelfTestError            the block of ``ctx.self_test()`` raised
+    ├── SelfTestError            the block of ``ctx.self_test()`` raised (also an AssertionError)
     ├── DocPathError             a doc path that does not exist (also a LookupError)
     ├── DocValidationError       a doc write its rules refuse (also a ValueError)
     │   └── SettingError         a ``--set KEY=VALUE`` that cannot be typed or that the doc refuses
