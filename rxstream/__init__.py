@@ -1,6 +1,9 @@
 """rxstream: a reactive dataflow engine for real-time streaming pipelines, built on RxPY."""
 
 from rxstream._exceptions import (
+    AppEntryError,
+    ArgumentError,
+    ArgumentTypeError,
     DocPathError,
     DocValidationError,
     PipelineError,
@@ -9,7 +12,9 @@ from rxstream._exceptions import (
     SelfTestError,
     StageBuildError,
     StageReuseError,
+    UnknownInputError,
 )
+from rxstream._util import fixup_module_metadata as _fixup_module_metadata
 from rxstream.context import Context
 from rxstream.doc import Doc
 from rxstream.ipc import RingSpec
@@ -21,6 +26,9 @@ from rxstream.stage import Stage
 from rxstream.topology import Field
 
 __all__ = [
+    "AppEntryError",
+    "ArgumentError",
+    "ArgumentTypeError",
     "Context",
     "Doc",
     "DocPathError",
@@ -40,6 +48,7 @@ __all__ = [
     "StageBuildError",
     "StageReuseError",
     "StageStatistics",
+    "UnknownInputError",
     "format_statistics",
     "launch",
     "merge_metadata",
@@ -47,8 +56,4 @@ __all__ = [
 
 __version__ = "0.1.0"
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("rxstream"):
-        _obj.__module__ = __name__
-del _name, _obj
+_fixup_module_metadata(__name__, globals())

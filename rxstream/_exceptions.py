@@ -3,11 +3,24 @@
 ::
 
     RxStreamError
+    ├── ArgumentError            an argument, option or environment setting its rule refuses
+    │                            (a range, a choice, a combination; also a ValueError)
+    ├── ArgumentTypeError        an argument of the wrong type or name (also a TypeError)
+    ├── AppEntryError            an app entry with no build(ctx) or main(ctx) to call
+    │                            (also an AttributeError)
     ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
-    ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start)
-    ├── SelfTestError            the block of ``ctx.self_test()`` raised
+    ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start;
+    │                            also a RuntimeError)
+    ├── RankLost                 a rank or a host's ranks went away (also a RuntimeError;
+    │                            the cause of the PipelineError that ends a launch)
+    ├── UnknownInputError        a feed to an input stream the pipeline does not have
+    │                            (also a LookupError)
+    ├── SampleRefused            a client sample ``feed`` refused (also a ValueError)
+    │   ├── ClientStreamLimitExceeded  past the stream's ``ClientStreamLimits``
+    │   └── InvalidSample        a sample that breaks its stream's schema
+    ├── SelfTestError            the block of ``ctx.self_test()`` raised (also an AssertionError)
     ├── DocPathError             a doc path that does not exist (also a LookupError)
     ├── DocValidationError       a doc write its rules refuse (also a ValueError)
     │   └── SettingError         a ``--set KEY=VALUE`` that cannot be typed or that the doc refuses
@@ -23,13 +36,26 @@
         ├── CudaDeviceError      export of a tensor that is not on a CUDA device (also a ValueError)
         ├── CudaUnavailableError a CUDA tensor in a process without CUDA (also a RuntimeError)
         └── CudaRefError         a ref id not held by the exporter or not open (also a LookupError)
+
+Every error rxstream raises at a user (a bad argument, a refused write, a failed run) is one
+of these; where one refines a builtin's meaning it is that builtin too, so ``except
+ValueError`` keeps working. An exception raised inside a running stage reaches the user as
+the ``__cause__`` of a :class:`PipelineError`, whatever its type. Left builtin on purpose:
+``TimeoutError`` from a ``get(timeout=)`` or a wait that ran out, ``OSError`` from the system,
+``AttributeError`` of attribute access, and assertions of the engine's own invariants.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = [
+    "NO_VALUE",
+    "AppEntryError",
+    "ArgumentError",
+    "ArgumentTypeError",
+    "ClientStreamLimitExceeded",
     "CodecError",
     "CudaDeviceError",
     "CudaIpcError",
@@ -39,23 +65,42 @@ __all__ = [
     "DocPathError",
     "DocValidationError",
     "FramingError",
+    "InvalidSample",
     "PayloadTooLarge",
     "PipelineError",
     "PipelineStateError",
+    "RankLost",
     "RingClosed",
     "RingConflict",
     "RxStreamError",
+    "SampleRefused",
     "SelfTestError",
     "SettingError",
     "StageBuildError",
     "StageReuseError",
     "StreamBufferClosed",
     "TopologyError",
+    "UnknownInputError",
 ]
 
 
 class RxStreamError(Exception):
     """The root of every error rxstream raises on purpose."""
+
+
+class ArgumentError(RxStreamError, ValueError):
+    """An argument, option or environment setting its rule refuses: out of range, not one of
+    the choices, or a combination that cannot work; names it, the rule and the value."""
+
+
+class ArgumentTypeError(RxStreamError, TypeError):
+    """An argument of the wrong type (or a keyword that names no field); names it, what it
+    must be and what was given."""
+
+
+class AppEntryError(RxStreamError, AttributeError):
+    """An app entry (``app.py[:func]``, ``module[:func]``) that names nothing to run: no
+    ``build(ctx)``, no ``async def main(ctx)``, or no callable ``func``."""
 
 
 class PipelineError(RxStreamError):
@@ -102,6 +147,72 @@ class StageReuseError(StageBuildError):
 
 class PipelineStateError(RxStreamError, RuntimeError):
     """A lifecycle method was called in a state that does not allow it."""
+
+
+class RankLost(RxStreamError, RuntimeError):
+    """A rank (or a host's ranks) went away: a connection broke or its heartbeats stopped."""
+
+    def __init__(self, ranks: tuple[int, ...], message: str) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+        """The ranks that went away, ascending."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.ranks, str(self))
+
+
+class UnknownInputError(RxStreamError, LookupError):
+    """A sample fed to an input stream the pipeline (or the session) does not have; names the
+    stream and the inputs there are."""
+
+    def __str__(self) -> str:  # LookupError would quote the message
+        return str(self.args[0])
+
+
+NO_VALUE: Any = object()
+"""What :attr:`InvalidSample.value` is when the rule is about a key (missing, unknown)."""
+
+
+class SampleRefused(RxStreamError, ValueError):
+    """A sample ``feed`` refused (nothing was queued or charged); ``code`` says which kind."""
+
+    code = "refused"
+    """What the web transport's error reply calls it: ``limit`` or ``invalid``."""
+
+    def __init__(self, stream: str, message: str) -> None:
+        self.stream = stream
+        super().__init__(message)
+
+
+class ClientStreamLimitExceeded(SampleRefused):
+    """A client fed a stream past its bound; names the stream, the bound, the unit and amount."""
+
+    code = "limit"
+
+    def __init__(self, stream: str, bound: int, unit: str, amount: float) -> None:
+        self.bound = bound
+        self.unit = unit
+        self.amount = amount
+        super().__init__(
+            stream,
+            f"client stream {stream!r} is limited to {bound} {unit} per session; "
+            f"this sample would bring it to {amount:g} {unit}",
+        )
+
+
+class InvalidSample(SampleRefused):
+    """A sample (or its ``at_ms``, or its ``item_size``) that breaks a rule of its stream;
+    names the stream, where in the sample, the rule and the value."""
+
+    code = "invalid"
+
+    def __init__(self, stream: str, where: str, rule: str, value: Any = NO_VALUE) -> None:
+        self.where = where
+        self.rule = rule
+        self.value = value
+        """The value refused (:data:`NO_VALUE` for a rule about a key: missing, unknown)."""
+        got = "" if value is NO_VALUE else f", got {value!r}"
+        super().__init__(stream, f"{where} {rule}{got} for client stream {stream!r}")
 
 
 class SelfTestError(RxStreamError, AssertionError):

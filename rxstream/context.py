@@ -16,7 +16,7 @@ from typing import Any, get_args
 import structlog
 from reactivex import Observable
 
-from rxstream._exceptions import SelfTestError, StageBuildError
+from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError, StageBuildError
 from rxstream.doc import Doc, Generations
 from rxstream.ipc import RingSpec
 from rxstream.operators import (
@@ -111,7 +111,7 @@ class Context:
     @ring_spec.setter
     def ring_spec(self, spec: RingSpec) -> None:
         if not isinstance(spec, RingSpec):
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"ctx.ring_spec must be a rxstream.RingSpec, got {spec!r} ({type(spec).__name__})"
             )
         self._ring_spec = spec
@@ -147,7 +147,7 @@ class Context:
         existing = self.docs.get(name)
         if existing is not None:
             if defaults is not None or schema is not None:
-                raise ValueError(
+                raise ArgumentError(
                     f"doc {name!r} exists already; pass defaults= and schema= only on first use"
                 )
             return existing

@@ -6,6 +6,7 @@ the code lives in :mod:`rxstream.ranks` (``_torchrun.py``, ``_distboundary.py``,
 Importing it does not import torch.
 """
 
+from rxstream._util import fixup_module_metadata
 from rxstream.ranks._distboundary import DistChannel, RankLost
 from rxstream.ranks._distlaunch import BACKEND_ENV, CROSS_HOST_ENV, estimate_offset
 from rxstream.ranks._torchrun import (
@@ -29,15 +30,4 @@ __all__ = [
     "torchrun_env",
 ]
 
-for _obj in (
-    DistChannel,
-    RankLost,
-    TorchrunEnv,
-    estimate_offset,
-    launch_torchrun,
-    loopback_groups,
-    open_group,
-    torchrun_env,
-):
-    _obj.__module__ = __name__
-del _obj
+fixup_module_metadata(__name__, globals())

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
+from rxstream._exceptions import ArgumentError, ArgumentTypeError
+
 __all__ = [
     "PipelineItem",
     "PipelineMetadata",
@@ -93,7 +95,9 @@ def evolve_metadata(metadata: PipelineMetadata, **changes: Any) -> PipelineMetad
     """
     for key, value in changes.items():
         if key not in _FIELDS:
-            raise TypeError(f"PipelineMetadata has no field {key!r}; fields are {sorted(_FIELDS)}")
+            raise ArgumentTypeError(
+                f"PipelineMetadata has no field {key!r}; fields are {sorted(_FIELDS)}"
+            )
         if type(value) is not _KINDS[key] or (key == "timeline" and not _stamps_plain(value)):
             changes[key] = _plain(key, value)
     fresh = _new(PipelineMetadata)
@@ -220,7 +224,7 @@ def _plain(name: str, value: Any) -> Any:
         float: "a real number or None",
         tuple: "a sequence of (hop, time) pairs: a str and a real number each",
     }[kind]
-    raise TypeError(
+    raise ArgumentTypeError(
         f"PipelineMetadata.{name} must be {rule}, got {value!r} ({type(value).__name__})"
     )
 
@@ -258,7 +262,7 @@ def merge_metadata(
     input plus ``stamps``.
     """
     if not metadatas:
-        raise ValueError("merge_metadata needs at least one metadata, got none")
+        raise ArgumentError("merge_metadata needs at least one metadata, got none")
     last = metadatas[-1]
     newest: PipelineMetadata | None = None
     for md in metadatas:

@@ -6,6 +6,7 @@ imported, ``rxstream.launch`` is the function; import the rest from this module.
 """
 
 from rxstream._exceptions import SettingError
+from rxstream._util import fixup_module_metadata
 from rxstream.ranks._app import App, load_app
 from rxstream.ranks._common import LaunchResult
 from rxstream.ranks._launch import launch
@@ -13,6 +14,4 @@ from rxstream.ranks._selftest import run_self_test
 
 __all__ = ["App", "LaunchResult", "SettingError", "launch", "load_app", "run_self_test"]
 
-for _obj in (App, launch, load_app, run_self_test):
-    _obj.__module__ = __name__
-del _obj
+fixup_module_metadata(__name__, globals())

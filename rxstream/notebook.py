@@ -26,6 +26,7 @@ from typing import Any, Literal, Self
 import numpy as np
 import structlog
 
+from rxstream._exceptions import ArgumentError, ArgumentTypeError
 from rxstream.doc import Doc, Ref, controls
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
@@ -92,7 +93,7 @@ def widget(
     value = ref.value
     if isinstance(value, Mapping):
         keys = ", ".join(sorted(value)) or "none"
-        raise ValueError(f"{where} is a section, not a value: bind one of its keys ({keys})")
+        raise ArgumentError(f"{where} is a section, not a value: bind one of its keys ({keys})")
     label = description if description is not None else ref.path[-1]
     number = not isinstance(value, bool) and isinstance(value, int | float)
     spec = next((c for c in controls(doc) if c.path == ref.dotted), None)
@@ -101,14 +102,14 @@ def widget(
     if choices is None and not number:
         for name, given in (("min", min), ("max", max), ("step", step)):
             if given is not None:
-                raise TypeError(
+                raise ArgumentTypeError(
                     f"{name}= applies to a number, but {where} is {type(value).__name__} {value!r}"
                 )
     control: Any
     if choices is not None:
         options = list(choices)
         if value not in options:
-            raise ValueError(
+            raise ArgumentError(
                 f"choices must include the current value of {where}, got {value!r} "
                 f"not in {options!r}"
             )
@@ -138,7 +139,7 @@ def widget(
             continuous_update=bool(continuous_update),
         )
     else:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"widget binds a bool, int, float or str (or choices=), but {where} is "
             f"{type(value).__name__} {value!r}"
         )
@@ -148,10 +149,12 @@ def widget(
 
 def _resolve(doc: Doc, path: str | Ref) -> Ref:
     if not isinstance(doc, Doc):
-        raise TypeError(f"doc must be an rxstream Doc (ctx.doc(...)), got {type(doc).__name__}")
+        raise ArgumentTypeError(
+            f"doc must be an rxstream Doc (ctx.doc(...)), got {type(doc).__name__}"
+        )
     keys = path.path if isinstance(path, Ref) else tuple(str(path).split("."))
     if not keys or not all(keys):
-        raise ValueError(f"path must name a value like 'a.b', got {path!r} for doc {doc.name!r}")
+        raise ArgumentError(f"path must name a value like 'a.b', got {path!r} for doc {doc.name!r}")
     ref = doc.desired
     for key in keys:
         ref = ref[key]
@@ -171,22 +174,24 @@ def _slider_range(
         if given is None:
             continue
         if isinstance(given, bool) or not isinstance(given, int | float):
-            raise TypeError(f"{name} must be a number, got {given!r} for {where}")
+            raise ArgumentTypeError(f"{name} must be a number, got {given!r} for {where}")
         if integer and not float(given).is_integer():
-            raise TypeError(f"{name} must be a whole number for the int {where}, got {given!r}")
+            raise ArgumentTypeError(
+                f"{name} must be a whole number for the int {where}, got {given!r}"
+            )
         if not math.isfinite(given):
-            raise ValueError(f"{name} must be finite, got {given!r} for {where}")
+            raise ArgumentError(f"{name} must be finite, got {given!r} for {where}")
     low = lo if lo is not None else min(0, 2 * value)
     high = hi if hi is not None else max(0, 2 * value)
     if low == high and (lo is None or hi is None):  # a value of 0: a unit (or ten-step) range
         high = low + (10 if integer else 1)
     if not low < high:
-        raise ValueError(f"min must be < max, got min={low!r} max={high!r} for {where}")
+        raise ArgumentError(f"min must be < max, got min={low!r} max={high!r} for {where}")
     if not low <= value <= high:
-        raise ValueError(f"{where} is {value!r}, outside the slider's min={low!r} max={high!r}")
+        raise ArgumentError(f"{where} is {value!r}, outside the slider's min={low!r} max={high!r}")
     by = step if step is not None else (1 if integer else (high - low) / 100)
     if not by > 0:
-        raise ValueError(f"step must be > 0, got {by!r} for {where}")
+        raise ArgumentError(f"step must be > 0, got {by!r} for {where}")
     if integer:
         return int(low), int(high), int(by)
     return float(low), float(high), float(by)
@@ -277,9 +282,9 @@ def encode_frame(payload: Any, format: ImageFormat = "jpeg", quality: int = 85) 
 
 def _check_format(format: str, quality: int) -> None:
     if format not in ("jpeg", "png"):
-        raise ValueError(f"format must be 'jpeg' or 'png', got {format!r}")
+        raise ArgumentError(f"format must be 'jpeg' or 'png', got {format!r}")
     if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
-        raise ValueError(f"quality must be an int from 1 to 100, got {quality!r}")
+        raise ArgumentError(f"quality must be an int from 1 to 100, got {quality!r}")
 
 
 class _Shown:
@@ -325,10 +330,10 @@ class FrameView(_Shown):
         width: int | None = None,
     ) -> None:
         if isinstance(fps, bool) or not isinstance(fps, int | float) or not 0 < fps < math.inf:
-            raise ValueError(f"fps must be a finite number > 0, got {fps!r}")
+            raise ArgumentError(f"fps must be a finite number > 0, got {fps!r}")
         _check_format(format, quality)
         if width is not None and (isinstance(width, bool) or not isinstance(width, int)):
-            raise TypeError(f"width must be a number of pixels (int), got {width!r}")
+            raise ArgumentTypeError(f"width must be a number of pixels (int), got {width!r}")
         self.stream = stream
         """The stream whose items :meth:`transport` shows (``None``: every stream)."""
         self.fps = float(fps)
@@ -419,7 +424,7 @@ class FrameTransport(Transport):
 
     def __init__(self, view: FrameView) -> None:
         if not isinstance(view, FrameView):
-            raise TypeError(f"view must be a FrameView, got {type(view).__name__}")
+            raise ArgumentTypeError(f"view must be a FrameView, got {type(view).__name__}")
         self.view = view
         self._closed = False
 
@@ -447,13 +452,17 @@ class StatsView(_Shown):
 
     def __init__(self, pipeline: Pipeline, *, interval: float = 0.5) -> None:
         if not isinstance(pipeline, Pipeline):
-            raise TypeError(f"pipeline must be an rxstream Pipeline, got {type(pipeline).__name__}")
+            raise ArgumentTypeError(
+                f"pipeline must be an rxstream Pipeline, got {type(pipeline).__name__}"
+            )
         if (
             isinstance(interval, bool)
             or not isinstance(interval, int | float)
             or not 0 < interval < math.inf
         ):
-            raise ValueError(f"interval must be a finite number of seconds > 0, got {interval!r}")
+            raise ArgumentError(
+                f"interval must be a finite number of seconds > 0, got {interval!r}"
+            )
         self.pipeline = pipeline
         self.interval = float(interval)
         self.widget = ipywidgets.HTML(value=self.html())
@@ -581,7 +590,9 @@ def background(pipeline: Pipeline, **config: Any) -> Background:
     kernel shuts down.
     """
     if not isinstance(pipeline, Pipeline):
-        raise TypeError(f"pipeline must be an rxstream Pipeline, got {type(pipeline).__name__}")
+        raise ArgumentTypeError(
+            f"pipeline must be an rxstream Pipeline, got {type(pipeline).__name__}"
+        )
     _install_hooks()
     pipeline.start(**config)
     handle = Background(pipeline)

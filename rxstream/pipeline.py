@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 import structlog
 from reactivex import abc, operators
 
-from rxstream._exceptions import PipelineStateError, StageBuildError
+from rxstream._exceptions import (
+    ArgumentError,
+    PipelineStateError,
+    StageBuildError,
+    UnknownInputError,
+)
 from rxstream.operators._input import InputFeed
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
@@ -302,7 +307,7 @@ class Pipeline:
         stage = self.stages.get(name)
         if stage is None or stage.kind != "input":
             inputs = sorted(n for n, s in self.stages.items() if s.kind == "input")
-            raise LookupError(
+            raise UnknownInputError(
                 f"no input stream {name!r} in this pipeline; its inputs are: "
                 f"{', '.join(inputs) or 'none'}"
             )
@@ -384,7 +389,7 @@ class Pipeline:
         failed raises its :class:`PipelineError` here.
         """
         if poll_interval <= 0:
-            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+            raise ArgumentError(f"poll_interval must be > 0 seconds, got {poll_interval}")
         loop = asyncio.get_running_loop()
         run = self._start(config, loop=loop)
         finished = asyncio.Event()
@@ -417,9 +422,9 @@ class Pipeline:
         :class:`PipelineStateError`; a drive that fails ends its session.
         """
         if isinstance(frames, bool) or not isinstance(frames, int) or frames < 0:
-            raise ValueError(f"frames must be an int >= 0, got {frames!r}")
+            raise ArgumentError(f"frames must be an int >= 0, got {frames!r}")
         if interval < 0:
-            raise ValueError(f"interval must be >= 0 virtual seconds, got {interval}")
+            raise ArgumentError(f"interval must be >= 0 virtual seconds, got {interval}")
         if self.running:
             raise PipelineStateError("drive() on a running pipeline: stop() it first")
         run = self._run

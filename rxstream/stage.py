@@ -7,6 +7,7 @@ makes an immutable graph of nodes (a node is a stage and the nodes feeding it) h
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -21,9 +22,10 @@ if TYPE_CHECKING:
     from rxstream.context import Context
     from rxstream.pipeline import Pipeline
 
-__all__ = ["Node", "Stage"]
+__all__ = ["Node", "Stage", "cuda_path"]
 
 _ON_ERROR = get_args(OnError)
+_DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
 
 
 class Stage:
@@ -32,7 +34,10 @@ class Stage:
     ``build(shell)`` returns the stage's Rx operator for one run. ``inputs`` is the range of
     input counts it accepts. ``target`` is the user's object behind it (the function or the
     source): its ``reset()`` runs on a flush, its ``close()`` when ``doc.bind`` replaces it.
-    Stages are made by the builders of :class:`~rxstream.Context`.
+    ``device`` (``None``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``) is where the stage declares
+    its tensors live; it chooses the boundaries at the stage's ends (a ``"cpu"`` end: the
+    shared-memory ring alone, no CUDA crossing). Stages are made by the builders of
+    :class:`~rxstream.Context`.
     """
 
     __slots__ = (
@@ -80,6 +85,10 @@ class Stage:
             )
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise StageBuildError(f"rank must be an int >= 0, got {rank!r} for stage {name!r}")
+        if device is not None and (not isinstance(device, str) or not _DEVICE.fullmatch(device)):
+            raise StageBuildError(
+                f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r} for stage {name!r}"
+            )
         try:
             self.inbox = (inbox or InboxSpec()).check(name)
         except ValueError as exc:
@@ -119,6 +128,13 @@ class Stage:
         from rxstream.pipeline import Pipeline
 
         return Pipeline.fan_in(left, self)
+
+
+def cuda_path(upstream: Stage, downstream: Stage) -> bool:
+    """Whether a same-host boundary from ``upstream`` to ``downstream`` carries CUDA tensors
+    through the CUDA IPC path (where the process has CUDA): unless either end declares
+    ``device="cpu"``, which makes it the shared-memory ring alone."""
+    return upstream.device != "cpu" and downstream.device != "cpu"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.timing import TimingRecord
@@ -66,7 +67,9 @@ def drive(pipeline: Pipeline, frames: int, interval: float = 0.0) -> list[Any]:
     """``pipeline.drive(frames)`` for a pipeline with one end: its payloads, typed as a list."""
     out = pipeline.drive(frames=frames, interval=interval)
     if not isinstance(out, list):
-        raise TypeError(f"drive() of a pipeline with several ends gives a dict, got {out!r}")
+        raise ArgumentTypeError(
+            f"drive() of a pipeline with several ends gives a dict, got {out!r}"
+        )
     return out
 
 
@@ -74,7 +77,9 @@ def drive_items(pipeline: Pipeline, frames: int, interval: float = 0.0) -> list[
     """``pipeline.drive(frames, items=True)`` for a pipeline with one end: its items."""
     out = pipeline.drive(frames=frames, items=True, interval=interval)
     if not isinstance(out, list):
-        raise TypeError(f"drive() of a pipeline with several ends gives a dict, got {out!r}")
+        raise ArgumentTypeError(
+            f"drive() of a pipeline with several ends gives a dict, got {out!r}"
+        )
     return out
 
 

@@ -1,6 +1,7 @@
 """The doc: desired-state control — inline reads, validated writes, ``bind``, generations."""
 
 from rxstream._exceptions import DocPathError, DocValidationError
+from rxstream._util import fixup_module_metadata
 from rxstream.doc._controls import Control, controls
 from rxstream.doc._doc import BindFailure, Doc
 from rxstream.doc._generations import Generations, GenerationState
@@ -19,5 +20,4 @@ __all__ = [
     "controls",
 ]
 
-for _name in ("BindFailure", "Doc", "GenerationState", "Generations", "Ref", "Snapshot"):
-    globals()[_name].__module__ = __name__
+fixup_module_metadata(__name__, globals())

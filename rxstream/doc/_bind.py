@@ -25,7 +25,7 @@ from reactivex import abc, operators
 from reactivex.disposable import CompositeDisposable, Disposable
 from reactivex.subject import Subject
 
-from rxstream._exceptions import StageBuildError
+from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
 from rxstream.item import PipelineItem, evolve_metadata
 from rxstream.operators._core import one_input
@@ -155,9 +155,9 @@ class _Binder:
         elif callable(made):
             stage = self.ctx.pipe(made)
         else:
-            raise TypeError(f"construct must return a Stage or a callable, got {made!r}")
+            raise ArgumentTypeError(f"construct must return a Stage or a callable, got {made!r}")
         if stage.is_source or stage.is_sink or stage.max_inputs == 0:
-            raise TypeError(f"construct must return a 1-input stage, got {stage!r}")
+            raise ArgumentTypeError(f"construct must return a 1-input stage, got {stage!r}")
         return stage
 
     # --- rebuilds ---------------------------------------------------------------------------

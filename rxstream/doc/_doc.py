@@ -12,6 +12,7 @@ import structlog
 from reactivex import Observable, operators
 from reactivex.subject import BehaviorSubject
 
+from rxstream._exceptions import ArgumentTypeError
 from rxstream.doc._generations import Generations
 from rxstream.doc._snapshot import Ref, Snapshot, freeze, lookup, thaw
 from rxstream.doc._validate import defaults_from_schema, make_validator
@@ -161,7 +162,7 @@ class Doc:
         from rxstream.doc._bind import bind_stage
 
         if self.context is None:
-            raise TypeError(f"doc {self.name!r} has no context: make it with ctx.doc(...)")
+            raise ArgumentTypeError(f"doc {self.name!r} has no context: make it with ctx.doc(...)")
         return bind_stage(self, self.context, construct, deps, name, rank)
 
     def _record_failure(self, failure: BindFailure) -> None:

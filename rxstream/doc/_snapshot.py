@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rxstream._exceptions import DocPathError
+from rxstream._exceptions import ArgumentTypeError, DocPathError
 
 if TYPE_CHECKING:
     from reactivex import Observable
@@ -159,7 +159,9 @@ class Ref:
     def changes(self) -> Observable[Any]:
         """The path's current value, then each distinct new value as writes happen."""
         if self._changes is None:
-            raise TypeError(f"{self._name}.{self.dotted} reads a snapshot, which never changes")
+            raise ArgumentTypeError(
+                f"{self._name}.{self.dotted} reads a snapshot, which never changes"
+            )
         return self._changes(self._path)
 
     def __getattr__(self, key: str) -> Ref:

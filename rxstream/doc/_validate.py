@@ -28,7 +28,7 @@ import typing
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from rxstream._exceptions import DocValidationError
+from rxstream._exceptions import ArgumentTypeError, DocValidationError
 
 __all__ = ["Validator", "defaults_from_schema", "make_validator"]
 
@@ -46,7 +46,7 @@ def make_validator(name: str, defaults: Mapping[str, Any], schema: object) -> Va
         return lambda changes, merged: _check_dataclass(name, schema, merged, ())
     if callable(schema):
         return lambda changes, merged: _check_callable(name, schema, merged)
-    raise TypeError(
+    raise ArgumentTypeError(
         f"schema must be a dataclass or a callable validator, got {type(schema).__name__} "
         f"for doc {name!r}"
     )
@@ -59,7 +59,7 @@ def defaults_from_schema(name: str, schema: object) -> dict[str, Any]:
     try:
         instance = schema()
     except TypeError as exc:
-        raise TypeError(
+        raise ArgumentTypeError(
             f"a dataclass schema without defaults= needs a default for every field ({exc}) "
             f"for doc {name!r}"
         ) from None

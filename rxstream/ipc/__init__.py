@@ -15,6 +15,7 @@ from rxstream._exceptions import (
     RingClosed,
     RingConflict,
 )
+from rxstream._util import fixup_module_metadata
 from rxstream.ipc._framing import Framed, frame, unframe
 from rxstream.ipc._ring import RingHandle, RingSpec, RingStatistics, ShmRing
 
@@ -47,9 +48,7 @@ __all__ = [
     "unframe",
 ]
 
-for _name in ("RingHandle", "RingSpec", "RingStatistics", "ShmRing"):
-    globals()[_name].__module__ = __name__
-del _name
+fixup_module_metadata(__name__, globals())
 
 
 _CUDA = frozenset(
@@ -75,6 +74,7 @@ def __getattr__(name: str) -> object:
         from rxstream.ipc import _cuda
 
         value = getattr(_cuda, name)
+        fixup_module_metadata(__name__, {name: value}, [name])
         globals()[name] = value
         return value
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -68,7 +68,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import numpy as np
 import torch
 
-from rxstream._exceptions import CudaDeviceError, CudaRefError, CudaUnavailableError
+from rxstream._exceptions import ArgumentError, CudaDeviceError, CudaRefError, CudaUnavailableError
 
 __all__ = [
     "CudaApi",
@@ -450,7 +450,7 @@ class CudaSlotPool(Generic[EventT]):
     ) -> None:
         for name, value in (("slots", slots), ("slot_bytes", slot_bytes)):
             if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value}")
+                raise ArgumentError(f"{name} must be >= 1, got {value}")
         self._api = api
         self.device = device
         """The CUDA device index of the slots."""

@@ -46,6 +46,8 @@ from typing import Any, Self
 import numpy as np
 
 from rxstream._exceptions import (
+    ArgumentError,
+    ArgumentTypeError,
     PayloadTooLarge,
     PipelineStateError,
     RingClosed,
@@ -115,11 +117,13 @@ def _check_geometry(slots: int, slot_bytes: int) -> None:
     """``ValueError`` (``TypeError`` for a non-int) naming the field, the rule and the value."""
     for name, value in (("slots", slots), ("slot_bytes", slot_bytes)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            raise ArgumentTypeError(
+                f"{name} must be an int, got {value!r} ({type(value).__name__})"
+            )
     if not 1 <= slots <= MAX_SLOTS:
-        raise ValueError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
+        raise ArgumentError(f"slots must be between 1 and {MAX_SLOTS}, got {slots}")
     if slot_bytes < MIN_SLOT_BYTES:
-        raise ValueError(f"slot_bytes must be >= {MIN_SLOT_BYTES}, got {slot_bytes}")
+        raise ArgumentError(f"slot_bytes must be >= {MIN_SLOT_BYTES}, got {slot_bytes}")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,10 @@
-"""One private module per stage kind; each a small ``(source, …) -> Observable`` core."""
+"""Internal: one private module per stage kind; each a small ``(source, …) -> Observable`` core.
+
+Not part of rxstream's public surface: these functions take the runtime's private stage shell,
+and ``rxstream.Context``'s builders (``ctx.pipe``, ``ctx.pace``, …) are how a user makes these
+stages. ``__all__`` here is the interface to the layer above (``rxstream.context``), free to
+change; docs/decisions.md says why.
+"""
 
 from rxstream.operators._fanin import combine_operator, merge_operator, zip_operator
 from rxstream.operators._pace import pace_operator

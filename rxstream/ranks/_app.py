@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import SettingError
+from rxstream._exceptions import AppEntryError, ArgumentError, SettingError
 from rxstream._settings import apply_settings
 from rxstream.context import Context
 from rxstream.doc import Doc
@@ -43,7 +43,7 @@ class App:
     def check_ranks(self, ranks: int) -> None:
         """Refuse a main app without a build on several ranks: ranks 1..N-1 call ``build``."""
         if self.main is not None and self.build is None and ranks > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"an async main(ctx) app runs on {ranks} ranks only with a build(ctx) -> "
                 f"Pipeline too (ranks 1..{ranks - 1} call it to build the graph main runs); "
                 f"{self.entry!r} has none"
@@ -51,7 +51,7 @@ class App:
 
     def __call__(self, ctx: Context) -> Pipeline:
         if self.build is None:
-            raise AttributeError(
+            raise AppEntryError(
                 f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
             )
         return self.build(ctx)
@@ -69,7 +69,7 @@ def load_app(entry: str) -> App:
     if attr:
         chosen = getattr(module, attr, None)
         if not callable(chosen):
-            raise AttributeError(
+            raise AppEntryError(
                 f"app {entry!r} has no callable {attr!r} "
                 f"(def {attr}(ctx) -> Pipeline or async def {attr}(ctx))"
             )
@@ -80,7 +80,7 @@ def load_app(entry: str) -> App:
     main = getattr(module, "main", None)
     app = App(entry, build if callable(build) else None, main if _is_main(main) else None)
     if app.build is None and app.main is None:
-        raise AttributeError(
+        raise AppEntryError(
             f"app {entry!r} has neither a build(ctx) -> Pipeline nor an async def main(ctx)"
         )
     return app

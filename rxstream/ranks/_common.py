@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rxstream._exceptions import ArgumentError
 from rxstream.runtime._stats import StageStatistics
 from rxstream.transport import Transport
 
@@ -56,7 +57,7 @@ def heartbeat_s() -> float:
     except ValueError:
         value = math.nan
     if not value > 0 or math.isinf(value):
-        raise ValueError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
+        raise ArgumentError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
     return value
 
 

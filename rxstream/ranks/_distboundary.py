@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from rxstream._exceptions import FramingError, PipelineError, RingClosed
+from rxstream._exceptions import ArgumentError, FramingError, PipelineError, RankLost, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
 from rxstream.ranks._boundary import CATCH_UP_S, catch_up
@@ -80,18 +80,6 @@ DRAIN_S = 1.0
 
 _LEN = struct.Struct("<Q")
 _CLOSE = (1 << 64) - 1  # the length that marks the writer's close
-
-
-class RankLost(RuntimeError):
-    """A rank (or a host's ranks) went away: a connection broke or its heartbeats stopped."""
-
-    def __init__(self, ranks: tuple[int, ...], message: str) -> None:
-        super().__init__(message)
-        self.ranks = ranks
-        """The ranks that went away, ascending."""
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.ranks, str(self))
 
 
 def _reason(exc: BaseException) -> str:
@@ -278,7 +266,7 @@ class DistChannel:
         on_lost: Callable[[BaseException], None] | None = None,
     ) -> None:
         if side not in ("writer", "reader"):
-            raise ValueError(f"side must be 'writer' or 'reader', got {side!r}")
+            raise ArgumentError(f"side must be 'writer' or 'reader', got {side!r}")
         import torch
 
         self._torch = torch
@@ -327,7 +315,7 @@ class DistChannel:
         must be ``None``.
         """
         if timeout is not None:
-            raise ValueError(f"timeout must be None on a DistChannel, got {timeout!r}")
+            raise ArgumentError(f"timeout must be None on a DistChannel, got {timeout!r}")
         with self._state:
             if self._closed:
                 raise RingClosed(f"channel {self.name!r} is closed")

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
@@ -379,7 +379,7 @@ def cross_edges(plan: Plan, hosts: Sequence[str], forced: str) -> frozenset[str]
     for name in filter(None, (part.strip() for part in forced.split(","))):
         if name not in names:
             known = ", ".join(repr(n) for n in names) or "none"
-            raise ValueError(
+            raise ArgumentError(
                 f"{CROSS_HOST_ENV} must be 'all' or boundaries of the app (its boundaries: "
                 f"{known}), got {name!r}"
             )
@@ -391,11 +391,11 @@ def use_nccl(peers: Sequence[Peer], choice: str) -> bool:
     """Whether cross-host boundaries get an NCCL group for CUDA tensors."""
     choice = choice.strip() or "auto"
     if choice not in _BACKENDS:
-        raise ValueError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {choice!r}")
+        raise ArgumentError(f"{BACKEND_ENV} must be one of {', '.join(_BACKENDS)}, got {choice!r}")
     every = all(peer.nccl for peer in peers)
     if choice == "nccl" and not every:
         lacking = [rank for rank, peer in enumerate(peers) if not peer.nccl]
-        raise ValueError(
+        raise ArgumentError(
             f"{BACKEND_ENV}=nccl needs CUDA and NCCL on every rank; ranks {lacking} have not"
         )
     return choice == "nccl" or (choice == "auto" and every)

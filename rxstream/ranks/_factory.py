@@ -50,20 +50,22 @@ class RingBoundaries:
         self._local = in_process and self._cuda_api is not None and self._cuda_api.local_refs
         self._owned: list[ShmRing] = []
 
-    def __call__(self, name: str, *, timing: bool, replicas: Generations | None) -> Boundary:
+    def __call__(
+        self, name: str, *, timing: bool, replicas: Generations | None, cuda: bool = True
+    ) -> Boundary:
         ring = self._rings.get(name)
         if ring is None:  # every rank in this process: this run owns the ring
             spec = self._spec
             ring = ShmRing.create(slots=spec.slots, slot_bytes=spec.slot_bytes)
             ring.unlink()  # both sides use this mapping: no name needed, none left behind
             self._owned.append(ring)
-        cuda = None
-        if self._cuda_api is not None:
+        crossing = None
+        if self._cuda_api is not None and cuda:
             release = self._releases.get(name) or multiprocessing.Pipe(duplex=False)
-            cuda = CudaCrossing(
+            crossing = CudaCrossing(
                 self._cuda_api, release, local=self._local, spec=self._spec, name=name
             )
-        return Boundary(name, ring, timing=timing, cuda=cuda, replicas=replicas)
+        return Boundary(name, ring, timing=timing, cuda=crossing, replicas=replicas)
 
     def close(self) -> None:
         for ring in self._owned:
@@ -77,10 +79,12 @@ class LinkBoundaries:
         self._links = dict(links)
         self._rings = rings
 
-    def __call__(self, name: str, *, timing: bool, replicas: Generations | None) -> Boundary:
+    def __call__(
+        self, name: str, *, timing: bool, replicas: Generations | None, cuda: bool = True
+    ) -> Boundary:
         link = self._links.get(name)
         if link is None:
-            return self._rings(name, timing=timing, replicas=replicas)
+            return self._rings(name, timing=timing, replicas=replicas, cuda=cuda)
         # the channel's reader catches up on the generations itself; CUDA tensors cross
         # inside it, not as IPC refs
         return Boundary(name, link, timing=timing)

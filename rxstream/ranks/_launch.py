@@ -37,7 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
@@ -138,7 +138,7 @@ def launch(
 def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult:
     """:func:`launch` with ``options``, not under torchrun: ranks 1… are spawned here."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise ValueError(f"ranks must be an int >= 1, got {ranks!r}")
+        raise ArgumentError(f"ranks must be an int >= 1, got {ranks!r}")
     app = load_app(entry)
     app.check_ranks(ranks)
     egress = Egress(

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
 from rxstream.ranks._common import LaunchOptions, LaunchResult, Statistics
 from rxstream.ranks._distboundary import DistChannel, RankLost
 from rxstream.ranks._distlaunch import (
@@ -98,7 +98,7 @@ def torchrun_env(environ: Mapping[str, str] | None = None) -> TorchrunEnv | None
             value = -1
         if value < low or (high is not None and value >= high):
             bound = f">= {low}" if high is None else f"in [{low}, {high})"
-            raise ValueError(f"{name} must be an int {bound}, got {raw!r}")
+            raise ArgumentError(f"{name} must be an int {bound}, got {raw!r}")
         return value
 
     world = number("WORLD_SIZE", 1)
@@ -119,7 +119,7 @@ def loopback_groups(world: int, *, timeout: float = 30.0) -> list[Any]:
     groups[1], 0, side="reader")``.
     """
     if isinstance(world, bool) or not isinstance(world, int) or world < 2:
-        raise ValueError(f"world must be an int >= 2, got {world!r}")
+        raise ArgumentError(f"world must be an int >= 2, got {world!r}")
     from torch._C._distributed_c10d import HashStore, PrefixStore
 
     store = PrefixStore(secrets.token_hex(4), HashStore())
@@ -225,7 +225,7 @@ def run_torchrun(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult
             "and MASTER_PORT must be set (torchrun --nproc-per-node N -m rxstream run APP)"
         )
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks not in (1, env.world):
-        raise ValueError(
+        raise ArgumentError(
             f"ranks must be 1 or torchrun's WORLD_SIZE ({env.world}) under torchrun, got {ranks!r}"
         )
     given = {
@@ -236,7 +236,7 @@ def run_torchrun(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult
     }
     for name, value in given.items():
         if value is not None:
-            raise ValueError(f"{name} is not supported under torchrun yet, got {value!r}")
+            raise ArgumentError(f"{name} is not supported under torchrun yet, got {value!r}")
     quiet = options.quiet
     import torch
     import torch.distributed as dist

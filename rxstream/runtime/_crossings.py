@@ -62,12 +62,16 @@ class RankBoundary(Protocol):
 class BoundaryFactory(Protocol):
     """Makes a run's boundaries, and lets go of what it made once the run stopped."""
 
-    def __call__(self, name: str, *, timing: bool, replicas: Generations | None) -> RankBoundary:
+    def __call__(
+        self, name: str, *, timing: bool, replicas: Generations | None, cuda: bool = True
+    ) -> RankBoundary:
         """The boundary of the edge ``name`` (``upstream>downstream``), made once per run.
 
         ``timing``: whether it stamps its hops; ``replicas``: this rank's replicated
         generations when another rank steers (its reader then holds newer items until they
-        reach them), else ``None``.
+        reach them), else ``None``; ``cuda``: whether CUDA tensors may cross it by CUDA IPC
+        (``False`` when a stage at either end declares ``device="cpu"``: see
+        :func:`rxstream.stage.cuda_path`).
         """
         ...
 

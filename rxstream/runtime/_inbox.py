@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from typing import get_args
 
+from rxstream._exceptions import ArgumentError
 from rxstream.typing import InboxPolicy
 
 __all__ = ["DEFAULT_CAPACITY", "InboxSpec"]
@@ -25,15 +26,15 @@ class InboxSpec:
     def check(self, stage: str) -> "InboxSpec":
         """This spec, or a ``ValueError`` naming ``stage`` and the broken rule."""
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int):
-            raise ValueError(
+            raise ArgumentError(
                 f"inbox capacity must be an int >= 1, got {self.capacity!r} for stage {stage!r}"
             )
         if self.capacity < 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"inbox capacity must be >= 1, got {self.capacity} for stage {stage!r}"
             )
         if self.policy not in _POLICIES:
-            raise ValueError(
+            raise ArgumentError(
                 f"inbox policy must be one of {', '.join(_POLICIES)}, "
                 f"got {self.policy!r} for stage {stage!r}"
             )

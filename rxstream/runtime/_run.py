@@ -39,7 +39,7 @@ from rxstream.runtime._thread import (
     _ClockScheduler,
     charge_stalls_to,
 )
-from rxstream.stage import Node
+from rxstream.stage import Node, cuda_path
 from rxstream.topology._edges import (
     WALKS,
     chunks_of,
@@ -194,7 +194,12 @@ class Run:
             if self._make_boundary is None:
                 raise RuntimeError(f"run has no boundary factory for edge {name!r}")
             replicas = self.generations if self.replica else None
-            boundary = self._make_boundary(name, timing=self.timing, replicas=replicas)
+            boundary = self._make_boundary(
+                name,
+                timing=self.timing,
+                replicas=replicas,
+                cuda=cuda_path(upstream.stage, node.stage),
+            )
             self.boundaries[name] = boundary
         return boundary
 

@@ -1,5 +1,6 @@
 """Mouse-to-photon timing: per-hop records, their structlog lines, and their analysis."""
 
+from rxstream._util import fixup_module_metadata
 from rxstream.timing._analysis import (
     Malformed,
     TimingLog,
@@ -25,5 +26,4 @@ __all__ = [
     "summarize",
 ]
 
-for _name in ("ClientTiming", "HopTiming", "Malformed", "TimingLog", "TimingRecord"):
-    globals()[_name].__module__ = __name__
+fixup_module_metadata(__name__, globals())

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rxstream._exceptions import ArgumentError
+
 __all__ = ["ClientTiming", "ClockOffset"]
 
 
@@ -29,7 +31,7 @@ class ClockOffset:
 
     def __init__(self, window: int = 16) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise ValueError(f"window must be an int >= 1 (exchanges), got {window!r}")
+            raise ArgumentError(f"window must be an int >= 1 (exchanges), got {window!r}")
         self._samples: deque[tuple[float, float]] = deque(maxlen=window)
         self._best: tuple[float, float] | None = None
 

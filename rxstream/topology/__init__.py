@@ -5,6 +5,7 @@ Client stream limits are enforced at ``ctx.input``; ``pipeline.topology()`` deri
 """
 
 from rxstream._exceptions import DeploymentError, StreamBufferClosed, TopologyError
+from rxstream._util import fixup_module_metadata
 from rxstream.topology._chunks import (
     ChunkPolicy,
     ChunkPolicyFactory,
@@ -80,8 +81,4 @@ __all__ = [
     "validate_deployment",
 ]
 
-for _name in __all__:
-    _obj = globals()[_name]
-    if getattr(_obj, "__module__", "").startswith("rxstream.topology."):
-        _obj.__module__ = __name__
-del _name, _obj
+fixup_module_metadata(__name__, globals())

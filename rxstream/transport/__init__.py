@@ -3,6 +3,7 @@
 from typing import TYPE_CHECKING
 
 from rxstream._exceptions import CodecError
+from rxstream._util import fixup_module_metadata
 from rxstream.transport._base import CODECS, Session, Transport
 from rxstream.transport._codecs import (
     Encoder,
@@ -41,23 +42,7 @@ __all__ = [
     "to_rgb24",
 ]
 
-for _name in (
-    "CodecError",
-    "Encoder",
-    "FileTransport",
-    "H264Fragments",
-    "JpegEncoder",
-    "MemoryTransport",
-    "Rate",
-    "RawEncoder",
-    "SessionLimits",
-    "Tee",
-    "Transport",
-    "decode_raw",
-    "encoder",
-    "to_rgb24",
-):
-    globals()[_name].__module__ = __name__
+fixup_module_metadata(__name__, globals())
 
 
 def __getattr__(name: str) -> object:
@@ -65,6 +50,6 @@ def __getattr__(name: str) -> object:
     if name == "WebTransport":
         from rxstream.transport._web import WebTransport
 
-        WebTransport.__module__ = __name__
+        fixup_module_metadata(__name__, {"WebTransport": WebTransport}, ["WebTransport"])
         return WebTransport
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

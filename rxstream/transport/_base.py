@@ -12,6 +12,7 @@ from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rxstream._exceptions import UnknownInputError
 from rxstream.doc import Doc
 from rxstream.item import PipelineItem
 from rxstream.timing import TimingRecord
@@ -31,7 +32,7 @@ class Feed(Protocol):
 
 
 def _no_feed(name: str, sample: Any, at_ms: float | None = None, *, client: Hashable = None) -> int:
-    raise LookupError(f"no input stream {name!r}: this session has no inputs")
+    raise UnknownInputError(f"no input stream {name!r}: this session has no inputs")
 
 
 @dataclass(frozen=True)

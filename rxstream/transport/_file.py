@@ -7,7 +7,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import PipelineStateError
+from rxstream._exceptions import ArgumentError, PipelineStateError
 from rxstream.item import PipelineItem
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import (
@@ -90,14 +90,14 @@ class FileTransport(Transport):
             names = sorted(session.streams)
             if self._stream is None:
                 if len(names) > 1:
-                    raise ValueError(
+                    raise ArgumentError(
                         f"FileTransport(stream=None) writes the session's only stream, but it "
                         f"has {len(names)}: {', '.join(map(repr, names))}; pass stream="
                     )
                 if names:
                     self._stream = names[0]
             elif names and self._stream not in session.streams:
-                raise ValueError(
+                raise ArgumentError(
                     f"FileTransport stream must be one of the session's streams "
                     f"({', '.join(map(repr, names))}), got {self._stream!r}"
                 )

@@ -30,6 +30,8 @@ from typing import Any
 
 import structlog
 
+from rxstream._exceptions import ArgumentError
+
 __all__ = [
     "MAX_DROPPED_IDS",
     "ClientGuard",
@@ -82,11 +84,11 @@ class Rate:
 
     def __post_init__(self) -> None:
         if isinstance(self.per_s, bool) or not isinstance(self.per_s, int | float):
-            raise ValueError(f"per_s must be a number > 0, got {self.per_s!r}")
+            raise ArgumentError(f"per_s must be a number > 0, got {self.per_s!r}")
         if not (math.isfinite(self.per_s) and self.per_s > 0):
-            raise ValueError(f"per_s must be a finite number > 0, got {self.per_s!r}")
+            raise ArgumentError(f"per_s must be a finite number > 0, got {self.per_s!r}")
         if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
-            raise ValueError(f"burst must be an int >= 1, got {self.burst!r}")
+            raise ArgumentError(f"burst must be an int >= 1, got {self.burst!r}")
 
     def __str__(self) -> str:
         return f"{self.per_s:g} a second (burst {self.burst})"
@@ -132,12 +134,12 @@ class SessionLimits:
             value = getattr(self, f.name)
             if f.name == "log_every_s":
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                    raise ValueError(f"log_every_s must be a number >= 0, got {value!r}")
+                    raise ArgumentError(f"log_every_s must be a number >= 0, got {value!r}")
             elif f.type == "Rate" or isinstance(value, Rate):
                 if not isinstance(value, Rate):
-                    raise ValueError(f"{f.name} must be a Rate(per_s, burst), got {value!r}")
+                    raise ArgumentError(f"{f.name} must be a Rate(per_s, burst), got {value!r}")
             elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{f.name} must be an int >= 1, got {value!r}")
+                raise ArgumentError(f"{f.name} must be an int >= 1, got {value!r}")
 
 
 # --- the handshake ------------------------------------------------------------------------
@@ -151,7 +153,7 @@ def new_token() -> str:
 def check_token(token: str) -> str:
     """``token`` if it is a usable secret, else a ValueError naming the rule."""
     if not isinstance(token, str) or not _TOKEN.fullmatch(token):
-        raise ValueError(
+        raise ArgumentError(
             "token must be 16..256 URL-safe characters (A-Z a-z 0-9 _ -), "
             f"got {'a ' + type(token).__name__ if not isinstance(token, str) else shown(token)}"
         )

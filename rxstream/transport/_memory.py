@@ -7,6 +7,7 @@ from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+from rxstream._exceptions import ArgumentError
 from rxstream.item import PipelineItem
 from rxstream.transport._base import Transport
 
@@ -21,7 +22,7 @@ class MemoryTransport(Transport):
 
     def __init__(self, keep: int | None = None) -> None:
         if keep is not None and keep < 1:
-            raise ValueError(f"keep must be >= 1 or None, got {keep}")
+            raise ArgumentError(f"keep must be >= 1 or None, got {keep}")
         self._keep = keep
         self._lock = threading.Lock()
         self._streams: dict[str, deque[PipelineItem]] = {}

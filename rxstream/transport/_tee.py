@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineItem
 from rxstream.timing import TimingRecord
 from rxstream.transport._base import Session, Transport
@@ -22,7 +23,9 @@ class Tee(Transport):
     def __init__(self, primary: Transport, *others: Transport) -> None:
         for transport in (primary, *others):
             if not isinstance(transport, Transport):
-                raise TypeError(f"Tee takes Transport instances, got {type(transport).__name__}")
+                raise ArgumentTypeError(
+                    f"Tee takes Transport instances, got {type(transport).__name__}"
+                )
         self.primary = primary
         self.transports: tuple[Transport, ...] = (primary, *others)
         """Every transport, the primary first."""

@@ -49,7 +49,7 @@ from typing import Any
 import structlog
 from aiohttp import WSMsgType, web
 
-from rxstream._exceptions import DocValidationError
+from rxstream._exceptions import ArgumentError, DocValidationError
 from rxstream.doc import controls
 from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
@@ -171,20 +171,20 @@ class WebTransport(Transport):
         allowed_hosts: tuple[str, ...] = (),
     ) -> None:
         if not _is_loopback(host) and not allow_remote:
-            raise ValueError(
+            raise ArgumentError(
                 f"host must be a loopback address (127.0.0.1, ::1, localhost) unless "
                 f"allow_remote=True (--allow-remote), got {host!r}"
             )
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-            raise ValueError(f"port must be an int in 0..65535, got {port!r}")
+            raise ArgumentError(f"port must be an int in 0..65535, got {port!r}")
         if grace_s < 0:
-            raise ValueError(f"grace_s must be >= 0 seconds, got {grace_s}")
+            raise ArgumentError(f"grace_s must be >= 0 seconds, got {grace_s}")
         if max_message_bytes < 256:
-            raise ValueError(f"max_message_bytes must be >= 256, got {max_message_bytes}")
+            raise ArgumentError(f"max_message_bytes must be >= 256, got {max_message_bytes}")
         if client_frames < 1:
-            raise ValueError(f"client_frames must be >= 1, got {client_frames}")
+            raise ArgumentError(f"client_frames must be >= 1, got {client_frames}")
         if limits is not None and not isinstance(limits, SessionLimits):
-            raise ValueError(f"limits must be a SessionLimits, got {shown(limits)}")
+            raise ArgumentError(f"limits must be a SessionLimits, got {shown(limits)}")
         self.token: str | None = (
             new_token() if token is True else None if token is False else check_token(token)
         )

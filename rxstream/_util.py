@@ -1,0 +1,60 @@
+"""Small helpers the packages share; nothing here is public."""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from typing import cast
+
+__all__ = ["fixup_module_metadata"]
+
+
+def fixup_module_metadata(
+    name: str, namespace: Mapping[str, object], names: Iterable[str] | None = None
+) -> None:
+    """Make the classes and functions a public package exports say that package's name.
+
+    Called at the end of a public package's ``__init__`` (``fixup_module_metadata(__name__,
+    globals())``), so reprs, ``help()``, docs and pickles say ``rxstream.transport.Tee``, not
+    ``rxstream.transport._tee.Tee``. For each name of ``names`` (default: the namespace's
+    ``__all__``) that is a class or a function, ``__module__`` is rewritten when it is a
+    private module (a dotted part starting with ``_``) or a public package below ``name``: so
+    the shallowest package that exports an object names it, whichever package runs first
+    (``rxstream.Doc``, not ``rxstream.doc.Doc``), and a class one package only re-exports from
+    another public package (``rxstream.testing.MemoryTransport``) keeps its own.
+    (trio's ``_util.fixup_module_metadata``.)
+    """
+    if names is None:
+        names = cast("Iterable[str]", namespace["__all__"])
+    for attr in names:
+        obj = namespace.get(attr)
+        if not isinstance(obj, (type, types.FunctionType)):
+            continue
+        current = obj.__module__
+        if not current.startswith("rxstream"):
+            continue
+        private = any(part.startswith("_") for part in current.split("."))
+        if private or current.startswith(f"{name}."):
+            if isinstance(obj, type):
+                _resolve_annotations(obj)
+            obj.__module__ = name
+
+
+def _resolve_annotations(cls: type) -> None:
+    """Evaluate ``cls``'s string annotations where they were written, before its module moves.
+
+    ``typing.get_type_hints`` resolves a class's annotations in the globals of the module its
+    ``__module__`` names, which lacks the names the private module imported; evaluated once
+    here, they need no module. Annotations that cannot be evaluated now (a name imported only
+    for type checking) stay strings.
+    """
+    own = inspect.get_annotations(cls)
+    if not own:
+        return
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except (NameError, TypeError):
+        return
+    cls.__annotations__ = {key: hints.get(key, value) for key, value in own.items()}
