@@ -17,7 +17,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream.doc._generations import Generations
-from rxstream.item import PipelineItem, PipelineMetadata, _stamped, now
+from rxstream.item import PipelineItem, PipelineMetadata, _base, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import caller
 from rxstream.runtime._plan import Plan
@@ -95,7 +95,7 @@ def fused_chain(
             return True
 
         def on_next(item: PipelineItem) -> None:
-            base = item.__dict__.get("_md") or item.metadata
+            base = _base(item)
             # the checks every member would make on arrival, made at once: only a function
             # that steers or flushes mid-chain changes their outcome, and that is re-checked
             epoch = generations.epoch
@@ -123,7 +123,7 @@ def fused_chain(
                 if isinstance(payload, PipelineItem):  # the function set the metadata itself
                     item, payload = payload, payload.payload
                     stamps.clear()
-                    base = item.__dict__.get("_md") or item.metadata
+                    base = _base(item)
                 if timing:
                     done = now()
                     stamps += (in_hop, started, out_hop, done)

@@ -314,7 +314,7 @@ class Run:
             flushed = [gens.flush]
 
             def admit(item: PipelineItem) -> None:
-                metadata = item.__dict__.get("_md") or item.metadata  # _base, inlined
+                metadata = _base(item)
                 if metadata.prompt_generation < gens.drop:
                     drop("stale")
                     return
