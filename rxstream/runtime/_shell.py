@@ -14,7 +14,7 @@ import structlog
 from reactivex import abc
 
 from rxstream._exceptions import PipelineError
-from rxstream.doc._generations import Generations
+from rxstream.doc._generations import Admission, Generations
 from rxstream.item import (
     PipelineItem,
     PipelineMetadata,
@@ -97,6 +97,10 @@ class StageShell:
     def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         self.counters.items_out += 1
         return _stamped(item, payload, ())
+
+    def admission(self) -> Admission:
+        """This stage's arrival checks (stale, cutover, flush reset), for one subscription."""
+        return Admission(self)
 
     def emit(self, payload: Any, metadata: PipelineMetadata) -> PipelineItem:
         """An output whose metadata the operator built itself (1:N, N:1); counts it."""
