@@ -374,7 +374,7 @@ class Boundary:
             if cuda is not None:
                 payload = cuda.open(payload)
             if timing:
-                link = (link, out_hop, now())
+                link = _extended(link, (out_hop, now()))
             return _from_parts(payload, metadata, link)
 
         return receive
