@@ -9,7 +9,7 @@ import numbers
 import operator
 import time
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -70,8 +70,8 @@ class PipelineItem:
     metadata: PipelineMetadata
 
     def __getattr__(self, name: str) -> Any:
-        # Items made on the hot path (``_stamped``) hold their metadata as a base and the
-        # stamps added since; ``metadata`` is built on first read and kept.
+        # A lazy item (see "the item's representation" below): ``metadata`` is built on
+        # first read and kept.
         if name == "metadata":
             state = self.__dict__
             try:
@@ -116,14 +116,112 @@ def _with_stamps(metadata: PipelineMetadata, stamps: Timeline) -> PipelineMetada
     return fresh
 
 
+def _trusted_metadata(
+    prompt_generation: int,
+    flush_generation: int,
+    cutover: bool,
+    drop_generation: int,
+    pts: int,
+    idle: bool,
+    capture_ts: float | None,
+    input_seq: int,
+    input_at_ms: int,
+    timeline: Timeline,
+) -> PipelineMetadata:
+    """A PipelineMetadata of every field, trusted: no ``__init__``, no checks.
+
+    For values the engine made or checked itself (a source's generations and counters, a
+    merge, what crossed a boundary): the frozen ``__init__`` and its checks cost several times
+    this. Values from users go through ``PipelineMetadata(...)`` or :func:`evolve_metadata`.
+    """
+    fresh = _new(PipelineMetadata)
+    state = fresh.__dict__
+    state["prompt_generation"] = prompt_generation
+    state["flush_generation"] = flush_generation
+    state["cutover"] = cutover
+    state["drop_generation"] = drop_generation
+    state["pts"] = pts
+    state["idle"] = idle
+    state["capture_ts"] = capture_ts
+    state["input_seq"] = input_seq
+    state["input_at_ms"] = input_at_ms
+    state["timeline"] = timeline
+    return fresh
+
+
+# --- the item's representation --------------------------------------------------------------
+#
+# Private to this module; every other module goes through the functions below. An item's
+# ``__dict__`` holds ``payload`` and either ``metadata`` (built) or ``_md`` and ``_st`` (lazy:
+# the base metadata and the stamp chain gathered since, ``metadata`` built on first read and
+# kept). A chain is ``None`` or a link ``(previous link, hop, t, hop, t…)``: one tuple per hop,
+# never flattened on the way (about half the cost of a metadata copy per hop, and one object
+# for the garbage collector to count, not four; docs/performance.md).
+
+Chain = tuple[Any, ...] | None
+"""A stamp chain: opaque outside this module (made and read by the functions below)."""
+
+
+def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:
+    """An item of ``payload`` and built ``metadata``, without the frozen ``__init__``."""
+    fresh = _new(PipelineItem)
+    state = fresh.__dict__
+    state["payload"] = payload
+    state["metadata"] = metadata
+    return fresh
+
+
+def _from_parts(payload: Any, base: PipelineMetadata, chain: Chain) -> PipelineItem:
+    """An item of ``payload`` whose metadata is ``base`` plus the stamps of ``chain``."""
+    fresh = _new(PipelineItem)
+    state = fresh.__dict__
+    state["payload"] = payload
+    state["_md"] = base
+    state["_st"] = chain
+    return fresh
+
+
+def _parts(item: PipelineItem) -> tuple[PipelineMetadata, Chain]:
+    """``item``'s base metadata and stamp chain: :func:`_from_parts` of them is ``item`` again."""
+    state = item.__dict__
+    base = state.get("_md")
+    if base is None:
+        return state["metadata"], None
+    return base, state["_st"]
+
+
+def _base(item: PipelineItem) -> PipelineMetadata:
+    """``item``'s metadata without the stamps of its latest hops: every field but the timeline
+    is the item's own (what the per-hop checks read without building the metadata)."""
+    base: PipelineMetadata | None = item.__dict__.get("_md")
+    return item.metadata if base is None else base
+
+
+def _forward(
+    item: PipelineItem, payload: Any, in_hop: str, started: float, out_hop: str, done: float
+) -> PipelineItem:
+    """The 1:1 rule for one hop: ``payload`` with ``item``'s metadata and the hop's stamps
+    ``(in_hop, started)``, ``(out_hop, done)`` (the stage shell's path, once per item per
+    stage: the metadata is not copied, the stamps are one link of the chain)."""
+    state = item.__dict__
+    base = state.get("_md")
+    if base is None:
+        base, link = state["metadata"], None
+    else:
+        link = state["_st"]
+    fresh = _new(PipelineItem)
+    fresh_state = fresh.__dict__
+    fresh_state["payload"] = payload
+    fresh_state["_md"] = base
+    fresh_state["_st"] = (link, in_hop, started, out_hop, done)
+    return fresh
+
+
 def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> PipelineItem:
     """``payload`` with ``item``'s metadata plus ``stamps`` (the 1:1 rule, hot path).
 
-    The metadata is not copied per hop: the new item keeps the same base metadata and a chain
-    of the stamps gathered since — one tuple a hop, ``(previous link, hop, t, hop, t…)`` — and
-    builds ``metadata`` only when someone reads it (about half the cost of a copy, see
-    docs/performance.md, and one object a hop for the garbage collector to count, not four).
-    ``stamps`` is flat: ``hop, t, hop, t…``.
+    ``stamps`` is flat: ``hop, t, hop, t…``; they become one link of the chain (none if
+    empty). :func:`_forward` is the same for one hop's two stamps.
     """
     state = item.__dict__
     base = state.get("_md")
@@ -139,39 +237,61 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     return fresh
 
 
-def _linked(payload: Any, base: PipelineMetadata, link: tuple[Any, ...] | None) -> PipelineItem:
-    """A new item of ``payload`` over ``base`` whose stamp chain is ``link`` (or none)."""
+def _sourced(
+    payload: Any,
+    metadata: PipelineMetadata,
+    origin: tuple[Any, ...],
+    in_hop: str,
+    started: float,
+    out_hop: str,
+    done: float,
+) -> PipelineItem:
+    """A source's new item: ``metadata`` (its timeline empty) and the stamps ``origin`` (flat,
+    may be empty), ``(in_hop, started)``, ``(out_hop, done)`` as the chain's first link."""
     fresh = _new(PipelineItem)
     state = fresh.__dict__
     state["payload"] = payload
-    state["_md"] = base
-    state["_st"] = link
+    state["_md"] = metadata
+    state["_st"] = (None, *origin, in_hop, started, out_hop, done)
     return fresh
 
 
-def _unchain(link: tuple[Any, ...] | None) -> Timeline:
-    """The stamps of a chain of links, oldest first, as ``(hop, t)`` pairs."""
-    links = []
-    while link is not None:
-        links.append(link)
-        link = link[0]
-    flat = [value for node in reversed(links) for value in node[1:]]
+def _extended(chain: Chain, stamps: tuple[Any, ...]) -> Chain:
+    """``chain`` with ``stamps`` (flat: ``hop, t…``) as one more link (``chain`` if none)."""
+    return (chain, *stamps) if stamps else chain
+
+
+def _chain_of(stamps: tuple[Any, ...]) -> Chain:
+    """A chain of one link: ``stamps``, flat (``hop, t…``)."""
+    return (None, *stamps)
+
+
+def _flat(chain: Chain) -> tuple[Any, ...]:
+    """The stamps of ``chain`` flat, oldest first: ``hop, t, hop, t…``."""
+    parts = []
+    while chain is not None:
+        parts.append(chain[1:])
+        chain = chain[0]
+    return tuple(value for part in reversed(parts) for value in part)
+
+
+def _unchain(chain: Chain) -> Timeline:
+    """The stamps of ``chain``, oldest first, as ``(hop, t)`` pairs."""
+    flat = _flat(chain)
     return tuple(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _base(item: PipelineItem) -> PipelineMetadata:
-    """``item``'s metadata without the stamps of its latest hops: every field but the timeline
-    is the item's own (what the per-hop checks read without building the metadata)."""
-    base: PipelineMetadata | None = item.__dict__.get("_md")
-    return item.metadata if base is None else base
+def _reduced(item: PipelineItem) -> tuple[Callable[[dict[str, Any]], PipelineItem], tuple[Any]]:
+    """How pickle carries ``item``: its state as it is (a lazy item stays lazy), rebuilt by
+    :func:`_restored` (the default reduction would probe ``__getattr__`` for half a dozen
+    special names)."""
+    return _restored, (item.__dict__,)
 
 
-def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:
-    """A PipelineItem built without the frozen ``__init__`` (hot path)."""
+def _restored(state: dict[str, Any]) -> PipelineItem:
+    """The item :func:`_reduced` described (the unpickling side)."""
     fresh = _new(PipelineItem)
-    state = fresh.__dict__
-    state["payload"] = payload
-    state["metadata"] = metadata
+    fresh.__dict__.update(state)
     return fresh
 
 
@@ -191,13 +311,6 @@ def _kind(hint: Any) -> type:
 
 _KINDS = {name: _kind(hint) for name, hint in typing.get_type_hints(PipelineMetadata).items()}
 """Each field's plain Python type (``float`` for ``capture_ts``, which may also be ``None``)."""
-
-
-def _built(**values: Any) -> PipelineMetadata:
-    """A PipelineMetadata of ``values`` (every field, plain already), without ``__init__``."""
-    fresh = _new(PipelineMetadata)
-    fresh.__dict__.update(values)
-    return fresh
 
 
 def _plain(name: str, value: Any) -> Any:
@@ -270,7 +383,7 @@ def merge_metadata(
             newest = md
     if newest is None:
         newest = last
-    return _built(
+    return _trusted_metadata(
         prompt_generation=max(md.prompt_generation for md in metadatas),
         flush_generation=max(md.flush_generation for md in metadatas),
         cutover=any(md.cutover for md in metadatas),

@@ -3,14 +3,20 @@
 ``prompt`` counts steers; items stamped with a ``prompt_generation`` below ``drop`` are stale
 and dropped at their next hop. ``flush`` counts flushes; a stage with ``reset()`` resets when
 it first sees an item of a newer flush generation. Sources stamp all three on every item.
+
+Both rules are written here once: :meth:`Generations.is_stale`, and :class:`Admission`, the
+checks an item meets on arriving at a stage (the threaded port and the fused drive path alike).
 """
 
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
-__all__ = ["GenerationState", "Generations"]
+from rxstream.item import PipelineMetadata
+
+__all__ = ["Admission", "GenerationState", "Generations"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,10 @@ class Generations:
         """When the last steer happened (``time.monotonic``): the origin of cutover timing."""
         self.listeners: list[Callable[[GenerationState], None]] = []
         """Called with the new state after every steer or flush (the launcher replicates)."""
+
+    def is_stale(self, metadata: PipelineMetadata) -> bool:
+        """Whether an item of ``metadata`` is stale: of a prompt generation a steer dropped."""
+        return metadata.prompt_generation < self.drop
 
     def steer(self, *, drop_stale: bool = True) -> int:
         """Start a new prompt generation; unless ``drop_stale=False`` older items go stale."""
@@ -82,3 +92,64 @@ class Generations:
         """The counters now, frozen."""
         with self._lock:
             return GenerationState(self.prompt, self.flush, self.drop)
+
+
+class _Counters(Protocol):
+    """What admission counts on a stage's counters."""
+
+    cutovers: int
+
+    def drop(self, reason: str, count: int = 1) -> None: ...
+
+
+class _Stage(Protocol):
+    """What admission reads of a stage (its shell)."""
+
+    @property
+    def generations(self) -> Generations: ...
+
+    @property
+    def counters(self) -> _Counters: ...
+
+    @property
+    def reset(self) -> Callable[[], object] | None: ...
+
+
+class Admission:
+    """One stage's checks on an item's arrival, for one subscription of the stage.
+
+    A stale item is dropped (counted, reason ``stale``); a cutover is counted; the first item
+    of a newer flush generation than this subscription has seen resets the stage (its
+    ``reset``, read then: a ``doc.bind`` sets it late).
+    """
+
+    __slots__ = ("_counters", "_flushed", "_generations", "_stage")
+
+    def __init__(self, stage: _Stage) -> None:
+        self._stage = stage
+        self._generations = stage.generations
+        self._counters = stage.counters
+        self._flushed = self._generations.flush
+
+    def admit(self, metadata: PipelineMetadata) -> bool:
+        """Whether an item of ``metadata`` (its base will do) goes on into the stage."""
+        if self._generations.is_stale(metadata):
+            self._counters.drop("stale")
+            return False
+        if metadata.cutover:
+            self._counters.cutovers += 1
+        if metadata.flush_generation > self._flushed:
+            self._flushed = metadata.flush_generation
+            reset = self._stage.reset
+            if reset is not None:
+                reset()
+        return True
+
+    def routine(self, metadata: PipelineMetadata) -> bool:
+        """Whether :meth:`admit` would let ``metadata`` in and do nothing else: not stale, no
+        cutover to count, no flush to reset (a fused chain's quick path)."""
+        return not (
+            metadata.cutover
+            or metadata.flush_generation > self._flushed
+            or self._generations.is_stale(metadata)
+        )

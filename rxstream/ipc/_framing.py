@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, cast
 import numpy as np
 
 from rxstream._exceptions import FramingError
-from rxstream.item import PipelineItem
+from rxstream.item import PipelineItem, _reduced
 
 __all__ = ["Buffer", "Framed", "frame", "frame_array", "unframe"]
 
@@ -119,9 +119,8 @@ class _Pickler(pickle.Pickler):
     """Protocol 5 with out-of-band buffers, cheap items, and CPU tensors through numpy.
 
     ``reducer_override`` sees every object but builtin containers and atoms: items are
-    reduced to their ``__dict__`` (the lazy ``_md``/``_st`` kept; the default reduction
-    would probe ``PipelineItem.__getattr__`` for half a dozen special names), tensors as
-    below. Without torch imported no tensor can exist, and none is looked for.
+    reduced as ``rxstream.item`` says (a lazy item stays lazy), tensors as below. Without
+    torch imported no tensor can exist, and none is looked for.
     """
 
     def __init__(self, file: io.BytesIO, buffer_callback: Callable[[Buffer], None]) -> None:
@@ -132,7 +131,7 @@ class _Pickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if type(obj) is PipelineItem:
-            return _rebuild_item, (obj.__dict__,)
+            return _reduced(obj)
         tensor = self._tensor
         if tensor is None or not isinstance(obj, tensor):
             return NotImplemented
@@ -162,16 +161,6 @@ class _Pickler(pickle.Pickler):
         if view is not None:
             data = data.view(getattr(torch, view))
         return _rebuild_tensor, (data.numpy(), _dtype_name(obj.dtype, view), obj.requires_grad)
-
-
-def _rebuild_item(state: dict[str, Any]) -> PipelineItem:
-    """The item ``_Pickler`` reduced, with the same ``__dict__`` (the unpickling side)."""
-    item = _new(PipelineItem)
-    item.__dict__.update(state)
-    return item
-
-
-_new = object.__new__
 
 
 # --- CPU torch tensors ------------------------------------------------------------------------

@@ -21,9 +21,9 @@ from reactivex.disposable import CompositeDisposable
 
 from rxstream.item import (
     PipelineItem,
-    PipelineMetadata,
     _base,
-    _linked,
+    _from_parts,
+    _parts,
     evolve_metadata,
     merge_metadata,
     now,
@@ -58,7 +58,7 @@ class _Cutovers:
             self._seen[index] = generation
             if base.cutover:
                 if self._cut == generation:  # another input's went out already
-                    return _uncut(item, base)
+                    return _uncut(item)
                 self._cut = max(self._cut, generation)
         return item
 
@@ -230,9 +230,7 @@ def merge_operator() -> Callable[[StageShell], Operator]:
     return build
 
 
-def _uncut(item: PipelineItem, base: PipelineMetadata) -> PipelineItem:
+def _uncut(item: PipelineItem) -> PipelineItem:
     """``item`` without its cutover mark (its stamps kept)."""
-    chain = item.__dict__.get("_st")
-    if "_md" not in item.__dict__:  # an item whose metadata is built: the timeline is in it
-        return PipelineItem(item.payload, evolve_metadata(base, cutover=False))
-    return _linked(item.payload, evolve_metadata(base, cutover=False), chain)
+    base, chain = _parts(item)
+    return _from_parts(item.payload, evolve_metadata(base, cutover=False), chain)

@@ -208,9 +208,7 @@ class _Pacer:
         elif self.done:
             self.observer.on_completed()
             return
-        elif self.last is not None and (
-            self.last.metadata.prompt_generation >= shell.generations.drop
-        ):
+        elif self.last is not None and not shell.generations.is_stale(self.last.metadata):
             last = self.last
             out = shell.emit(
                 last.payload, evolve_metadata(last.metadata, pts=pts, idle=True, cutover=False)

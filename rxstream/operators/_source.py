@@ -22,7 +22,9 @@ from typing import Any
 from rxstream._exceptions import PipelineError, StageBuildError
 from rxstream.item import (
     PipelineItem,
-    PipelineMetadata,
+    _item,
+    _sourced,
+    _trusted_metadata,
     _with_stamps,
     now,
 )
@@ -31,9 +33,6 @@ from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageCounters
 
 __all__ = ["SKIPPED", "SourcePuller", "check_source"]
-
-_new = object.__new__
-_DEFAULTS = PipelineMetadata().__dict__
 
 _END = object()
 _NONE_WAITING = object()  # a driven input with no sample queued: nothing now, not the end
@@ -164,35 +163,26 @@ class SourcePuller:
                 value = value.payload
             elif cutover:  # a steer during this pull counts from the pull's start
                 origin = ("steer", min(gens.steered_at, started))
-            metadata = _new(PipelineMetadata)  # the frozen __init__ is slow per item
-            state = metadata.__dict__
-            state.update(_DEFAULTS)  # timeline (): the stamps go on the item's chain
-            state["prompt_generation"] = prompt
-            state["flush_generation"] = gens.flush
-            state["drop_generation"] = gens.drop
-            state["pts"] = self._count
-            if cutover:
-                state["cutover"] = True
-            if input_seq:
-                state["input_seq"] = input_seq
-                state["input_at_ms"] = input_at_ms
+            metadata = _trusted_metadata(  # the frozen __init__ is slow per item
+                prompt,
+                gens.flush,
+                cutover,
+                gens.drop,
+                self._count,
+                False,
+                None,
+                input_seq,
+                input_at_ms if input_seq else 0,
+                (),  # the stamps go on the item's chain
+            )
             self._prompt = prompt
             self._count += 1
             counters.items_out += 1
-            # _item/_linked, inlined: this runs once per item; the chain's first link is
-            # built as one tuple (measured: it more than halves timing's cost per pull)
-            item = _new(PipelineItem)
-            fresh = item.__dict__
-            fresh["payload"] = value
             if not shell.timing:
-                fresh["metadata"] = metadata
-                return item
-            fresh["_md"] = metadata
-            if origin:
-                fresh["_st"] = (None, *origin, shell.in_hop, started, shell.out_hop, now())
-            else:
-                fresh["_st"] = (None, shell.in_hop, started, shell.out_hop, now())
-            return item
+                return _item(value, metadata)
+            # the chain's first link is built as one tuple (measured: it more than halves
+            # timing's cost per pull)
+            return _sourced(value, metadata, origin, shell.in_hop, started, shell.out_hop, now())
         self._count += 1
         return shell.emit(value, metadata)
 

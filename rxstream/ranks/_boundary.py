@@ -40,7 +40,19 @@ from reactivex.disposable import Disposable
 from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
 from rxstream.doc._generations import Generations
 from rxstream.ipc._framing import frame_array
-from rxstream.item import PipelineItem, PipelineMetadata, _linked, _stamped, now
+from rxstream.item import (
+    Chain,
+    PipelineItem,
+    PipelineMetadata,
+    _chain_of,
+    _extended,
+    _flat,
+    _from_parts,
+    _parts,
+    _stamped,
+    _trusted_metadata,
+    now,
+)
 from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
@@ -70,14 +82,8 @@ def encode(item: PipelineItem) -> tuple[Any, ...]:
     Pickling the item itself costs several times more (its classes, its dict, its stamp chain;
     figures in docs/performance.md).
     """
-    state = item.__dict__
-    md = state.get("_md")
-    if md is None:  # an item whose metadata is built: its timeline is all there is
-        md = state["metadata"]
-        links: tuple[Any, ...] = ()
-    else:  # the base's timeline, then the stamp chain's links, oldest first
-        links = _links(state["_st"])
-    flat = tuple(value for stamp in md.timeline for value in stamp) + links
+    md, chain = _parts(item)  # the base's timeline, then the chain's stamps, oldest first
+    flat = tuple(value for stamp in md.timeline for value in stamp) + _flat(chain)
     return (
         item.payload,
         md.prompt_generation,
@@ -93,23 +99,14 @@ def encode(item: PipelineItem) -> tuple[Any, ...]:
     )
 
 
-def _links(link: tuple[Any, ...] | None) -> tuple[Any, ...]:
-    """A stamp chain flat: ``hop, t, hop, t…`` oldest first."""
-    parts = []
-    while link is not None:
-        parts.append(link[1:])
-        link = link[0]
-    return tuple(value for part in reversed(parts) for value in part)
-
-
 def decode(wire: tuple[Any, ...]) -> PipelineItem:
     """The item :func:`encode` described."""
-    return _linked(*_decoded(wire))
+    return _from_parts(*_decoded(wire))
 
 
-def _decoded(wire: tuple[Any, ...]) -> tuple[Any, PipelineMetadata, tuple[Any, ...]]:
+def _decoded(wire: tuple[Any, ...]) -> tuple[Any, PipelineMetadata, Chain]:
     """The payload, base metadata and stamp chain (one link) of :func:`encode`'s form."""
-    return wire[0], _metadata((*wire[1:10], ())), (None, *wire[10])
+    return wire[0], _trusted_metadata(*(*wire[1:10], ())), _chain_of(wire[10])
 
 
 def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
@@ -132,14 +129,8 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
     numpy ``pts`` an ``int``), and the engine makes the stamps (``str``, ``float``); any other
     payload is left to the ring's pickle framing (arrays and tensors out of band).
     """
-    state = item.__dict__
-    base = state.get("_md")
-    if base is None:
-        base, link = state["metadata"], None
-    else:
-        link = state["_st"]
-    if stamps:
-        link = (link, *stamps)
+    base, link = _parts(item)
+    link = _extended(link, stamps)
     values = _values(base.__dict__)
     wire = (payload, values, link)
     kind = type(payload)
@@ -155,39 +146,20 @@ def pack(item: PipelineItem, payload: Any, stamps: tuple[Any, ...] = ()) -> Any:
     return wire
 
 
-def unpack(got: Any) -> tuple[Any, PipelineMetadata, tuple[Any, ...] | None]:
+def unpack(got: Any) -> tuple[Any, PipelineMetadata, Chain]:
     """The payload, base metadata and stamp chain of what :func:`pack` put into a ring."""
     if type(got) is bytes:
         got = marshal.loads(got)
     payload, values, link = got
-    return payload, _metadata(values), link
+    return payload, _trusted_metadata(*values), link
 
 
 def _flattened(wire: tuple[Any, ...]) -> tuple[Any, ...]:
     """:func:`pack`'s form with its chain as one link: for a chain deeper than pickle nests."""
     payload, values, link = wire
-    return payload, values, None if link is None else (None, *_links(link))
+    return payload, values, None if link is None else _chain_of(_flat(link))
 
 
-def _metadata(values: tuple[Any, ...]) -> PipelineMetadata:
-    """A PipelineMetadata of its ten values in field order, without the frozen ``__init__``."""
-    prompt, flush, cutover, drop, pts, idle, capture_ts, seq, at_ms, timeline = values
-    metadata = _new(PipelineMetadata)
-    state = metadata.__dict__
-    state["prompt_generation"] = prompt
-    state["flush_generation"] = flush
-    state["cutover"] = cutover
-    state["drop_generation"] = drop
-    state["pts"] = pts
-    state["idle"] = idle
-    state["capture_ts"] = capture_ts
-    state["input_seq"] = seq
-    state["input_at_ms"] = at_ms
-    state["timeline"] = timeline
-    return metadata
-
-
-_new = object.__new__
 _FIELDS = tuple(PipelineMetadata.__dataclass_fields__)
 _values = operator.itemgetter(*_FIELDS)
 """A metadata's ``__dict__`` to its values in field order (the timeline last)."""
@@ -402,8 +374,8 @@ class Boundary:
             if cuda is not None:
                 payload = cuda.open(payload)
             if timing:
-                link = (link, out_hop, now())
-            return _linked(payload, metadata, link)
+                link = _extended(link, (out_hop, now()))
+            return _from_parts(payload, metadata, link)
 
         return receive
 

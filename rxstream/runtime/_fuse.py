@@ -17,7 +17,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream.doc._generations import Generations
-from rxstream.item import PipelineItem, PipelineMetadata, _stamped, now
+from rxstream.item import PipelineItem, PipelineMetadata, _base, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import caller
 from rxstream.runtime._plan import Plan
@@ -77,33 +77,19 @@ def fused_chain(
     def subscribe(
         observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
     ) -> abc.DisposableBase:
-        flushed = [generations.flush] * len(members)
+        admissions = [shell.admission() for shell in shells]
+        routine = admissions[0].routine
 
         def admit(index: int, base: PipelineMetadata) -> bool:
             """The per-hop checks of member ``index`` and on; whether the item goes on."""
-            for number in range(index, len(members)):
-                shell = members[number][0]
-                if base.prompt_generation < generations.drop:
-                    shell.counters.drop("stale")
-                    return False
-                if base.cutover:
-                    shell.counters.cutovers += 1
-                if base.flush_generation > flushed[number]:
-                    flushed[number] = base.flush_generation
-                    if shell.reset is not None:
-                        shell.reset()
-            return True
+            return all(admission.admit(base) for admission in admissions[index:])
 
         def on_next(item: PipelineItem) -> None:
-            base = item.__dict__.get("_md") or item.metadata
+            base = _base(item)
             # the checks every member would make on arrival, made at once: only a function
             # that steers or flushes mid-chain changes their outcome, and that is re-checked
             epoch = generations.epoch
-            if (
-                base.cutover
-                or base.prompt_generation < generations.drop
-                or base.flush_generation > flushed[0]
-            ) and not admit(0, base):
+            if not routine(base) and not admit(0, base):
                 return
             payload = item.payload
             stamps: list[Any] = []  # flat: hop, t, hop, t…
@@ -123,7 +109,7 @@ def fused_chain(
                 if isinstance(payload, PipelineItem):  # the function set the metadata itself
                     item, payload = payload, payload.payload
                     stamps.clear()
-                    base = item.__dict__.get("_md") or item.metadata
+                    base = _base(item)
                 if timing:
                     done = now()
                     stamps += (in_hop, started, out_hop, done)

@@ -286,28 +286,16 @@ class Run:
         if thread is None and not admit:  # a fused chain checks each of its stages itself
             return upstream
         shell = self.shells[node]
-        gens = self.generations
-        counters = shell.counters
-        drop = counters.drop
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
             on_next = observer.on_next
-            flushed = [gens.flush]
+            checks = shell.admission().admit
 
             def admit(item: PipelineItem) -> None:
-                metadata = item.__dict__.get("_md") or item.metadata  # _base, inlined
-                if metadata.prompt_generation < gens.drop:
-                    drop("stale")
-                    return
-                if metadata.cutover:
-                    counters.cutovers += 1
-                if metadata.flush_generation > flushed[0]:
-                    flushed[0] = metadata.flush_generation
-                    if shell.reset is not None:
-                        shell.reset()
-                on_next(item)
+                if checks(_base(item)):
+                    on_next(item)
 
             if thread is None:
                 return attach(upstream, admit, observer.on_error, observer.on_completed, scheduler)
@@ -334,7 +322,7 @@ class Run:
         sink = tail.stage.is_sink  # a sink has egressed the item already: it is delivered
 
         def on_next(item: PipelineItem) -> None:
-            if not sink and _base(item).prompt_generation < gens.drop:  # the end is a hop too
+            if not sink and gens.is_stale(_base(item)):  # the end is a hop too
                 counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
             elif collect:  # keep no item alive that nobody asked for

@@ -14,8 +14,16 @@ import structlog
 from reactivex import abc
 
 from rxstream._exceptions import PipelineError
-from rxstream.doc._generations import Generations
-from rxstream.item import PipelineItem, PipelineMetadata, Timeline, _item, _stamped, now
+from rxstream.doc._generations import Admission, Generations
+from rxstream.item import (
+    PipelineItem,
+    PipelineMetadata,
+    Timeline,
+    _forward,
+    _item,
+    _stamped,
+    now,
+)
 from rxstream.runtime._stats import StageCounters
 from rxstream.runtime._thread import VirtualClock, _ClockScheduler
 from rxstream.typing import OnError
@@ -23,7 +31,6 @@ from rxstream.typing import OnError
 __all__ = ["StageShell"]
 
 _log = structlog.get_logger("rxstream")
-_new = object.__new__
 
 
 class StageShell:
@@ -85,23 +92,15 @@ class StageShell:
     def _forward_stamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         """The 1:1 rule: ``payload`` with ``item``'s metadata and this stage's two stamps."""
         self.counters.items_out += 1
-        # _stamped, inlined: this runs once per item per stage
-        state = item.__dict__
-        base = state.get("_md")
-        if base is None:
-            base, link = state["metadata"], None
-        else:
-            link = state["_st"]
-        fresh = _new(PipelineItem)
-        fresh_state = fresh.__dict__
-        fresh_state["payload"] = payload
-        fresh_state["_md"] = base
-        fresh_state["_st"] = (link, self.in_hop, started, self.out_hop, now())
-        return fresh
+        return _forward(item, payload, self.in_hop, started, self.out_hop, now())
 
     def _forward_unstamped(self, item: PipelineItem, payload: Any, started: float) -> PipelineItem:
         self.counters.items_out += 1
         return _stamped(item, payload, ())
+
+    def admission(self) -> Admission:
+        """This stage's arrival checks (stale, cutover, flush reset), for one subscription."""
+        return Admission(self)
 
     def emit(self, payload: Any, metadata: PipelineMetadata) -> PipelineItem:
         """An output whose metadata the operator built itself (1:N, N:1); counts it."""
