@@ -331,8 +331,24 @@ def test_ten_thousand_generated_messages_end_nothing(live: Live) -> None:
         assert live.pipeline.running
         assert live.error is None
 
+    # one message known to draw each code the check below names, so it never rests on what
+    # hypothesis happened to draw (a run without a schema refusal failed it once)
+    known = [
+        {"type": "set", "changes": {"gain": "loud"}},  # schema
+        {"type": "set", "doc": "other", "changes": {}},  # unknown_doc
+        {"type": "input", "stream": "keys", "sample": 1},  # unknown_stream
+        {"type": "bogus"},  # unknown_type
+        *({"type": "steer", "changes": {"prompt": f"p{i}"}} for i in range(16)),  # rate_limited
+    ]
+    canon: list[tuple[str, Any, int | None]] = [("text", "{", None)]  # malformed
+    canon.append(("text", json.dumps({"type": "hello", "x": "y" * MAX_MESSAGE_BYTES}), None))
+    for message in known:
+        ident = next(ids)
+        canon.append(("text", json.dumps({**message, "id": ident}), ident))
+
     start = time.monotonic()
     try:
+        fuzzer.call(fuzzer.exchange(canon))
         fuzz()
         end = time.monotonic()
     finally:
