@@ -333,7 +333,7 @@ def test_ten_thousand_generated_messages_end_nothing(live: Live) -> None:
 
     # one message known to draw each code the check below names, so it never rests on what
     # hypothesis happened to draw (a run without a schema refusal failed it once)
-    known = [
+    known: list[dict[str, Any]] = [
         {"type": "set", "changes": {"gain": "loud"}},  # schema
         {"type": "set", "doc": "other", "changes": {}},  # unknown_doc
         {"type": "input", "stream": "keys", "sample": 1},  # unknown_stream
