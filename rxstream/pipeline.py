@@ -22,9 +22,11 @@ from rxstream._exceptions import (
 from rxstream.operators._input import InputFeed
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
 from rxstream.transport import Session
@@ -45,7 +47,7 @@ class RankRun(Protocol):
     """A run whose other ranks a launcher spawned (``rxstream run`` of a main app, N > 1)."""
 
     @property
-    def run(self) -> Run:
+    def run(self) -> ThreadedRun:
         """Rank 0's run: this process's stages."""
 
     @property
@@ -209,7 +211,7 @@ class Pipeline:
     @property
     def running(self) -> bool:
         """Whether a threaded run is started and not yet stopped."""
-        return self._run is not None and self._run.mode == "threads" and not self._stopped
+        return isinstance(self._run, ThreadedRun) and not self._stopped
 
     _stopped = True
 
@@ -221,13 +223,15 @@ class Pipeline:
         self._start(config, loop=None)
         return self
 
-    def _start(self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None) -> Run:
+    def _start(
+        self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None
+    ) -> ThreadedRun:
         with self._lifecycle:  # a concurrent stop() stops what this starts, after it
             return self._start_locked(config, loop)
 
     def _start_locked(
         self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None
-    ) -> Run:
+    ) -> ThreadedRun:
         if self.running:
             raise PipelineStateError("start() on a running pipeline: stop() it first")
         plan = self.plan
@@ -239,9 +243,8 @@ class Pipeline:
         if ranks is not None:  # the other ranks in their processes; this one's stages here
             run = ranks.run
         else:
-            run = Run(
+            run = ThreadedRun(
                 plan,
-                mode="threads",
                 bridge=AsyncBridge(loop),
                 generations=self._context.generations,
                 timing=self._context.timing,
@@ -353,10 +356,10 @@ class Pipeline:
 
     def _stop_locked(self) -> None:
         run = self._run
-        if run is not None and run.mode == "drive":
-            self._end_session()
+        if isinstance(run, DrivenRun):
+            run.close()
             return
-        if run is None or self._stopped:
+        if not isinstance(run, ThreadedRun) or self._stopped:
             return
         self._stopped = True
         try:
@@ -364,8 +367,7 @@ class Pipeline:
         finally:
             if self._ranks is not None:
                 self._ranks.stop()
-            if run.mode == "threads":
-                self._context.transport.close()
+            self._context.transport.close()
         if stuck:
             _log.warning("pipeline_stop_left_threads", threads=stuck)
 
@@ -428,40 +430,17 @@ class Pipeline:
         if self.running:
             raise PipelineStateError("drive() on a running pipeline: stop() it first")
         run = self._run
-        if run is None or run.mode != "drive" or run.closed:
-            run = Run(
+        if not isinstance(run, DrivenRun) or run.closed:
+            run = DrivenRun(
                 self.plan,
-                mode="drive",
                 bridge=AsyncBridge(),
                 generations=self._context.generations,
                 timing=self._context.timing,
-                collect="items" if items else "payloads",
             )
             self._run, self._ranks = run, None
         if self._context.self_testing and self not in self._context._self_test_drives:
             self._context._self_test_drives.append(self)  # the session ends with the block
-        run.collect = "items" if items else "payloads"
-        for tail in run.tails:
-            run.outputs[tail] = []
-        completed = run.done.is_set()  # before this drive: every end had completed
-        try:
-            given = run.drive(frames, interval)
-        except BaseException:
-            self._end_session()
-            raise
-        outputs = {self.plan.name_of(tail): run.outputs[tail] for tail in self.plan.tails}
-        if frames and not any(outputs.values()):
-            ended = ", ".join(repr(name) for name in run.sources_ended)
-            why = None
-            if not given and not run.sources_open:
-                why = f"the pipeline's sources have ended ({ended})"
-            elif completed:  # every end completed before (a zip whose shorter input ended)
-                why = f"the pipeline has completed (sources ended: {ended or 'none'})"
-            if why is not None:
-                raise PipelineStateError(
-                    f"drive(frames={frames}) can produce nothing: {why}; "
-                    "pipeline.reset() starts the session over"
-                )
+        outputs = run.drive(frames, interval, items=items)
         if len(outputs) == 1:
             return next(iter(outputs.values()))
         return outputs
@@ -481,7 +460,7 @@ class Pipeline:
     def _end_session(self) -> None:
         """Close the driven session, if one is open (its statistics stay readable)."""
         run = self._run
-        if run is not None and run.mode == "drive":
+        if isinstance(run, DrivenRun):
             run.close()
 
     def statistics(self) -> Mapping[str, StageStatistics]:

@@ -11,6 +11,7 @@ from typing import Any
 from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.timing import TimingRecord
 from rxstream.timing._emit import listen
 from rxstream.transport import MemoryTransport
@@ -38,7 +39,7 @@ def wait_idle(pipeline: Pipeline, timeout: float) -> bool:
     so. Returns whether that happened within ``timeout`` seconds (``False`` when nothing runs).
     """
     run = pipeline._run
-    if run is None or run.mode != "threads":
+    if not isinstance(run, ThreadedRun):
         return False
     deadline = time.monotonic() + timeout
     while not run.idle():  # looked at every 2 ms: the stage threads signal nothing for this

@@ -10,7 +10,7 @@ import pytest
 
 import rxstream
 from rxstream.runtime._books import settled, unbalanced
-from rxstream.runtime._run import Run
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.testing import live_threads
 
 
@@ -32,21 +32,23 @@ def no_leaked_threads() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def balanced_books(monkeypatch: pytest.MonkeyPatch, no_leaked_threads: None) -> Iterator[list[Run]]:
+def balanced_books(
+    monkeypatch: pytest.MonkeyPatch, no_leaked_threads: None
+) -> Iterator[list[ThreadedRun]]:
     """Fail a test whose threaded runs (started in this process) end with unbalanced books.
 
     Runs are recorded as they start, and checked once the test is over and their threads
     have ended (a run still going is the thread check's to report); a test may read partial
     statistics while it runs. Costs one list append per ``start()``.
     """
-    runs: list[Run] = []
-    start = Run.start
+    runs: list[ThreadedRun] = []
+    start = ThreadedRun.start
 
-    def recorded(run: Run) -> None:
+    def recorded(run: ThreadedRun) -> None:
         runs.append(run)
         start(run)
 
-    monkeypatch.setattr(Run, "start", recorded)
+    monkeypatch.setattr(ThreadedRun, "start", recorded)
     yield runs
     problems = [
         f"run {index}: {problem}"

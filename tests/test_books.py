@@ -9,7 +9,7 @@ import pytest
 
 import rxstream
 from rxstream.runtime._books import settled, unbalanced
-from rxstream.runtime._run import Run
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.topology import ClientStreamLimits
 
 
@@ -100,7 +100,7 @@ def test_an_item_stale_at_the_end_is_not_counted_out(ctx: rxstream.Context) -> N
     assert (f.items_in, f.items_out, dict(f.dropped)) == (3, 2, {"stale": 1})
 
 
-def started_run(runs: list[Run]) -> Run:
+def started_run(runs: list[ThreadedRun]) -> ThreadedRun:
     """The one run the test started."""
     assert len(runs) == 1
     assert settled(runs[0])
@@ -108,7 +108,7 @@ def started_run(runs: list[Run]) -> Run:
 
 
 def test_threaded_raise_balances_every_stage(
-    ctx: rxstream.Context, balanced_books: list[Run]
+    ctx: rxstream.Context, balanced_books: list[ThreadedRun]
 ) -> None:
     """A threaded run ended by a raising stage: every stage's books balance after stop."""
     pipeline = (
@@ -127,7 +127,7 @@ def test_threaded_raise_balances_every_stage(
 
 
 def test_input_books_count_what_feed_accepted(
-    ctx: rxstream.Context, balanced_books: list[Run]
+    ctx: rxstream.Context, balanced_books: list[ThreadedRun]
 ) -> None:
     """An input's accepted samples are pulled, dropped from its full queue, or still queued."""
     gate = threading.Event()
@@ -151,7 +151,7 @@ def test_input_books_count_what_feed_accepted(
 
 
 def test_the_books_check_reports_a_stage_that_loses_an_item(
-    ctx: rxstream.Context, balanced_books: list[Run]
+    ctx: rxstream.Context, balanced_books: list[ThreadedRun]
 ) -> None:
     """The check the suite runs after each test names the stage, its books and the law."""
     pipeline = ctx.source(range(5), name="src") | ctx.pipe(lambda x: x, name="f")
@@ -172,7 +172,7 @@ def test_the_books_check_reports_a_stage_that_loses_an_item(
 
 
 def test_samples_dropped_before_a_run_count_on_it(
-    ctx: rxstream.Context, balanced_books: list[Run]
+    ctx: rxstream.Context, balanced_books: list[ThreadedRun]
 ) -> None:
     """Samples fed (and dropped from the full queue) before ``start()`` balance that run."""
     seen = threading.Event()

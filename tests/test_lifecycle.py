@@ -342,15 +342,14 @@ def test_stop_racing_start_never_raises_and_leaves_nothing_running() -> None:
 
 
 def test_run_stop_racing_run_start_never_joins_an_unstarted_thread(ctx: rxstream.Context) -> None:
-    """The runtime's Run.stop() concurrent with Run.start(), 60 times: never raises."""
+    """The runtime's ThreadedRun.stop() concurrent with start(), 60 times: never raises."""
     from rxstream.runtime._aio import AsyncBridge
-    from rxstream.runtime._run import Run
+    from rxstream.runtime._threaded import ThreadedRun
 
     pipeline = ctx.source(endless, name="s1") | ctx.pipe(identity, name="a") | ctx.stream("out")
     for _ in range(60):
-        run = Run(
+        run = ThreadedRun(
             pipeline.plan,
-            mode="threads",
             bridge=AsyncBridge(),
             generations=ctx.generations,
         )

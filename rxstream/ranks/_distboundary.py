@@ -55,7 +55,7 @@ from rxstream.ranks._boundary import CATCH_UP_S, catch_up
 from rxstream.ranks._factory import LinkBoundaries, RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
-from rxstream.runtime._run import Run
+from rxstream.runtime._threaded import ThreadedRun
 
 __all__ = [
     "CATCH_UP_S",
@@ -559,11 +559,12 @@ class DistChannel:
 # --- a run over channels ----------------------------------------------------------------------
 
 
-class DistRun(Run):
+class DistRun(ThreadedRun):
     """A rank's run whose boundaries named in ``links`` cross over a :class:`DistChannel`.
 
-    The others cross over ``rings`` as in :class:`~rxstream.runtime._run.Run`. A channel
-    without an ``on_lost`` fails this run when its connection breaks.
+    The others cross over ``rings`` as in a
+    :class:`~rxstream.runtime._threaded.ThreadedRun`. A channel without an ``on_lost`` fails
+    this run when its connection breaks.
     """
 
     def __init__(
@@ -587,7 +588,6 @@ class DistRun(Run):
                 link.catch_up = self._catch_up
         super().__init__(
             plan,
-            mode="threads",
             bridge=bridge,
             generations=generations,
             timing=timing,

@@ -11,7 +11,7 @@ from typing import Any
 
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
-from rxstream.runtime._run import Run
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.timing import TimingRecord
 from rxstream.transport import MemoryTransport, Session, Transport
 
@@ -91,7 +91,7 @@ class Egress(Transport):
         """End the session: ``connected`` turns false, and a ``run()`` holding on it returns."""
         self._ended = True
 
-    def halt_at_frames(self, run: Run) -> None:
+    def halt_at_frames(self, run: ThreadedRun) -> None:
         """Halt ``run`` as soon as the last of ``frames`` items passed."""
 
         def full() -> None:

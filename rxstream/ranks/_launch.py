@@ -65,8 +65,8 @@ from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_ru
 from rxstream.ranks._replicate import replicate
 from rxstream.ranks._watch import Watch, stopped_by
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed
+from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import Transport
 
 __all__ = ["launch"]
@@ -266,7 +266,7 @@ def _launch_build(
     if pipeline_has_sink(pipeline, 0):
         configure_log(spawn.options.log)
     ranks = Ranks(spawn, pipeline)
-    run: Run | None = None
+    run: ThreadedRun | None = None
     try:
         run = rank_run(pipeline, 0, ranks.rings, ranks.releases)
         if not ranks.wait_ready(stopping=lambda: egress.stopping):
@@ -465,7 +465,7 @@ class _RankRun:
     """
 
     def __init__(
-        self, ctx: Context, run: Run, ranks: Ranks, egress: Egress, frames: int | None
+        self, ctx: Context, run: ThreadedRun, ranks: Ranks, egress: Egress, frames: int | None
     ) -> None:
         self.run = run
         self.done = threading.Event()

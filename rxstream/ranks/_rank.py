@@ -29,8 +29,8 @@ from rxstream.ranks._egress import (
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.ranks._replicate import apply_replica
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._run import Run
 from rxstream.runtime._stats import egressed, stats_to_wire
+from rxstream.runtime._threaded import ThreadedRun
 
 # --- a rank process ----------------------------------------------------------------------------
 
@@ -41,12 +41,11 @@ def rank_run(
     rings: Mapping[str, ShmRing],
     releases: Mapping[str, tuple[Connection, Connection]],
     bridge: AsyncBridge | None = None,
-) -> Run:
+) -> ThreadedRun:
     """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings."""
     ctx = pipeline.context
-    return Run(
+    return ThreadedRun(
         pipeline.plan,
-        mode="threads",
         bridge=bridge if bridge is not None else AsyncBridge(),
         generations=ctx.generations,
         timing=ctx.timing,
@@ -101,7 +100,7 @@ class _RankSignals:
 
     def __init__(self) -> None:
         self.signum: int | None = None
-        self.run: Run | None = None
+        self.run: ThreadedRun | None = None
         for signum in STOP_SIGNALS:
             if signal.getsignal(signum) is not signal.SIG_IGN:
                 signal.signal(signum, self._handle)
@@ -203,7 +202,7 @@ def describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def _listen(conn: Connection, ctx: Context, run: Run) -> None:
+def _listen(conn: Connection, ctx: Context, run: ThreadedRun) -> None:
     """Apply what the controller sends (doc writes, generations, stop) until it goes away."""
     while True:
         try:

@@ -24,8 +24,8 @@ from rxstream.ranks._common import (
 )
 from rxstream.ranks._egress import Egress
 from rxstream.ranks._rank import send_to, signal_name
-from rxstream.runtime._run import Run
 from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire
+from rxstream.runtime._threaded import ThreadedRun
 
 if TYPE_CHECKING:
     from rxstream.ranks._launch import Ranks
@@ -39,7 +39,7 @@ class Watch:
 
     def __init__(
         self,
-        run: Run,
+        run: ThreadedRun,
         ranks: Ranks,
         egress: Egress,
         on_status: Callable[[Statistics], None] | None,
@@ -164,7 +164,7 @@ def stopped_by(rank: int, signum: int) -> PipelineError:
     )
 
 
-def _unanswering(run: Run, rank: int, proc: Any, silent: float, allowed: float) -> NoReturn:
+def _unanswering(run: ThreadedRun, rank: int, proc: Any, silent: float, allowed: float) -> NoReturn:
     """A rank that sends nothing any more (stopped, hung): kill it, fail the run naming it."""
     with contextlib.suppress(OSError):
         proc.kill()  # SIGKILL: the one signal a stopped process does not wait for
@@ -180,7 +180,7 @@ def _unanswering(run: Run, rank: int, proc: Any, silent: float, allowed: float) 
     raise error
 
 
-def _died(run: Run, rank: int, proc: Any) -> NoReturn:
+def _died(run: ThreadedRun, rank: int, proc: Any) -> NoReturn:
     """A rank process ended without reporting: fail the run, naming it."""
     proc.join(0.5)
     error = PipelineError(

@@ -33,7 +33,7 @@ from rxstream.operators._input import InputFeed
 from rxstream.topology._edges import chunks_of
 
 if TYPE_CHECKING:
-    from rxstream.runtime._run import Run
+    from rxstream.runtime._threaded import ThreadedRun
 
 __all__ = ["settled", "unbalanced"]
 
@@ -43,7 +43,7 @@ _FED = ("invalid", "limit", "latest")
 """An input's drops before a pull: refused by ``feed``, or dropped from its full queue."""
 
 
-def settled(run: Run) -> bool:
+def settled(run: ThreadedRun) -> bool:
     """Whether every thread of ``run`` has ended (its books no longer move)."""
     sources = run._source_threads.values()  # the books read the run they check
     return not any(thread.is_alive() for thread in sources) and all(
@@ -51,7 +51,7 @@ def settled(run: Run) -> bool:
     )
 
 
-def unbalanced(run: Run) -> list[str]:
+def unbalanced(run: ThreadedRun) -> list[str]:
     """Each law of the module docstring that ``run``'s statistics break, in words."""
     plan = run.plan
     stats = run.statistics()

@@ -1,17 +1,19 @@
-"""One run of a plan: wire each stage's operator behind its scheduler, then run it.
+"""One run of a plan: the wiring both run modes share.
 
-Two modes over the same operators. ``threads``: every stage gets a
-:class:`~rxstream.runtime._thread.StageThread` (its thread and bounded inbox) and every source
-a thread that pulls and pushes. ``drive``: no threads; one
-:class:`~rxstream.runtime._thread.VirtualClock` is every stage's scheduler, sources are pulled
-by actions on it, and the hop between stages is a direct call; a pipeline keeps its driven run
-across drives, one session (:meth:`Run.drive`), until :meth:`Run.close`.
+:class:`Run` builds the Rx graph of a :class:`~rxstream.runtime._plan.Plan` once: a stage
+shell per stage, a :class:`~rxstream.runtime._port.Port` in front of every input, the rank
+boundaries its :class:`~rxstream.runtime._crossings.BoundaryFactory` makes, the walk-driving
+and chunked connections, a collector at every end; and it keeps the outcome (the first
+error, completion) and the statistics. How the graph runs is a subclass's:
+:class:`~rxstream.runtime._threaded.ThreadedRun` (a thread and inbox per stage, a thread per
+source) and :class:`~rxstream.runtime._driven.DrivenRun` (one virtual clock, direct hops, a
+session of drives). docs/architecture.md ("Runs") says who calls what.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,21 +26,16 @@ from rxstream.doc._generations import Generations
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
-from rxstream.operators._input import InputFeed
-from rxstream.operators._source import SKIPPED, SourcePuller
+from rxstream.operators._source import SourcePuller
 from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import BoundaryFactory, RankBoundary
-from rxstream.runtime._fuse import fusable_chains, fused_chain
+from rxstream.runtime._fuse import fused_chain
 from rxstream.runtime._plan import Plan
+from rxstream.runtime._port import Port
 from rxstream.runtime._shell import StageShell
 from rxstream.runtime._stats import StageStatistics
-from rxstream.runtime._thread import (
-    StageThread,
-    VirtualClock,
-    _ClockScheduler,
-    charge_stalls_to,
-)
+from rxstream.runtime._thread import _ClockScheduler
 from rxstream.stage import Node, cuda_path
 from rxstream.topology._edges import (
     WALKS,
@@ -54,14 +51,14 @@ __all__ = ["Run"]
 _log = structlog.get_logger("rxstream")
 
 
-class Run:
-    """The live state of one run: shells, threads, sources, completion and the first error."""
+class Run(ABC):
+    """The wired graph of one run: shells, ports, boundaries, ends; completion and the first
+    error. A subclass runs it (see the module docstring)."""
 
     def __init__(
         self,
         plan: Plan,
         *,
-        mode: str,
         bridge: AsyncBridge,
         generations: Generations,
         collect: str | None = None,
@@ -82,7 +79,6 @@ class Run:
         self.boundaries: dict[str, RankBoundary] = {}
         self.generations = generations
         self.timing = timing
-        self.mode = mode
         self.error: BaseException | None = None
         self.done = threading.Event()
         self._bridge = bridge
@@ -90,8 +86,6 @@ class Run:
         """What the ends keep: ``"items"``, ``"payloads"`` or nothing (``None``); a driven
         session may change it between drives (not from ``None``)."""
         self._lock = threading.Lock()
-        self._lifecycle = threading.RLock()
-        """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
         self._halted = False
         self._completed = 0
         self._done_callbacks: list[Callable[[], None]] = []
@@ -99,35 +93,50 @@ class Run:
         self._ends = len(self.tails)  # local tails, plus one per boundary writer (added later)
         self.outputs: dict[Node, list[Any]] = {tail: [] for tail in self.tails}
         """What each end received: items (``collect="items"``) or payloads (``"payloads"``)."""
-        self.clock = VirtualClock() if mode == "drive" else None
         self.shells: dict[Node, StageShell] = {}
-        self.threads: dict[Node, StageThread] = {}
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
-        self._source_threads: dict[Node, threading.Thread] = {}
         self._subscriptions = CompositeDisposable()
-        # a driven session: its sources once opened, those that ended, the last pull's time
-        self._sources: list[tuple[SourcePuller, abc.ObserverBase[PipelineItem]]] | None = None
-        self._ended: set[SourcePuller] = set()
-        self._last_pull: float | None = None
-        self._given = 0
-        self.closed = False
-        """Whether a driven session was closed (a later drive starts a new one)."""
         for node in self.local:
             self._make_shell(node)
         self._wire()
 
+    # --- what a run mode decides ----------------------------------------------------------
+
+    @abstractmethod
+    def _scheduler(self) -> _ClockScheduler:
+        """The scheduler a new stage shell starts with."""
+
+    @abstractmethod
+    def _port(self, node: Node) -> Port:
+        """The hop into ``node`` (a stage with inputs)."""
+
+    def _chains(self) -> Mapping[Node, list[Node]]:
+        """The chains of stages to fuse into one operator, by their last node (none here)."""
+        return {}
+
+    def _crosses(self, upstream: Node, node: Node) -> bool:
+        """Whether the edge ``upstream`` → ``node`` crosses a rank boundary in this run."""
+        return self.plan.ranks[upstream] != self.plan.ranks[node]
+
+    def _depth(self, node: Node) -> int:
+        """How many items wait in ``node``'s inbox (none here)."""
+        return 0
+
+    @abstractmethod
+    def halt(self) -> None:
+        """Stop the sources and wake whatever waits; returns at once (any thread)."""
+
     # --- building -------------------------------------------------------------------------
 
-    def _make_shell(self, node: Node) -> None:
+    def _make_shell(self, node: Node) -> StageShell:
         stage = node.stage
         name = self.plan.name_of(node)
-        scheduler: _ClockScheduler = self.clock if self.clock is not None else _Placeholder()
         reset = getattr(stage.target, "reset", None)
         shell = StageShell(
             name,
             stage.kind,
-            scheduler,
+            self._scheduler(),
             stage.on_error,
             self.fail,
             self._bridge.call,
@@ -135,15 +144,12 @@ class Run:
             reset if callable(reset) else None,
             self.timing,
         )
-        if self.clock is None and not stage.is_source:
-            thread = StageThread(name, stage.inbox, shell.counters, shell.crashed)
-            shell.scheduler = thread
-            self.threads[node] = thread
         self.shells[node] = shell
+        return shell
 
     def _wire(self) -> None:
         streams: dict[Node, ItemStream] = {}
-        chains = fusable_chains(self.plan) if self.clock is not None else {}
+        chains = self._chains()
         fused = {member for chain in chains.values() for member in chain[:-1]}
         for node in self.local:
             shell = self.shells[node]
@@ -157,14 +163,15 @@ class Run:
                 for member in chain:
                     self.shells[member].target_fn = member.stage.target
                 head = chain[0]
-                stream = fused_chain(
-                    self._port(streams[head.inputs[0]], head, admit=False),
+                stream = fused_chain(  # it admits into each of its stages itself
+                    streams[head.inputs[0]],
                     [self.shells[member] for member in chain],
                     self.generations,
                 )
             else:
+                port = self._port(node)
                 ports = [
-                    self._chunked(self._port(self._input(streams, up, node), node), up, node)
+                    self._chunked(port(self._input(streams, up, node)), up, node)
                     for up in node.inputs
                 ]
                 stream = node.stage.build(shell)(ports)
@@ -179,9 +186,6 @@ class Run:
             )
 
     # --- rank boundaries ----------------------------------------------------------------------
-
-    def _crosses(self, upstream: Node, node: Node) -> bool:
-        return self.clock is None and self.plan.ranks[upstream] != self.plan.ranks[node]
 
     def _consumers(self, node: Node) -> int:
         """Subscribers of ``node``'s stream here: local consumers and boundary writers."""
@@ -213,7 +217,7 @@ class Run:
     def _write_boundaries(self, streams: dict[Node, ItemStream]) -> None:
         """A writer for every boundary whose upstream runs here; each is an end to complete."""
         for upstream, node in self.plan.boundaries:
-            if upstream not in streams or self.clock is not None:
+            if upstream not in streams or not self._crosses(upstream, node):
                 continue
             boundary = self._boundary(upstream, node)
             self._ends += 1
@@ -276,40 +280,6 @@ class Run:
 
         return Observable(subscribe)
 
-    def _port(self, upstream: ItemStream, node: Node, admit: bool = True) -> ItemStream:
-        """The hop into ``node``: through its inbox onto its thread, or direct under drive.
-
-        On arrival (on the stage's thread) an item of a stale prompt generation is dropped
-        (reason ``stale``), and the first item of a newer flush generation resets the stage.
-        """
-        thread = self.threads.get(node)
-        if thread is None and not admit:  # a fused chain checks each of its stages itself
-            return upstream
-        shell = self.shells[node]
-
-        def subscribe(
-            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
-        ) -> abc.DisposableBase:
-            on_next = observer.on_next
-            checks = shell.admission().admit
-
-            def admit(item: PipelineItem) -> None:
-                if checks(_base(item)):
-                    on_next(item)
-
-            if thread is None:
-                return attach(upstream, admit, observer.on_error, observer.on_completed, scheduler)
-            put, put_control = thread.put, thread.put_control
-            return attach(
-                upstream,
-                lambda item: put(admit, item),
-                lambda error: put_control(observer.on_error, error),
-                lambda: put_control(_complete, observer),
-                scheduler,
-            )
-
-        return Observable(subscribe)
-
     def _collector(self, tail: Node) -> abc.ObserverBase[PipelineItem]:
         from reactivex import Observer
 
@@ -364,262 +334,13 @@ class Run:
         if self.error is not None:
             raise self.error
 
-    # --- threads mode -----------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Start every stage thread, then every source thread; nothing once halted.
-
-        Safe against a concurrent :meth:`stop`: that one halts at once and joins once the
-        threads started here are started (a thread is never joined before its start).
-        """
-        with self._lifecycle:
-            if self._halted:  # stopped before it started: nothing to run
-                return
-            for thread in self.threads.values():
-                thread.start()
-            if self.error is not None:  # wiring failed: nothing to pump
-                return
-            if not self._ends:  # no stage runs here (a rank the app places nothing on): done
-                self._finish()
-            self._start_sources()
-
-    def _start_sources(self) -> None:
-        for node, puller in self._pullers.items():
-            if self._halted:
-                return
-            source = threading.Thread(
-                target=self._pump,
-                args=(puller, self._observers[node]),
-                name=f"rxstream:{self.plan.name_of(node)}",
-                daemon=True,
-            )
-            self._source_threads[node] = source
-            source.start()
-
-    def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
-        counters = puller.counters
-        charge_stalls_to(counters)
-        perf = time.perf_counter
-        try:
-            puller.open()
-            while not self._halted:
-                started = perf()
-                item = puller.pull()
-                waited = puller.take_waited()
-                counters.wait_s += waited
-                counters.work_s += perf() - started - waited
-                if item is None:
-                    observer.on_completed()
-                    return
-                if item is not SKIPPED:
-                    observer.on_next(item)
-        except BaseException as exc:
-            self.fail(exc)
-        finally:
-            puller.close()
-
-    def halt(self) -> None:
-        """Stop sources and wake every blocked thread; returns at once (any thread)."""
-        self._halted = True
-        for puller in self._pullers.values():
-            puller.interrupt()
-        for boundary in self.boundaries.values():
-            boundary.ring.close()
-        for thread in self.threads.values():
-            thread.close()
-        self._bridge.close()
-
-    def stop(self, timeout: float) -> list[str]:
-        """Halt and join every thread within ``timeout`` seconds; the names still running.
-
-        Safe from any thread, also while :meth:`start` is under way on another.
-        """
-        self.halt()
-        deadline = time.monotonic() + timeout
-        with self._lifecycle:  # a concurrent start() has started all it will start
-            pass
-        stuck = []
-        for source in self._source_threads.values():
-            source.join(max(0.0, deadline - time.monotonic()))
-            if source.is_alive():
-                stuck.append(source.name)
-        for thread in self.threads.values():
-            if not thread.join(max(0.0, deadline - time.monotonic())):
-                stuck.append(thread.name)
-        for name, boundary in self.boundaries.items():
-            if not boundary.close(max(0.0, deadline - time.monotonic())):
-                stuck.append(f"rxstream:{name}")
-        self._subscriptions.dispose()
-        if self._make_boundary is not None:
-            self._make_boundary.close()
-        return stuck
-
-    # --- drive mode -------------------------------------------------------------------------
-
-    def drive(self, frames: int, interval: float) -> int:
-        """Pull ``frames`` more items from every source on virtual time and run until drained.
-
-        Consecutive calls continue one session: the first opens the sources, later ones pull
-        on from where they are, at least ``interval`` after the last pull, on the same clock,
-        through the same subscribed operators. Nothing is completed at the end of a drive:
-        a stage completes when its sources end. Returns how many items the sources gave.
-        """
-        clock = self.clock
-        assert clock is not None
-        self._given = 0
-        try:
-            if self._sources is None:
-                self._sources = []
-                for node, puller in self._pullers.items():
-                    puller.open()  # a failure: the caller closes the session
-                    observer = self._observers.get(node)
-                    if observer is None:  # wiring failed: the run has its error
-                        break
-                    self._sources.append((puller, observer))
-            sources = [entry for entry in self._sources if entry[0] not in self._ended]
-            if interval > 0:
-                last = self._last_pull
-                now = clock.clock()
-                start = now if last is None else max(now, last + interval)
-                for puller, observer in sources:
-                    self._schedule_pull(clock, puller, observer, frames, start, interval, 0)
-            else:
-                self._pull_now(sources, frames)
-            clock.run(until=lambda: self.error is not None)
-        finally:
-            self._bridge.pause()  # no thread runs between drives
-        self.raise_error()
-        return self._given
-
-    @property
-    def sources_ended(self) -> tuple[str, ...]:
-        """The names of the sources that have ended (their iterators were exhausted)."""
-        return tuple(
-            self.plan.name_of(node)
-            for node, puller in self._pullers.items()
-            if puller in self._ended
-        )
-
-    @property
-    def sources_open(self) -> bool:
-        """Whether some source of a driven session can still give items."""
-        return self._sources is None or len(self._ended) < len(self._sources)
-
-    def close(self) -> None:
-        """End a driven session: close the sources and what the stages hold (bound stages,
-        buffers: their items are counted as dropped, ``stopped``); idempotent."""
-        self.closed = True
-        for puller in self._pullers.values():
-            puller.close()
-        self._subscriptions.dispose()
-        self._bridge.close()
-
-    def _pull_now(
-        self,
-        sources: list[tuple[SourcePuller, abc.ObserverBase[PipelineItem]]],
-        frames: int,
-    ) -> None:
-        """Every pull at the clock's now, round-robin, without a timer per item.
-
-        Timers the items start (pace ticks, window timeouts) run afterwards, in due order:
-        the same outputs as scheduling each pull at that instant, at a fraction of the cost.
-        """
-        active = list(sources)
-        for _ in range(frames):
-            for entry in tuple(active) if len(active) > 1 else active:
-                puller, observer = entry
-                item = self._pulled(puller, observer)
-                if item is None:
-                    active.remove(entry)
-                elif item is not SKIPPED:
-                    observer.on_next(item)
-                if self.error is not None:
-                    return
-            if not active:
-                return
-
-    def _pulled(
-        self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]
-    ) -> PipelineItem | None:
-        """One pull: the item (or SKIPPED); ``None`` once the source ended or failed."""
-        assert self.clock is not None
-        self._last_pull = self.clock.clock()
-        try:
-            item = puller.pull()
-        except BaseException as exc:
-            self.fail(exc)
-            return None
-        if item is None:
-            self._ended.add(puller)
-            observer.on_completed()
-        elif item is not SKIPPED:
-            self._given += 1
-        return item
-
-    def _schedule_pull(
-        self,
-        clock: VirtualClock,
-        puller: SourcePuller,
-        observer: abc.ObserverBase[PipelineItem],
-        frames: int,
-        start: float,
-        interval: float,
-        index: int,
-    ) -> None:
-        if index >= frames:
-            return
-
-        def pull(_scheduler: abc.SchedulerBase, _state: Any = None) -> None:
-            item = self._pulled(puller, observer)
-            if item is None:
-                return
-            # the next pull is scheduled before this item runs: at the same virtual time it
-            # comes before the timers the item starts (a pace tick does not underflow)
-            self._schedule_pull(clock, puller, observer, frames, start, interval, index + 1)
-            if item is not SKIPPED:
-                observer.on_next(item)
-
-        clock.schedule_absolute(start + index * interval, pull)
-
     # --- statistics -------------------------------------------------------------------------
-
-    def idle(self) -> bool:
-        """Whether nothing moves here, checked from the sources down: every source ended or,
-        for a ``ctx.input``, waits for a sample with none queued; every stage thread waits
-        for work (see ``StageThread.idle``). Then every item taken in has left or was dropped,
-        and the statistics count it. A source that keeps producing keeps the run busy."""
-        for node in self.local:
-            thread = self.threads.get(node)
-            if thread is not None:
-                if not thread.idle:
-                    return False
-                continue
-            pump = self._source_threads.get(node)
-            if pump is None or not pump.is_alive():
-                continue
-            feed = node.stage.source
-            if not (isinstance(feed, InputFeed) and feed.idle):
-                return False
-        return True
 
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics now, by name, in plan order."""
         stats = {}
         for node in self.local:
             shell = self.shells[node]
-            thread = self.threads.get(node)
-            depth = 0 if thread is None else thread.depth
             capacity = 0 if node.stage.is_source else node.stage.inbox.capacity
-            stats[shell.name] = shell.counters.snapshot(depth, capacity)
+            stats[shell.name] = shell.counters.snapshot(self._depth(node), capacity)
         return stats
-
-
-class _Placeholder(_ClockScheduler):
-    """A source's scheduler in threads mode: sources pull on their own thread, never schedule."""
-
-    def clock(self) -> float:
-        return time.monotonic()
-
-
-def _complete(observer: abc.ObserverBase[Any]) -> None:
-    observer.on_completed()

@@ -1,0 +1,95 @@
+"""A stage's input side: admission on arrival, and the hand-off onto the stage's scheduler.
+
+Every input of a stage goes through one :class:`Port` (a threaded run's
+:class:`InboxPort` puts each item into the stage's bounded inbox, to be admitted on the
+stage's thread; a driven run's plain :class:`Port` admits it in the caller's call). The checks
+are :class:`~rxstream.doc._generations.Admission`'s, the same ones a fused drive chain makes
+(:mod:`rxstream.runtime._fuse`): a stale item is dropped (reason ``stale``), a cutover is
+counted, the first item of a newer flush generation resets the stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from reactivex import Observable, abc
+
+from rxstream.item import PipelineItem, _base
+from rxstream.operators._core import attach
+from rxstream.runtime._shell import StageShell
+from rxstream.runtime._thread import StageThread
+from rxstream.typing import ItemStream
+
+__all__ = ["InboxPort", "Port"]
+
+
+class Port:
+    """The hop into one stage: each subscription admits what arrives, then hands it on.
+
+    This one hands off directly, in the upstream's call (a driven run: one clock, no threads).
+    """
+
+    __slots__ = ("shell",)
+
+    def __init__(self, shell: StageShell) -> None:
+        self.shell = shell
+
+    def __call__(self, upstream: ItemStream) -> ItemStream:
+        """``upstream`` as the stage receives it: admitted, on the stage's scheduler."""
+        shell = self.shell
+        hand_off = self._hand_off
+
+        def subscribe(
+            observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+        ) -> abc.DisposableBase:
+            on_next = observer.on_next
+            checks = shell.admission().admit
+
+            def admit(item: PipelineItem) -> None:
+                if checks(_base(item)):
+                    on_next(item)
+
+            return hand_off(upstream, admit, observer, scheduler)
+
+        return Observable(subscribe)
+
+    def _hand_off(
+        self,
+        upstream: ItemStream,
+        admit: Callable[[PipelineItem], None],
+        observer: abc.ObserverBase[PipelineItem],
+        scheduler: abc.SchedulerBase | None,
+    ) -> abc.DisposableBase:
+        return attach(upstream, admit, observer.on_error, observer.on_completed, scheduler)
+
+
+class InboxPort(Port):
+    """The hop into a stage with its own thread: every item, error and completion goes into
+    the stage's bounded inbox and is admitted on the stage's thread (a threaded run)."""
+
+    __slots__ = ("thread",)
+
+    def __init__(self, shell: StageShell, thread: StageThread) -> None:
+        super().__init__(shell)
+        self.thread = thread
+
+    def _hand_off(
+        self,
+        upstream: ItemStream,
+        admit: Callable[[PipelineItem], None],
+        observer: abc.ObserverBase[PipelineItem],
+        scheduler: abc.SchedulerBase | None,
+    ) -> abc.DisposableBase:
+        put, put_control = self.thread.put, self.thread.put_control
+        return attach(
+            upstream,
+            lambda item: put(admit, item),
+            lambda error: put_control(observer.on_error, error),
+            lambda: put_control(_complete, observer),
+            scheduler,
+        )
+
+
+def _complete(observer: abc.ObserverBase[Any]) -> None:
+    observer.on_completed()

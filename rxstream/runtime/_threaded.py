@@ -1,0 +1,202 @@
+"""A threaded run: every stage on its own thread behind a bounded inbox, every source pumped
+by a thread of its own; rank boundaries cross to other processes (see :class:`ThreadedRun`)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from reactivex import abc
+
+from rxstream.doc._generations import Generations
+from rxstream.item import PipelineItem
+from rxstream.operators._input import InputFeed
+from rxstream.operators._source import SKIPPED, SourcePuller
+from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._crossings import BoundaryFactory
+from rxstream.runtime._plan import Plan
+from rxstream.runtime._port import InboxPort, Port
+from rxstream.runtime._run import Run
+from rxstream.runtime._shell import StageShell
+from rxstream.runtime._thread import StageThread, _ClockScheduler, charge_stalls_to
+from rxstream.stage import Node
+
+__all__ = ["ThreadedRun"]
+
+
+class ThreadedRun(Run):
+    """A run on threads: :meth:`start` once, then :meth:`stop` (or :meth:`halt` from anywhere).
+
+    Every stage with inputs gets a :class:`~rxstream.runtime._thread.StageThread` (its thread
+    and bounded inbox) and an :class:`~rxstream.runtime._port.InboxPort`; every source a thread
+    that pulls it and pushes what it gives. ``rank`` (``None``: every rank) picks the stages
+    this process runs; an edge to a stage on another rank crosses by a boundary that
+    ``boundaries`` makes.
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        bridge: AsyncBridge,
+        generations: Generations,
+        collect: str | None = None,
+        timing: bool = True,
+        rank: int | None = None,
+        boundaries: BoundaryFactory | None = None,
+        replica: bool = False,
+    ) -> None:
+        self.threads: dict[Node, StageThread] = {}
+        self._source_threads: dict[Node, threading.Thread] = {}
+        self._lifecycle = threading.RLock()
+        """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
+        super().__init__(
+            plan,
+            bridge=bridge,
+            generations=generations,
+            collect=collect,
+            timing=timing,
+            rank=rank,
+            boundaries=boundaries,
+            replica=replica,
+        )
+
+    # --- wiring -----------------------------------------------------------------------------
+
+    def _scheduler(self) -> _ClockScheduler:
+        return _Placeholder()  # a stage's thread replaces it; a source never schedules
+
+    def _make_shell(self, node: Node) -> StageShell:
+        shell = super()._make_shell(node)
+        stage = node.stage
+        if not stage.is_source:
+            thread = StageThread(shell.name, stage.inbox, shell.counters, shell.crashed)
+            shell.scheduler = thread
+            self.threads[node] = thread
+        return shell
+
+    def _port(self, node: Node) -> Port:
+        return InboxPort(self.shells[node], self.threads[node])
+
+    def _depth(self, node: Node) -> int:
+        thread = self.threads.get(node)
+        return 0 if thread is None else thread.depth
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every stage thread, then every source thread; nothing once halted.
+
+        Safe against a concurrent :meth:`stop`: that one halts at once and joins once the
+        threads started here are started (a thread is never joined before its start).
+        """
+        with self._lifecycle:
+            if self._halted:  # stopped before it started: nothing to run
+                return
+            for thread in self.threads.values():
+                thread.start()
+            if self.error is not None:  # wiring failed: nothing to pump
+                return
+            if not self._ends:  # no stage runs here (a rank the app places nothing on): done
+                self._finish()
+            self._start_sources()
+
+    def _start_sources(self) -> None:
+        for node, puller in self._pullers.items():
+            if self._halted:
+                return
+            source = threading.Thread(
+                target=self._pump,
+                args=(puller, self._observers[node]),
+                name=f"rxstream:{self.plan.name_of(node)}",
+                daemon=True,
+            )
+            self._source_threads[node] = source
+            source.start()
+
+    def _pump(self, puller: SourcePuller, observer: abc.ObserverBase[PipelineItem]) -> None:
+        counters = puller.counters
+        charge_stalls_to(counters)
+        perf = time.perf_counter
+        try:
+            puller.open()
+            while not self._halted:
+                started = perf()
+                item = puller.pull()
+                waited = puller.take_waited()
+                counters.wait_s += waited
+                counters.work_s += perf() - started - waited
+                if item is None:
+                    observer.on_completed()
+                    return
+                if item is not SKIPPED:
+                    observer.on_next(item)
+        except BaseException as exc:
+            self.fail(exc)
+        finally:
+            puller.close()
+
+    def halt(self) -> None:
+        """Stop sources and wake every blocked thread; returns at once (any thread)."""
+        self._halted = True
+        for puller in self._pullers.values():
+            puller.interrupt()
+        for boundary in self.boundaries.values():
+            boundary.ring.close()
+        for thread in self.threads.values():
+            thread.close()
+        self._bridge.close()
+
+    def stop(self, timeout: float) -> list[str]:
+        """Halt and join every thread within ``timeout`` seconds; the names still running.
+
+        Safe from any thread, also while :meth:`start` is under way on another.
+        """
+        self.halt()
+        deadline = time.monotonic() + timeout
+        with self._lifecycle:  # a concurrent start() has started all it will start
+            pass
+        stuck = []
+        for source in self._source_threads.values():
+            source.join(max(0.0, deadline - time.monotonic()))
+            if source.is_alive():
+                stuck.append(source.name)
+        for thread in self.threads.values():
+            if not thread.join(max(0.0, deadline - time.monotonic())):
+                stuck.append(thread.name)
+        for name, boundary in self.boundaries.items():
+            if not boundary.close(max(0.0, deadline - time.monotonic())):
+                stuck.append(f"rxstream:{name}")
+        self._subscriptions.dispose()
+        if self._make_boundary is not None:
+            self._make_boundary.close()
+        return stuck
+
+    # --- state ------------------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether nothing moves here, checked from the sources down: every source ended or,
+        for a ``ctx.input``, waits for a sample with none queued; every stage thread waits
+        for work (see ``StageThread.idle``). Then every item taken in has left or was dropped,
+        and the statistics count it. A source that keeps producing keeps the run busy."""
+        for node in self.local:
+            thread = self.threads.get(node)
+            if thread is not None:
+                if not thread.idle:
+                    return False
+                continue
+            pump = self._source_threads.get(node)
+            if pump is None or not pump.is_alive():
+                continue
+            feed = node.stage.source
+            if not (isinstance(feed, InputFeed) and feed.idle):
+                return False
+        return True
+
+
+class _Placeholder(_ClockScheduler):
+    """A source's scheduler in a threaded run: sources pull on their own thread, never
+    schedule."""
+
+    def clock(self) -> float:
+        return time.monotonic()
