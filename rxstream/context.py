@@ -1,24 +1,22 @@
-"""``Context``: the stage builders, the session transport, and ``self_test``.
+"""``Context``: the stage builders, over the process environment.
 
 Scripts, tests and notebooks make one with ``rxstream.Context()``; the CLI hands one to the
-app's ``build(ctx)``.
+app's ``build(ctx)``. The builders (``ctx.source``, ``ctx.pipe``, …) are here; what a process's
+pipelines share (the transport, rank and world, the docs, ``self_test``…) is its base class,
+:class:`~rxstream._environment.Environment`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from fractions import Fraction
 from typing import Any, get_args
 
-import structlog
 from reactivex import Observable
 
-from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError, StageBuildError
-from rxstream.doc import Doc, Generations
-from rxstream.ipc import RingSpec
+from rxstream._environment import Environment
+from rxstream._exceptions import StageBuildError
 from rxstream.operators import (
     check_source,
     combine_operator,
@@ -34,143 +32,34 @@ from rxstream.operators import (
 )
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_stage
-from rxstream.pipeline import Launcher, Pipeline
+from rxstream.pipeline import Pipeline
 from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
 from rxstream.topology._edges import check_chunks
-from rxstream.transport import CODECS, MemoryTransport, Transport
+from rxstream.transport import CODECS, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, PacePhase, StageFn
 
 __all__ = ["Context"]
 
-_log = structlog.get_logger("rxstream")
 _OVERFLOWS = get_args(PaceOverflow)
 _PHASES = get_args(PacePhase)
 
 
-class Context:
-    """Builds stages and holds what a session shares: the transport and the harness flag.
+class Context(Environment):
+    """Builds stages, over a process :class:`~rxstream._environment.Environment`.
 
-    ``transport`` receives what ``ctx.stream`` sinks egress (default: a
-    :class:`~rxstream.transport.MemoryTransport` keeping the last 256 items per stream);
-    ``harness=True`` marks a run under the CPU harness (``rxstream test``); ``timing=False``
-    turns the per-hop stamps and the timing records off (for measuring what they cost).
-    ``config`` is the initial desired state of the control doc, written as the app makes it
-    (so ``build(ctx)`` already reads it); the launcher passes ``rank``, ``world`` and, on
-    ranks > 0, ``replicas`` (the controller's doc states).
+    Its keyword arguments are the environment's: ``transport`` receives what ``ctx.stream``
+    sinks egress (default: a :class:`~rxstream.transport.MemoryTransport` keeping the last 256
+    items per stream); ``harness=True`` marks a run under the CPU harness (``rxstream test``);
+    ``timing=False`` turns the per-hop stamps and the timing records off; ``config`` is the
+    initial desired state of the control doc; the launcher passes ``rank``, ``world``,
+    ``replicas`` and ``cuda_api`` (see :class:`~rxstream._environment.Environment`).
     """
 
-    def __init__(
-        self,
-        *,
-        transport: Transport | None = None,
-        harness: bool = False,
-        timing: bool = True,
-        rank: int = 0,
-        world: int = 1,
-        config: Mapping[str, Any] | None = None,
-        replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
-        cuda_api: Any = None,
-    ) -> None:
-        self.transport: Transport = transport if transport is not None else MemoryTransport(256)
-        self.harness = harness
-        self.timing = timing
-        self.rank = rank
-        """This process's rank (0: the controller); the launcher sets it."""
-        self.world = world
-        """How many ranks the app runs on."""
-        self.cuda_api = cuda_api
-        """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
-        GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
-        self.self_test_passed: bool | None = None
-        self.self_testing = False
-        """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
-        ``self_test``)."""
-        self._self_test_drives: list[Pipeline] = []
-        """The pipelines driven inside the running self test: their sessions end with it."""
-        self.generations = Generations()
-        self.docs: dict[str, Doc] = {}
-        self._config = dict(config or {})
-        self._replicas = dict(replicas or {})
-        self._launcher: Launcher | None = None
-        """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
-        self._ring_spec = RingSpec()
-
-    @property
-    def ring_spec(self) -> RingSpec:
-        """The geometry of every rank boundary's shared-memory ring (default: 4 slots of 8 MiB).
-
-        Set it in ``build(ctx)`` for items a slot cannot hold, e.g. 4K frames:
-        ``ctx.ring_spec = RingSpec(slot_bytes=32 << 20)``. Rank 0's setting makes the rings of
-        a launch (every rank builds the same graph, so every rank's is the same).
-        """
-        return self._ring_spec
-
-    @ring_spec.setter
-    def ring_spec(self, spec: RingSpec) -> None:
-        if not isinstance(spec, RingSpec):
-            raise ArgumentTypeError(
-                f"ctx.ring_spec must be a rxstream.RingSpec, got {spec!r} ({type(spec).__name__})"
-            )
-        self._ring_spec = spec
-
-    def lease(self, shape: Sequence[int], dtype: Any, *, device: Any = None) -> Any:
-        """An empty tensor for the calling stage to produce its output into.
-
-        Called from a stage whose output crosses a rank boundary with a CUDA slot pool, it is
-        a view of a free slot (it waits while every slot is in flight): fill it and return it
-        (or a view of it), and the boundary sends only the slot's index, with no copy. Anywhere
-        else (no boundary, the pool not made yet, a CPU run, ``drive``) it is a new tensor on
-        ``device`` (default: ``cuda`` when available, else the CPU), so the same stage code
-        runs everywhere. Keep no reference to it once returned: the slot is reused once the
-        consumer is done and no view of the lease lives. See docs/ranks.md.
-        """
-        from rxstream.ranks._cudaxing import lease
-
-        return lease(shape, dtype, device)
-
-    def doc(
-        self,
-        name: str = "control",
-        *,
-        defaults: Mapping[str, Any] | None = None,
-        schema: object = None,
-    ) -> Doc:
-        """The desired-state doc ``name``: made on first call, the same object after.
-
-        ``defaults`` is the initial state (and, without a ``schema``, fixes its shape and
-        types); ``schema`` is a dataclass or a callable validator (see :mod:`rxstream.doc`).
-        All docs of a context share its generations.
-        """
-        existing = self.docs.get(name)
-        if existing is not None:
-            if defaults is not None or schema is not None:
-                raise ArgumentError(
-                    f"doc {name!r} exists already; pass defaults= and schema= only on first use"
-                )
-            return existing
-        made = Doc(
-            name, defaults=defaults, schema=schema, generations=self.generations, context=self
-        )
-        self.docs[name] = made
-        if name == "control" and self._config:  # the initial desired state, as the app starts
-            made.set(self._config)
-        replica = self._replicas.pop(name, None)
-        if replica is not None:  # on a rank > 0: the controller's state
-            made.replicate(*replica)
-        return made
-
-    @property
-    def control(self) -> Doc:
-        """The doc that ``pipeline.update`` steers: ``ctx.doc("control")``."""
-        return self.doc("control")
-
-    @property
-    def connected(self) -> bool:
-        """Whether the session transport has a client attached; ``run()`` lives while it does."""
-        return self.transport.connected
+    def _builders(self) -> Context:
+        return self
 
     # --- builders -------------------------------------------------------------------------
 
@@ -571,34 +460,6 @@ class Context:
         if not tails:
             raise StageBuildError("graph needs at least one pipeline, got none")
         return Pipeline(tuple(tails), self)
-
-    # --- self test --------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def self_test(self) -> Iterator[None]:
-        """Run the block as the app's own check; reaching its end is a pass.
-
-        A block that raises fails with :class:`SelfTestError` (its cause attached) and
-        ``ctx.self_test_passed`` is set either way. The driven sessions of the pipelines the
-        block drove end with it (as ``pipeline.reset()`` ends them).
-        """
-        started = time.monotonic()
-        self.self_testing = True
-        try:
-            yield
-        except Exception as exc:
-            self.self_test_passed = False
-            _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
-            raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
-        finally:
-            self.self_testing = False
-            # a check, not a session to go on with: release what its drives built (bound
-            # stages, sources), so nothing of it stays subscribed to the docs during the run
-            driven, self._self_test_drives = self._self_test_drives, []
-            for pipeline in driven:
-                pipeline._end_session()
-        self.self_test_passed = True
-        _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
 
 
 def _fn_name(fn: object, default: str) -> str:

@@ -1,0 +1,187 @@
+"""The process environment of a :class:`~rxstream.Context`: what one process's pipelines share.
+
+The session transport, the harness and timing flags, the rank and world, the docs and their
+generations, the rings' geometry, the launcher hook, and ``self_test``. The stage builders
+(``ctx.source``, ``ctx.pipe``…) are :class:`~rxstream.Context`'s own, over this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import structlog
+
+from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
+from rxstream.doc import Doc, Generations
+from rxstream.ipc import RingSpec
+from rxstream.transport import MemoryTransport, Transport
+
+if TYPE_CHECKING:
+    from rxstream.context import Context
+    from rxstream.pipeline import Launcher, Pipeline
+
+__all__ = ["Environment"]
+
+_log = structlog.get_logger("rxstream")
+
+
+class Environment:
+    """What one process's pipelines share: the transport, flags, rank and world, the docs.
+
+    ``transport`` receives what ``ctx.stream`` sinks egress (default: a
+    :class:`~rxstream.transport.MemoryTransport` keeping the last 256 items per stream);
+    ``harness=True`` marks a run under the CPU harness (``rxstream test``); ``timing=False``
+    turns the per-hop stamps and the timing records off (for measuring what they cost).
+    ``config`` is the initial desired state of the control doc, written as the app makes it
+    (so ``build(ctx)`` already reads it); the launcher passes ``rank``, ``world`` and, on
+    ranks > 0, ``replicas`` (the controller's doc states).
+    """
+
+    def __init__(
+        self,
+        *,
+        transport: Transport | None = None,
+        harness: bool = False,
+        timing: bool = True,
+        rank: int = 0,
+        world: int = 1,
+        config: Mapping[str, Any] | None = None,
+        replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
+        cuda_api: Any = None,
+    ) -> None:
+        self.transport: Transport = transport if transport is not None else MemoryTransport(256)
+        self.harness = harness
+        self.timing = timing
+        self.rank = rank
+        """This process's rank (0: the controller); the launcher sets it."""
+        self.world = world
+        """How many ranks the app runs on."""
+        self.cuda_api = cuda_api
+        """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
+        GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
+        self.self_test_passed: bool | None = None
+        self.self_testing = False
+        """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
+        ``self_test``)."""
+        self._self_test_drives: list[Pipeline] = []
+        """The pipelines driven inside the running self test: their sessions end with it."""
+        self.generations = Generations()
+        self.docs: dict[str, Doc] = {}
+        self._config = dict(config or {})
+        self._replicas = dict(replicas or {})
+        self._launcher: Launcher | None = None
+        """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
+        self._ring_spec = RingSpec()
+
+    @property
+    def ring_spec(self) -> RingSpec:
+        """The geometry of every rank boundary's shared-memory ring (default: 4 slots of 8 MiB).
+
+        Set it in ``build(ctx)`` for items a slot cannot hold, e.g. 4K frames:
+        ``ctx.ring_spec = RingSpec(slot_bytes=32 << 20)``. Rank 0's setting makes the rings of
+        a launch (every rank builds the same graph, so every rank's is the same).
+        """
+        return self._ring_spec
+
+    @ring_spec.setter
+    def ring_spec(self, spec: RingSpec) -> None:
+        if not isinstance(spec, RingSpec):
+            raise ArgumentTypeError(
+                f"ctx.ring_spec must be a rxstream.RingSpec, got {spec!r} ({type(spec).__name__})"
+            )
+        self._ring_spec = spec
+
+    def lease(self, shape: Sequence[int], dtype: Any, *, device: Any = None) -> Any:
+        """An empty tensor for the calling stage to produce its output into.
+
+        Called from a stage whose output crosses a rank boundary with a CUDA slot pool, it is
+        a view of a free slot (it waits while every slot is in flight): fill it and return it
+        (or a view of it), and the boundary sends only the slot's index, with no copy. Anywhere
+        else (no boundary, the pool not made yet, a CPU run, ``drive``) it is a new tensor on
+        ``device`` (default: ``cuda`` when available, else the CPU), so the same stage code
+        runs everywhere. Keep no reference to it once returned: the slot is reused once the
+        consumer is done and no view of the lease lives. See docs/ranks.md.
+        """
+        from rxstream.ranks._cudaxing import lease
+
+        return lease(shape, dtype, device)
+
+    def doc(
+        self,
+        name: str = "control",
+        *,
+        defaults: Mapping[str, Any] | None = None,
+        schema: object = None,
+    ) -> Doc:
+        """The desired-state doc ``name``: made on first call, the same object after.
+
+        ``defaults`` is the initial state (and, without a ``schema``, fixes its shape and
+        types); ``schema`` is a dataclass or a callable validator (see :mod:`rxstream.doc`).
+        All docs of a context share its generations.
+        """
+        existing = self.docs.get(name)
+        if existing is not None:
+            if defaults is not None or schema is not None:
+                raise ArgumentError(
+                    f"doc {name!r} exists already; pass defaults= and schema= only on first use"
+                )
+            return existing
+        made = Doc(
+            name,
+            defaults=defaults,
+            schema=schema,
+            generations=self.generations,
+            context=self._builders(),
+        )
+        self.docs[name] = made
+        if name == "control" and self._config:  # the initial desired state, as the app starts
+            made.set(self._config)
+        replica = self._replicas.pop(name, None)
+        if replica is not None:  # on a rank > 0: the controller's state
+            made.replicate(*replica)
+        return made
+
+    def _builders(self) -> Context | None:
+        """What a doc's ``bind`` builds its stages with (a :class:`~rxstream.Context`: itself)."""
+        return None
+
+    @property
+    def control(self) -> Doc:
+        """The doc that ``pipeline.update`` steers: ``ctx.doc("control")``."""
+        return self.doc("control")
+
+    @property
+    def connected(self) -> bool:
+        """Whether the session transport has a client attached; ``run()`` lives while it does."""
+        return self.transport.connected
+
+    # --- self test --------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def self_test(self) -> Iterator[None]:
+        """Run the block as the app's own check; reaching its end is a pass.
+
+        A block that raises fails with :class:`SelfTestError` (its cause attached) and
+        ``ctx.self_test_passed`` is set either way. The driven sessions of the pipelines the
+        block drove end with it (as ``pipeline.reset()`` ends them).
+        """
+        started = time.monotonic()
+        self.self_testing = True
+        try:
+            yield
+        except Exception as exc:
+            self.self_test_passed = False
+            _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
+            raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
+        finally:
+            self.self_testing = False
+            # a check, not a session to go on with: release what its drives built (bound
+            # stages, sources), so nothing of it stays subscribed to the docs during the run
+            driven, self._self_test_drives = self._self_test_drives, []
+            for pipeline in driven:
+                pipeline._end_session()
+        self.self_test_passed = True
+        _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))
