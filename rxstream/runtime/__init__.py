@@ -2,8 +2,9 @@
 
 Public here: an inbox's declaration (:class:`InboxSpec`) and a stage's statistics
 (:class:`StageStatistics`, :func:`format_statistics`), all also exported by ``rxstream``. The
-rest (``StageThread``, ``VirtualClock``, the stage shell, ``Run``) is the engine's own and may
-change without notice; docs/decisions.md says why.
+rest (``StageThread``, ``VirtualClock``, the stage shell, the runs: ``Run``, ``Port``,
+``ThreadedRun``, ``DrivenRun``) is the engine's own and may change without notice;
+docs/decisions.md says why.
 """
 
 from rxstream._util import fixup_module_metadata

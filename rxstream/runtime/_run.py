@@ -69,13 +69,13 @@ class Run(ABC):
     ) -> None:
         self.plan = plan
         self.rank = rank
+        """The rank this process runs (``None``: every rank, in this process)."""
         self.replica = replica
         """Whether ``generations`` replicate another rank's (this rank's boundary readers then
         hold an item of a newer generation until the replicas reach it)."""
-        """The rank this process runs (``None``: every rank, in this process)."""
         self.local = tuple(n for n in plan.nodes if rank is None or plan.ranks[n] == rank)
         self._make_boundary = boundaries
-        """Makes this run's rank boundaries (``None``: it has none, or runs on virtual time)."""
+        """Makes this run's rank boundaries (``None``: it has none)."""
         self.boundaries: dict[str, RankBoundary] = {}
         self.generations = generations
         self.timing = timing
