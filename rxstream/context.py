@@ -17,6 +17,7 @@ import structlog
 from reactivex import Observable
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError, StageBuildError
+from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.doc import Doc, Generations
 from rxstream.ipc import RingSpec
 from rxstream.operators import (
@@ -35,7 +36,6 @@ from rxstream.operators import (
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_stage
 from rxstream.pipeline import Launcher, Pipeline
-from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk

@@ -19,12 +19,12 @@ from rxstream._exceptions import (
     StageBuildError,
     UnknownInputError,
 )
+from rxstream._kernel._stats import StageStatistics
 from rxstream.operators._input import InputFeed
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
-from rxstream.runtime._stats import StageStatistics
 from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
 from rxstream.transport import Session

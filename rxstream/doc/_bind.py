@@ -26,10 +26,10 @@ from reactivex.disposable import CompositeDisposable, Disposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
+from rxstream._kernel._shell import StageShell
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
 from rxstream.item import PipelineItem, evolve_metadata
 from rxstream.operators._core import one_input
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
 if TYPE_CHECKING:

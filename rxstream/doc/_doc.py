@@ -13,7 +13,7 @@ from reactivex import Observable, operators
 from reactivex.subject import BehaviorSubject
 
 from rxstream._exceptions import ArgumentTypeError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
 from rxstream.doc._snapshot import Ref, Snapshot, freeze, lookup, thaw
 from rxstream.doc._validate import defaults_from_schema, make_validator
 

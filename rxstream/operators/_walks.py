@@ -29,11 +29,11 @@ from reactivex.disposable import CompositeDisposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import StageBuildError, TopologyError
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._shell import StageShell
 from rxstream.doc._snapshot import Ref, Snapshot
 from rxstream.item import PipelineItem, _stamped
 from rxstream.operators._core import attach, one_input
-from rxstream.runtime._inbox import InboxSpec
-from rxstream.runtime._shell import StageShell
 from rxstream.topology._edges import WALKS, check_chunks
 from rxstream.topology._model import ConsumerWalk, ProducerWalkCtx
 from rxstream.typing import InboxPolicy, ItemStream, OnError, Operator

@@ -20,7 +20,9 @@ from reactivex import Observable, abc, operators
 from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._shell import StageShell
+from rxstream._kernel._stats import StageStatistics
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -31,8 +33,6 @@ from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import BoundaryFactory, RankBoundary
 from rxstream.runtime._fuse import fusable_chains, fused_chain
 from rxstream.runtime._plan import Plan
-from rxstream.runtime._shell import StageShell
-from rxstream.runtime._stats import StageStatistics
 from rxstream.runtime._thread import (
     StageThread,
     VirtualClock,
