@@ -18,7 +18,7 @@ from reactivex import Observable
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError, StageBuildError
 from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
-from rxstream.doc import Doc, Generations
+from rxstream.doc import Doc, Generations, Ref, Snapshot
 from rxstream.ipc import RingSpec
 from rxstream.operators import (
     check_source,
@@ -33,6 +33,7 @@ from rxstream.operators import (
     window_operator,
     zip_operator,
 )
+from rxstream.operators._bind import bind_declaration, bind_operator
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_stage
 from rxstream.pipeline import Launcher, Pipeline
@@ -505,6 +506,20 @@ class Context:
         return self._stage(
             kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
         )
+
+    def bind(
+        self,
+        doc: Doc,
+        construct: Callable[[Snapshot], Stage | Callable[[Any], Any]],
+        deps: Sequence[Ref],
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+    ) -> Stage:
+        """``doc.bind(construct, deps)``: a stage rebuilt from ``doc`` when a dep changes."""
+        label, paths = bind_declaration(doc, construct, deps)
+        build = bind_operator(doc, self.pipe, construct, paths)
+        return self._stage("bind", name, label, build=build, rank=rank, options={"deps": paths})
 
     def walks(
         self,
