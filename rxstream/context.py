@@ -35,12 +35,12 @@ from rxstream.operators import (
 )
 from rxstream.operators._bind import bind_declaration, bind_operator
 from rxstream.operators._input import InputFeed
-from rxstream.operators._walks import WalkPick, walks_stage
-from rxstream.pipeline import Launcher, Pipeline
+from rxstream.operators._walks import WalkPick, walks_declaration
+from rxstream.pipeline import Launcher, Pipeline, chain_stages
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
-from rxstream.topology._edges import check_chunks
+from rxstream.topology._edges import WALKS, check_chunks
 from rxstream.transport import CODECS, MemoryTransport, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, PacePhase, StageFn
 
@@ -542,17 +542,25 @@ class Context:
         ``chunks`` (a chunk policy factory) makes each pass a chunk of the input connection.
         See :mod:`rxstream.operators._walks` and ``docs/topology.md``.
         """
-        return walks_stage(
+        build, options = walks_declaration(
             self,
             walks,
             pick=pick,
             consumer_walk=consumer_walk,
             chunks=chunks,
             name=name,
+            chain_of=chain_stages,
+        )
+        return self._stage(
+            WALKS,
+            name,
+            WALKS,
+            build=build,
+            inputs=(1, 1),
             rank=rank,
-            capacity=capacity,
-            policy=policy,
+            inbox=InboxSpec(capacity, policy),
             on_error=on_error,
+            options=options,
         )
 
     def rx(
