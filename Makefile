@@ -28,10 +28,11 @@ test: $(STAMP)
 	$(PY) -m ruff check rxstream tests bench examples
 	$(PY) -m ruff format --check rxstream tests bench examples
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) bench/hop.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

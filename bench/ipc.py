@@ -64,11 +64,11 @@ import numpy as np
 # `python bench/ipc.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from rxstream._kernel._stats import StageCounters
 from rxstream.distributed import DistChannel, open_group
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.item import PipelineItem, PipelineMetadata, _stamped
 from rxstream.ranks._boundary import Boundary, decode, encode
-from rxstream.runtime._stats import StageCounters
 
 SPAWN = multiprocessing.get_context("spawn")
 STOP = None

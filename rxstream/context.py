@@ -9,7 +9,7 @@ pipelines share (the transport, rank and world, the docs, ``self_test``…) is i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, get_args
 
@@ -17,6 +17,8 @@ from reactivex import Observable
 
 from rxstream._environment import Environment
 from rxstream._exceptions import StageBuildError
+from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
+from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
     check_source,
     combine_operator,
@@ -30,14 +32,14 @@ from rxstream.operators import (
     window_operator,
     zip_operator,
 )
+from rxstream.operators._bind import bind_declaration, bind_operator
 from rxstream.operators._input import InputFeed
-from rxstream.operators._walks import WalkPick, walks_stage
-from rxstream.pipeline import Pipeline
-from rxstream.runtime._inbox import DEFAULT_CAPACITY, InboxSpec
+from rxstream.operators._walks import WalkPick, walks_declaration
+from rxstream.pipeline import Pipeline, chain_stages
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
-from rxstream.topology._edges import check_chunks
+from rxstream.topology._edges import WALKS, check_chunks
 from rxstream.transport import CODECS, Transport
 from rxstream.typing import InboxPolicy, OnError, PaceOverflow, PacePhase, StageFn
 
@@ -395,6 +397,20 @@ class Context(Environment):
             kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
         )
 
+    def bind(
+        self,
+        doc: Doc,
+        construct: Callable[[Snapshot], Stage | Callable[[Any], Any]],
+        deps: Sequence[Ref],
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+    ) -> Stage:
+        """``doc.bind(construct, deps)``: a stage rebuilt from ``doc`` when a dep changes."""
+        label, paths = bind_declaration(doc, construct, deps)
+        build = bind_operator(doc, self.pipe, construct, paths)
+        return self._stage("bind", name, label, build=build, rank=rank, options={"deps": paths})
+
     def walks(
         self,
         walks: Mapping[str, Stage | Pipeline],
@@ -416,17 +432,25 @@ class Context(Environment):
         ``chunks`` (a chunk policy factory) makes each pass a chunk of the input connection.
         See :mod:`rxstream.operators._walks` and ``docs/topology.md``.
         """
-        return walks_stage(
+        build, options = walks_declaration(
             self,
             walks,
             pick=pick,
             consumer_walk=consumer_walk,
             chunks=chunks,
             name=name,
+            chain_of=chain_stages,
+        )
+        return self._stage(
+            WALKS,
+            name,
+            WALKS,
+            build=build,
+            inputs=(1, 1),
             rank=rank,
-            capacity=capacity,
-            policy=policy,
+            inbox=InboxSpec(capacity, policy),
             on_error=on_error,
+            options=options,
         )
 
     def rx(

@@ -19,13 +19,13 @@ from rxstream._exceptions import (
     StageBuildError,
     UnknownInputError,
 )
+from rxstream._kernel._stats import StageStatistics
 from rxstream.operators._input import InputFeed
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
-from rxstream.runtime._stats import StageStatistics
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
@@ -478,3 +478,25 @@ class Pipeline:
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
         loop.call_soon_threadsafe(callback)
+
+
+def chain_stages(chain: object, where: str) -> list[Stage] | None:
+    """A pipeline's stages in order when it is one chain (a walk of ``ctx.walks``), or ``None``
+    when ``chain`` is not a pipeline; ``where`` names it in the errors."""
+    if not isinstance(chain, Pipeline):
+        return None
+    if len(chain._tails) != 1:
+        raise StageBuildError(
+            f"{where} must be one chain of stages, got a pipeline with {len(chain._tails)} ends"
+        )
+    node = chain._tails[0]
+    stages = [node.stage]
+    while node.inputs:
+        if len(node.inputs) > 1:
+            raise StageBuildError(
+                f"{where} must be one chain of stages, got fan-in into {node.stage.name!r}"
+            )
+        node = node.inputs[0]
+        stages.append(node.stage)
+    stages.reverse()
+    return stages

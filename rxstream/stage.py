@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, get_args
 
 from rxstream._exceptions import StageBuildError
-from rxstream.runtime._inbox import InboxSpec
-from rxstream.runtime._shell import StageShell
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._shell import StageShell
 from rxstream.typing import OnError, Operator
 
 if TYPE_CHECKING:

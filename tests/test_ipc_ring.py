@@ -744,8 +744,8 @@ def test_process_with_its_own_resource_tracker_does_not_unlink_on_exit(ring_name
 
 def _boundary_pair(ring_name: str, replicas: Any) -> tuple[ShmRing, ShmRing, Any, Any]:
     """A ring, its other side, a boundary writer's send and a reader's receive over them."""
+    from rxstream._kernel._stats import StageCounters
     from rxstream.ranks._boundary import Boundary
-    from rxstream.runtime._stats import StageCounters
 
     owner = ShmRing.create(slots=2, slot_bytes=4096, name=ring_name)
     other = ShmRing.attach(owner.handle())
@@ -760,7 +760,7 @@ def test_reader_holds_a_newer_generation_until_the_replicas_reach_it(ring_name: 
     The controller's steer goes to the rank over another connection than the item, which may
     overtake it; a stage here would then read the doc as it was before the steer.
     """
-    from rxstream.doc._generations import Generations
+    from rxstream._kernel._generations import Generations
 
     replicas = Generations()
     owner, other, send, receive = _boundary_pair(ring_name, replicas)
@@ -784,7 +784,7 @@ def test_reader_waits_for_replicas_a_bounded_time(
     ring_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Replicas that never come do not hold the item for good: it goes on after CATCH_UP_S."""
-    from rxstream.doc._generations import Generations
+    from rxstream._kernel._generations import Generations
     from rxstream.ranks import _boundary
 
     monkeypatch.setattr(_boundary, "CATCH_UP_S", 0.05)

@@ -20,9 +20,9 @@ import pytest
 from reactivex.subject import Subject
 
 from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._shell import StageShell
 from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, pace_operator
-from rxstream.runtime._shell import StageShell
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
 from rxstream.typing import PacePhase

@@ -13,7 +13,7 @@ from reactivex import Observable, operators
 from reactivex.subject import BehaviorSubject
 
 from rxstream._exceptions import ArgumentTypeError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
 from rxstream.doc._snapshot import Ref, Snapshot, freeze, lookup, thaw
 from rxstream.doc._validate import defaults_from_schema, make_validator
 
@@ -157,13 +157,12 @@ class Doc:
     ) -> Stage:
         """A stage whose inner stage is ``construct(snapshot)``, rebuilt when a dep changes.
 
-        ``rank`` places it like any builder's ``rank=`` (the doc is replicated there).
+        ``rank`` places it like any builder's ``rank=`` (the doc is replicated there). The
+        stage is its context's to make: this is ``ctx.bind(doc, construct, deps)``.
         """
-        from rxstream.doc._bind import bind_stage
-
         if self.context is None:
             raise ArgumentTypeError(f"doc {self.name!r} has no context: make it with ctx.doc(...)")
-        return bind_stage(self, self.context, construct, deps, name, rank)
+        return self.context.bind(self, construct, deps, name=name, rank=rank)
 
     def _record_failure(self, failure: BindFailure) -> None:
         with self._lock:

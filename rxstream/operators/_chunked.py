@@ -20,9 +20,9 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream._exceptions import PipelineError
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _item, merge_metadata
 from rxstream.operators._core import attach
-from rxstream.runtime._shell import StageShell
 from rxstream.topology._chunks import ChunkPolicyFactory, StreamBuffer
 from rxstream.typing import ItemStream
 

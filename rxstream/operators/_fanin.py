@@ -19,6 +19,7 @@ import reactivex
 from reactivex import Observable, Observer, abc, operators
 from reactivex.disposable import CompositeDisposable
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import (
     PipelineItem,
     _base,
@@ -29,7 +30,6 @@ from rxstream.item import (
     now,
 )
 from rxstream.operators._core import attach
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
 __all__ = ["combine_groups", "combine_operator", "merge_operator", "merged", "zip_operator"]

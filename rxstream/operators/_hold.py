@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import Timeline, now
-from rxstream.runtime._shell import StageShell
 
 __all__ = ["HeldStamps", "held_stamps"]
 

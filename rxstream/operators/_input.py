@@ -29,8 +29,8 @@ from collections import deque
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
+from rxstream._kernel._stats import StageCounters
 from rxstream.item import now
-from rxstream.runtime._stats import StageCounters
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
 from rxstream.topology._samples import SampleCheck, check_sample, compile_schema, shown
 

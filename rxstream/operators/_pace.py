@@ -49,10 +49,10 @@ from typing import Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
 __all__ = ["AHEAD_S", "SLEW", "pace_operator"]

@@ -8,10 +8,10 @@ from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, now
 from rxstream.operators._core import OnNext, attach, per_item
 from rxstream.operators._fanin import combine_groups, merged
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator, StageFn
 
 __all__ = ["caller", "pipe_operator", "tap_operator"]

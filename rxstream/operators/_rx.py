@@ -17,9 +17,9 @@ from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, now
 from rxstream.operators._core import one_input
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
 __all__ = ["rx_operator"]

@@ -18,9 +18,9 @@ from typing import Any
 
 from reactivex import abc
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
-from rxstream.runtime._shell import StageShell
 from rxstream.timing._emit import emit
 from rxstream.timing._record import TimingRecord, fold
 from rxstream.transport import Transport

@@ -20,6 +20,8 @@ from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, It
 from typing import Any
 
 from rxstream._exceptions import PipelineError, StageBuildError
+from rxstream._kernel._shell import StageShell
+from rxstream._kernel._stats import StageCounters
 from rxstream.item import (
     PipelineItem,
     _item,
@@ -29,8 +31,6 @@ from rxstream.item import (
     now,
 )
 from rxstream.operators._input import InputFeed, InputSample
-from rxstream.runtime._shell import StageShell
-from rxstream.runtime._stats import StageCounters
 
 __all__ = ["SKIPPED", "SourcePuller", "check_source"]
 

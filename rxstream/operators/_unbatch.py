@@ -12,9 +12,9 @@ from typing import Any
 
 from reactivex import abc
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
 from rxstream.operators._core import OnNext, per_item
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import Operator
 
 __all__ = ["split_batch", "unbatch_operator"]

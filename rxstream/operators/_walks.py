@@ -29,31 +29,34 @@ from reactivex.disposable import CompositeDisposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import StageBuildError, TopologyError
+from rxstream._kernel._shell import StageShell
 from rxstream.doc._snapshot import Ref, Snapshot
 from rxstream.item import PipelineItem, _stamped
 from rxstream.operators._core import attach, one_input
-from rxstream.runtime._inbox import InboxSpec
-from rxstream.runtime._shell import StageShell
+from rxstream.stage import Stage
 from rxstream.topology._edges import WALKS, check_chunks
 from rxstream.topology._model import ConsumerWalk, ProducerWalkCtx
-from rxstream.typing import InboxPolicy, ItemStream, OnError, Operator
+from rxstream.typing import ItemStream, Operator
 
 if TYPE_CHECKING:
     from rxstream.context import Context
     from rxstream.pipeline import Pipeline
-    from rxstream.stage import Stage
     from rxstream.topology._chunks import ChunkPolicyFactory
 
-__all__ = ["WalkPick", "producer_operator", "walks_stage"]
+__all__ = ["ChainOf", "WalkPick", "producer_operator", "walks_declaration"]
 
 WalkPick: TypeAlias = "Ref | Callable[[Snapshot], str]"
 """How the conductor picks a walk per pass: a doc ref, or a function of the control doc."""
+
+ChainOf: TypeAlias = Callable[[object, str], "list[Stage] | None"]
+"""A pipeline's stages in order, checked to be one chain (``where`` names it in errors), or
+``None`` for what is not a pipeline: the layer that knows ``Pipeline`` gives it."""
 
 Chain = tuple[tuple[str, "Stage"], ...]
 """A walk's stages in order, each with its name in the run (``<walk>.<stage>``)."""
 
 
-def walks_stage(
+def walks_declaration(
     ctx: Context,
     walks: Mapping[str, Stage | Pipeline],
     *,
@@ -61,12 +64,10 @@ def walks_stage(
     consumer_walk: ConsumerWalk | None,
     chunks: ChunkPolicyFactory | None,
     name: str | None,
-    rank: int | None,
-    capacity: int,
-    policy: InboxPolicy,
-    on_error: OnError,
-) -> Stage:
-    """The walks stage (see the module docstring); every argument checked here."""
+    chain_of: ChainOf,
+) -> tuple[Callable[[StageShell], Operator], dict[str, Any]]:
+    """The walks stage's operator and options (see the module docstring); every argument
+    checked here. ``chain_of`` gives a pipeline's stages in order (``None``: not a pipeline)."""
     label = name or WALKS
     if not isinstance(walks, Mapping) or not walks:
         raise StageBuildError(
@@ -81,7 +82,7 @@ def walks_stage(
                 f"walk names must be non-empty strs without '.' or '>', got {walk!r} "
                 f"for stage {label!r}"
             )
-        chains[walk] = _chain(ctx, walk, chain, label, placed)
+        chains[walk] = _chain(ctx, walk, chain, label, placed, chain_of)
     if (pick is None) == (consumer_walk is None):
         got = "neither" if pick is None else "both"
         raise StageBuildError(
@@ -106,52 +107,30 @@ def walks_stage(
             "chunks into a producer-triggered partition must not overlap (a chunk runs under "
             f"one walk), got {made!r} for stage {label!r}"
         )
-    return ctx._stage(
-        WALKS,
-        name,
-        WALKS,
-        build=_walks_operator(ctx, MappingProxyType(chains), pick),
-        inputs=(1, 1),
-        rank=rank,
-        inbox=InboxSpec(capacity, policy),
-        on_error=on_error,
-        options={
-            "walks": tuple(chains),
-            "chains": MappingProxyType(chains),
-            "pick": pick,
-            "consumer_walk": consumer_walk,
-            "chunks": chunks,
-        },
-    )
+    options = {
+        "walks": tuple(chains),
+        "chains": MappingProxyType(chains),
+        "pick": pick,
+        "consumer_walk": consumer_walk,
+        "chunks": chunks,
+    }
+    return _walks_operator(ctx, MappingProxyType(chains), pick), options
 
 
-def _chain(ctx: Context, walk: str, chain: object, label: str, placed: dict[int, str]) -> Chain:
+def _chain(
+    ctx: Context, walk: str, chain: object, label: str, placed: dict[int, str], chain_of: ChainOf
+) -> Chain:
     """The stages of one walk, checked, each with its name in the run."""
-    from rxstream.pipeline import Pipeline
-    from rxstream.stage import Stage
-
     where = f"walk {walk!r} of stage {label!r}"
     if isinstance(chain, Stage):
         stages = [chain]
-    elif isinstance(chain, Pipeline):
-        if len(chain._tails) != 1:
-            raise StageBuildError(
-                f"{where} must be one chain of stages, got a pipeline with {len(chain._tails)} ends"
-            )
-        node = chain._tails[0]
-        stages = [node.stage]
-        while node.inputs:
-            if len(node.inputs) > 1:
-                raise StageBuildError(
-                    f"{where} must be one chain of stages, got fan-in into {node.stage.name!r}"
-                )
-            node = node.inputs[0]
-            stages.append(node.stage)
-        stages.reverse()
     else:
-        raise StageBuildError(
-            f"{where} must be a stage or a pipeline of stages, got {type(chain).__name__}"
-        )
+        found = chain_of(chain, where)
+        if found is None:
+            raise StageBuildError(
+                f"{where} must be a stage or a pipeline of stages, got {type(chain).__name__}"
+            )
+        stages = found
     for stage in stages:
         if stage.context is not ctx:
             raise StageBuildError(f"stages of one pipeline must come from one Context ({where})")

@@ -21,10 +21,10 @@ from typing import Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
-from rxstream.runtime._shell import StageShell
 from rxstream.typing import ItemStream, Operator
 
 __all__ = ["window_operator"]

@@ -38,7 +38,8 @@ from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._stats import StageCounters
 from rxstream.ipc._framing import frame_array
 from rxstream.item import (
     Chain,
@@ -56,7 +57,6 @@ from rxstream.item import (
 from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
-from rxstream.runtime._stats import StageCounters
 from rxstream.typing import ItemStream
 
 __all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
-from rxstream.runtime._stats import StageStatistics
+from rxstream._kernel._stats import StageStatistics
 from rxstream.transport import Transport
 
 JOIN_S = 2.0

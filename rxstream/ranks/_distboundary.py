@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from rxstream._exceptions import ArgumentError, FramingError, PipelineError, RankLost, RingClosed
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
 from rxstream.ipc import RingStatistics, ShmRing
 from rxstream.ranks._boundary import CATCH_UP_S, catch_up
 from rxstream.ranks._factory import LinkBoundaries, RingBoundaries

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import PipelineError, RingClosed
+from rxstream._kernel._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun, RankLost
 from rxstream.ranks._rank import describe
 from rxstream.ranks._replicate import apply_replica, replicate
-from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 
 if TYPE_CHECKING:
     from rxstream.ranks._distlaunch import Launch

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from multiprocessing.connection import Connection
 from typing import Any
 
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
 from rxstream.ipc import RingSpec, ShmRing
 from rxstream.ranks._boundary import Boundary
 from rxstream.ranks._channel import Channel

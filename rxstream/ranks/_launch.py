@@ -38,6 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
+from rxstream._kernel._stats import StageStatistics, egressed
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
@@ -65,7 +66,6 @@ from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_ru
 from rxstream.ranks._replicate import replicate
 from rxstream.ranks._watch import Watch, stopped_by
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._stats import StageStatistics, egressed
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import Transport
 

@@ -13,6 +13,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from rxstream._exceptions import PipelineError, PipelineStateError
+from rxstream._kernel._stats import egressed, stats_to_wire
 from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
@@ -29,7 +30,6 @@ from rxstream.ranks._egress import (
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.ranks._replicate import apply_replica
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._stats import egressed, stats_to_wire
 from rxstream.runtime._threaded import ThreadedRun
 
 # --- a rank process ----------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from rxstream._exceptions import PipelineError
+from rxstream._kernel._stats import StageStatistics, egressed, stats_from_wire
 from rxstream.ranks._common import (
     HEARTBEAT_ENV,
     JOIN_S,
@@ -24,7 +25,6 @@ from rxstream.ranks._common import (
 )
 from rxstream.ranks._egress import Egress
 from rxstream.ranks._rank import send_to, signal_name
-from rxstream.runtime._stats import StageStatistics, egressed, stats_from_wire
 from rxstream.runtime._threaded import ThreadedRun
 
 if TYPE_CHECKING:

@@ -7,9 +7,9 @@ rest (``StageThread``, ``VirtualClock``, the stage shell, the runs: ``Run``, ``P
 docs/decisions.md says why.
 """
 
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._stats import StageStatistics, format_statistics
 from rxstream._util import fixup_module_metadata
-from rxstream.runtime._inbox import InboxSpec
-from rxstream.runtime._stats import StageStatistics, format_statistics
 
 __all__ = ["InboxSpec", "StageStatistics", "format_statistics"]
 

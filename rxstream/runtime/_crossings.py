@@ -13,8 +13,8 @@ from typing import Protocol
 
 from reactivex import abc
 
-from rxstream.doc._generations import Generations
-from rxstream.runtime._stats import StageCounters
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._stats import StageCounters
 from rxstream.typing import ItemStream
 
 __all__ = ["BoundaryFactory", "RankBoundary"]

@@ -9,7 +9,7 @@ from typing import Any
 from reactivex import abc
 
 from rxstream._exceptions import PipelineStateError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
 from rxstream.item import PipelineItem
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge

@@ -16,12 +16,12 @@ from typing import Any
 
 from reactivex import Observable, abc
 
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import caller
 from rxstream.runtime._plan import Plan
-from rxstream.runtime._shell import StageShell
 from rxstream.stage import Node
 from rxstream.typing import ItemStream
 

@@ -3,7 +3,7 @@
 Every input of a stage goes through one :class:`Port` (a threaded run's
 :class:`InboxPort` puts each item into the stage's bounded inbox, to be admitted on the
 stage's thread; a driven run's plain :class:`Port` admits it in the caller's call). The checks
-are :class:`~rxstream.doc._generations.Admission`'s, the same ones a fused drive chain makes
+are :class:`~rxstream._kernel._generations.Admission`'s, the same ones a fused drive chain makes
 (:mod:`rxstream.runtime._fuse`): a stale item is dropped (reason ``stale``), a cutover is
 counted, the first item of a newer flush generation resets the stage.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._core import attach
-from rxstream.runtime._shell import StageShell
 from rxstream.runtime._thread import StageThread
 from rxstream.typing import ItemStream
 

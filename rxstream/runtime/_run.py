@@ -22,7 +22,9 @@ from reactivex import Observable, abc, operators
 from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._shell import StageShell
+from rxstream._kernel._stats import StageStatistics
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -33,8 +35,6 @@ from rxstream.runtime._crossings import BoundaryFactory, RankBoundary
 from rxstream.runtime._fuse import fused_chain
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import Port
-from rxstream.runtime._shell import StageShell
-from rxstream.runtime._stats import StageStatistics
 from rxstream.runtime._thread import _ClockScheduler
 from rxstream.stage import Node, cuda_path
 from rxstream.topology._edges import (

@@ -16,17 +16,16 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, TypeVar
 
 from reactivex import abc, typing
 from reactivex.disposable import Disposable, MultipleAssignmentDisposable
-from reactivex.scheduler.periodicscheduler import PeriodicScheduler
 
-from rxstream.runtime._inbox import InboxSpec
-from rxstream.runtime._stats import StageCounters
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._scheduler import _ClockScheduler, _Timer
+from rxstream._kernel._stats import StageCounters
 
-__all__ = ["StageThread", "VirtualClock", "charge_stalls_to"]
+__all__ = ["StageThread", "VirtualClock", "_ClockScheduler", "charge_stalls_to"]
 
 _TState = TypeVar("_TState")
 _stall = threading.local()
@@ -40,27 +39,6 @@ def charge_stalls_to(counters: StageCounters) -> None:
 
 _monotonic = time.monotonic
 _perf = time.perf_counter
-
-
-class _Timer:
-    """One scheduled action: cancellable, run once."""
-
-    __slots__ = ("action", "cancelled", "scheduler", "state")
-
-    def __init__(
-        self, scheduler: abc.SchedulerBase, action: typing.ScheduledAction[Any], state: Any
-    ) -> None:
-        self.scheduler = scheduler
-        self.action = action
-        self.state = state
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def run(self) -> None:
-        if not self.cancelled:
-            self.action(self.scheduler, self.state)
 
 
 class _Busy(_Timer):
@@ -79,58 +57,6 @@ class _Busy(_Timer):
         self.cancelled = True
 
 
-class _ClockScheduler(PeriodicScheduler):
-    """What both stage schedulers share: float-second clocks behind reactivex's datetimes."""
-
-    def clock(self) -> float:
-        """Seconds on this scheduler's clock (monotonic, or virtual under ``drive``)."""
-        raise NotImplementedError
-
-    @property
-    def now(self) -> datetime:
-        return self.to_datetime(self.clock())
-
-    def set_accepting(self, accepting: bool) -> None:
-        """Whether the stage takes new items from its inbox (``pace`` closes it when full)."""
-
-    _timer: type[_Timer] = _Timer
-    """What the ``schedule*`` methods make (the virtual clock counts its timers)."""
-
-    def schedule(
-        self, action: typing.ScheduledAction[_TState], state: _TState | None = None
-    ) -> abc.DisposableBase:
-        return self._at(self.clock(), self._timer(self, action, state))
-
-    def schedule_relative(
-        self,
-        duetime: typing.RelativeTime,
-        action: typing.ScheduledAction[_TState],
-        state: _TState | None = None,
-    ) -> abc.DisposableBase:
-        return self._at(self.clock() + self.to_seconds(duetime), self._timer(self, action, state))
-
-    def schedule_absolute(
-        self,
-        duetime: typing.AbsoluteTime,
-        action: typing.ScheduledAction[_TState],
-        state: _TState | None = None,
-    ) -> abc.DisposableBase:
-        return self._at(self.to_seconds(duetime), self._timer(self, action, state))
-
-    def schedule_idle(
-        self,
-        duetime: float,
-        action: typing.ScheduledAction[_TState],
-        state: _TState | None = None,
-    ) -> abc.DisposableBase:
-        """``schedule_absolute`` for an action that only keeps a stage ticking with nothing
-        new to do (a pace's idle repeat): a drive does not run its clock on for it."""
-        return self.schedule_absolute(duetime, action, state)
-
-    def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
-        raise NotImplementedError
-
-
 class VirtualClock(_ClockScheduler):
     """Virtual time for ``drive()``: actions run in due order, the clock jumps, nothing sleeps.
 
@@ -138,6 +64,8 @@ class VirtualClock(_ClockScheduler):
     actions share one instant, so a drive is exactly repeatable. The clock lives as long as
     the driven session: consecutive drives continue its time.
     """
+
+    driven = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -8,7 +8,8 @@ import time
 
 from reactivex import abc
 
-from rxstream.doc._generations import Generations
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem
 from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
@@ -17,7 +18,6 @@ from rxstream.runtime._crossings import BoundaryFactory
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import InboxPort, Port
 from rxstream.runtime._run import Run
-from rxstream.runtime._shell import StageShell
 from rxstream.runtime._thread import StageThread, _ClockScheduler, charge_stalls_to
 from rxstream.stage import Node
 

@@ -19,38 +19,31 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from reactivex import abc, operators
 from reactivex.disposable import CompositeDisposable, Disposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
+from rxstream._kernel._shell import StageShell
+from rxstream.doc._doc import BindFailure, Doc
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
 from rxstream.item import PipelineItem, evolve_metadata
 from rxstream.operators._core import one_input
-from rxstream.runtime._shell import StageShell
+from rxstream.stage import Stage
 from rxstream.typing import ItemStream, Operator
 
-if TYPE_CHECKING:
-    from rxstream.context import Context
-    from rxstream.doc._doc import Doc
-    from rxstream.stage import Stage
-
-__all__ = ["bind_stage"]
+__all__ = ["bind_declaration", "bind_operator"]
 
 Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]
+Paths = tuple[tuple[str, ...], ...]
+Pipe = Callable[[Callable[[Any], Any]], Stage]
+"""How a construct's plain callable becomes a stage (``ctx.pipe``)."""
 
 
-def bind_stage(
-    doc: Doc,
-    ctx: Context,
-    construct: Construct,
-    deps: Sequence[Ref],
-    name: str | None,
-    rank: int | None = None,
-) -> Stage:
-    """The bound stage (see the module docstring)."""
+def bind_declaration(doc: Doc, construct: Construct, deps: Sequence[Ref]) -> tuple[str, Paths]:
+    """The bound stage's default name and its deps' paths, checked now (a missing dep fails)."""
     label = getattr(construct, "__name__", "")
     if not isinstance(label, str) or not label.isidentifier():
         label = "bind"
@@ -63,7 +56,13 @@ def bind_stage(
                 f"doc.bind deps must be refs like doc.desired.a.b, got {ref!r} for stage {label!r}"
             )
         lookup(doc.snapshot(), ref.path, doc.name)  # a dep that does not exist fails now
-    paths = tuple(ref.path for ref in refs)
+    return label, tuple(ref.path for ref in refs)
+
+
+def bind_operator(
+    doc: Doc, pipe: Pipe, construct: Construct, paths: Paths
+) -> Callable[[StageShell], Operator]:
+    """The bound stage's operator (see the module docstring)."""
 
     def build(shell: StageShell) -> Operator:
         def subscribe(
@@ -71,12 +70,12 @@ def bind_stage(
             observer: abc.ObserverBase[PipelineItem],
             scheduler: abc.SchedulerBase | None,
         ) -> abc.DisposableBase:
-            binder = _Binder(doc, ctx, construct, paths, shell, observer)
+            binder = _Binder(doc, pipe, construct, paths, shell, observer)
             return binder.attach(source, scheduler)
 
         return one_input(subscribe)
 
-    return ctx._stage("bind", name, label, build=build, rank=rank, options={"deps": paths})
+    return build
 
 
 class _Inner:
@@ -104,14 +103,14 @@ class _Binder:
     def __init__(
         self,
         doc: Doc,
-        ctx: Context,
+        pipe: Pipe,
         construct: Construct,
-        paths: tuple[tuple[str, ...], ...],
+        paths: Paths,
         shell: StageShell,
         observer: abc.ObserverBase[PipelineItem],
     ) -> None:
         self.doc = doc
-        self.ctx = ctx
+        self.pipe = pipe
         self.construct = construct
         self.paths = paths
         self.shell = shell
@@ -146,14 +145,12 @@ class _Binder:
         return snapshot, tuple(lookup(snapshot, path, self.doc.name) for path in self.paths)
 
     def _construct(self, snapshot: Snapshot) -> Stage:
-        from rxstream.stage import Stage
-
         self.builds += 1
         made = self.construct(snapshot)
         if isinstance(made, Stage):
             stage = made
         elif callable(made):
-            stage = self.ctx.pipe(made)
+            stage = self.pipe(made)
         else:
             raise ArgumentTypeError(f"construct must return a Stage or a callable, got {made!r}")
         if stage.is_source or stage.is_sink or stage.max_inputs == 0:
@@ -177,8 +174,6 @@ class _Binder:
 
     def build_or_report(self, snapshot: Snapshot, version: int) -> Stage | None:
         """``construct(snapshot)``, or ``None`` with the failure recorded on the doc."""
-        from rxstream.doc._doc import BindFailure
-
         try:
             return self._construct(snapshot)
         except Exception as exc:

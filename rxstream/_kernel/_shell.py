@@ -14,7 +14,9 @@ import structlog
 from reactivex import abc
 
 from rxstream._exceptions import PipelineError
-from rxstream.doc._generations import Admission, Generations
+from rxstream._kernel._generations import Admission, Generations
+from rxstream._kernel._scheduler import _ClockScheduler
+from rxstream._kernel._stats import StageCounters
 from rxstream.item import (
     PipelineItem,
     PipelineMetadata,
@@ -24,8 +26,6 @@ from rxstream.item import (
     _stamped,
     now,
 )
-from rxstream.runtime._stats import StageCounters
-from rxstream.runtime._thread import VirtualClock, _ClockScheduler
 from rxstream.typing import OnError
 
 __all__ = ["StageShell"]
@@ -78,7 +78,7 @@ class StageShell:
         self.target_fn: Any = None
         """The stage's own function (a pipe's ``fn``), for operators that call it directly."""
         self.reset = reset
-        self.driven = isinstance(scheduler, VirtualClock)
+        self.driven = scheduler.driven
         """Whether this is a ``drive()``: one thread, virtual time."""
         self.timing = timing
         """Whether items get ``.in``/``.out`` stamps (decided once: the hot path never asks)."""
