@@ -303,3 +303,35 @@ def test_every_channel_says_which_wire_form_it_takes() -> None:
     """A ring and a DistChannel are both Channels; only the one that leaves the host is portable."""
     channels: list[type[Channel]] = [ShmRing, DistChannel]  # mypy holds each to the Protocol
     assert [channel.portable for channel in channels] == [False, True]
+
+
+@pytest.mark.parametrize("sole", [True, False])
+def test_a_closed_ring_uncounts_an_item_only_from_its_sole_producer(sole: bool) -> None:
+    """Refused at stop: a sole upstream never emitted it; a shared one did (its others had it)."""
+    import reactivex
+
+    from rxstream._kernel._stats import StageCounters
+    from rxstream.ranks._boundary import Boundary
+
+    ring = ShmRing.create(slots=2, slot_bytes=1 << 12)
+    ring.unlink()
+    ring.close()
+    counters = StageCounters("up", "pipe")
+    counters.items_out = 3  # the upstream counted each item out before handing it on
+    boundary = Boundary("up>down", ring, timing=False)
+    items = [rxstream.PipelineItem(i, rxstream.PipelineMetadata()) for i in range(3)]
+    closed: list[bool] = []
+    boundary.write(
+        reactivex.from_iterable(items),
+        counters,
+        "up",
+        lambda exc: pytest.fail(str(exc)),
+        lambda: None,
+        on_closed=lambda: closed.append(True),
+        sole=sole,
+    )
+    assert closed == [True]
+    if sole:
+        assert (counters.items_out, dict(counters.snapshot().dropped)) == (0, {"stopped": 3})
+    else:
+        assert (counters.items_out, dict(counters.snapshot().dropped)) == (3, {})

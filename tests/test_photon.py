@@ -125,6 +125,17 @@ def test_a_report_joins_its_record_and_the_hops_add_up() -> None:
     )
 
 
+def test_a_page_s_repeated_report_joins_once() -> None:
+    """The same page reporting the same input again adds no second photon line; another page may."""
+    join = PhotonJoin()
+    join.sent("video", 12, (("input.recv", 10.0),))
+    join.record(record(total_ms=40.0))
+    shown = Shown("video", 12, 7, 15_042.0, 15_045.0, 15_050.0)
+    assert join.shown(shown, synced(5000.0), page=1) is not None
+    assert join.shown(shown, synced(5000.0), page=1) is None
+    assert join.shown(shown, synced(5000.0), page=2) is not None
+
+
 def test_a_report_before_its_record_waits_for_it() -> None:
     """A report that arrives before the sink's record is joined when the record comes."""
     join = PhotonJoin()

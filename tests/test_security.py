@@ -731,3 +731,37 @@ def test_in_chromium_another_sites_page_is_refused_and_the_page_works() -> None:
             assert running.web.attached == 1
         finally:
             browser.close()
+
+
+def test_an_id_that_is_not_fit_to_echo_is_refused() -> None:
+    """A long, nested or boolean ``id`` is refused (never echoed or kept); a short one is acked."""
+    with Live(token=TOKEN) as running:
+
+        async def check() -> None:
+            async with attached(running) as ws:
+                for ident in ("x" * 65, ["a"] * 3, {"k": 1}, True):
+                    await ws.send_json({"type": "hello", "accept": ["jpeg"], "id": ident})
+                    error = await texts_until(ws, "error")
+                    assert (error["code"], error["id"]) == ("malformed", None)
+                    assert error["error"].startswith("id must be an int or a string of at most 64")
+                await ws.send_json({"type": "hello", "accept": ["jpeg"], "id": "x" * 64})
+                assert (await texts_until(ws, "ack"))["id"] == "x" * 64
+
+        run(check())
+
+
+def test_keyframe_requests_have_a_rate_of_their_own() -> None:
+    """A page asking for keyframes in a loop is refused past its burst (every page pays for one)."""
+    with Live(token=TOKEN) as running:
+
+        async def check() -> None:
+            async with attached(running) as ws:
+                codes = []
+                for i in range(6):
+                    await ws.send_json({"type": "keyframe", "stream": "video", "id": i})
+                    reply = await texts_until(ws, "ack" if i < 3 else "error")
+                    codes.append(reply.get("code"))
+                assert codes[:3] == [None, None, None]
+                assert "rate_limited" in codes[3:]
+
+        run(check())

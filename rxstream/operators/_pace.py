@@ -129,7 +129,6 @@ class _Pacer:
         self.last: PipelineItem | None = None
         self.done = False
         self.timer = SerialDisposable()
-        self.due = 0.0
         self.idle = False  # the pending tick can only repeat the last frame
 
     def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:

@@ -226,13 +226,16 @@ class Boundary:
         on_done: Callable[[], None],
         lost: StageCounters | None = None,
         on_closed: Callable[[], None] = lambda: None,
+        sole: bool = True,
     ) -> abc.DisposableBase:
         """Put every item of ``upstream`` into the ring; ``on_done`` once the end marker is in.
 
         Items the ring refused because the run was stopping are counted as dropped (reason
         ``stopped``) on ``lost`` (the downstream stage's counters, when it runs in this
-        process: the item was on its way there), else on ``counters`` (the upstream stage's:
-        the item never left it, so it is not counted as emitted either); ``on_closed`` runs at
+        process: the item was on its way there), else, when this boundary is the upstream's
+        ``sole`` consumer, on ``counters`` (the upstream stage's: the item never left it, so it
+        is not counted as emitted either); an upstream shared with other consumers did emit
+        it (they had it), and the other rank's books end with the run. ``on_closed`` runs at
         the first such item (the downstream rank is going: the caller stops making items
         nobody will read). A payload that cannot cross fails the run naming ``stage`` and the
         type.
@@ -248,7 +251,7 @@ class Boundary:
             except RingClosed:
                 if lost is not None:
                     lost.drop("stopped")
-                else:  # on the upstream's thread: it counted the item out a moment ago
+                elif sole:  # on the upstream's thread: it counted the item out a moment ago
                     counters.items_out -= 1
                     counters.drop("stopped")
                 if not closed:

@@ -41,6 +41,7 @@ class RankBoundary(Protocol):
         on_done: Callable[[], None],
         lost: StageCounters | None = None,
         on_closed: Callable[[], None] = ...,
+        sole: bool = True,
     ) -> abc.DisposableBase:
         """Put every item of ``upstream`` into the channel; ``on_done`` once it ended."""
         ...

@@ -230,6 +230,7 @@ class Run(ABC):
                     self._end_completed,
                     lost=self.shells[node].counters if node in self.shells else None,
                     on_closed=self.halt,  # the reading rank is going: stop making its items
+                    sole=self._consumers(upstream) == 1,
                 )
             )
 

@@ -118,6 +118,10 @@ class SessionLimits:
     """``set`` messages (a slider drag sends one per change)."""
     inputs: Rate = field(default_factory=lambda: Rate(240.0, 480))
     """``input`` samples (the page sends pointer moves at most ~120 a second)."""
+    keyframes: Rate = field(default_factory=lambda: Rate(1.0, 3))
+    """``keyframe`` requests: each makes the stream's shared encoder send an IDR to every page."""
+    reports: Rate = field(default_factory=lambda: Rate(120.0, 240))
+    """``shown`` and ``pong`` messages (the page reports a frame per new input, answers pings)."""
     refusals: Rate = field(default_factory=lambda: Rate(20.0, 100))
     """Refused messages of any kind: past it the server reads the connection at this pace."""
     messages: Rate = field(default_factory=lambda: Rate(1000.0, 2000))
@@ -284,12 +288,29 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
         _check_tree(value, limits)
     except Refused as refused:  # answer with the id if the id itself is fit to echo
         ident = value.get("id") if isinstance(value, dict) else None
-        if isinstance(ident, int) or (isinstance(ident, str) and len(ident) <= 64):
+        if fit_id(ident):
             with contextlib.suppress(Refused):
                 _check_string(ident, "$.id", limits) if isinstance(ident, str) else None
                 refused.ident = ident
         raise
+    if isinstance(value, dict) and not fit_id(value.get("id")):
+        raise Refused(
+            "malformed",
+            f"id must be an int or a string of at most {MAX_ID_CHARS} characters, "
+            f"got {shown(value.get('id'))}",
+        )
     return value
+
+
+MAX_ID_CHARS = 64
+"""The longest string ``id`` the session echoes (in an ack, an error, a ``dropped`` report)."""
+
+
+def fit_id(ident: Any) -> bool:
+    """Whether a message's ``id`` may be echoed back: absent, an int, or a short string."""
+    if ident is None or (isinstance(ident, int) and not isinstance(ident, bool)):
+        return True
+    return isinstance(ident, str) and len(ident) <= MAX_ID_CHARS
 
 
 def _check_tree(value: Any, limits: SessionLimits) -> None:

@@ -72,6 +72,8 @@ class PhotonJoin:
         self._frames: OrderedDict[tuple[str, int], _Frame] = OrderedDict()
         self._records: OrderedDict[tuple[str, int], TimingRecord] = OrderedDict()
         self._waiting: OrderedDict[tuple[str, int, int], tuple[Shown, float, float]] = OrderedDict()
+        self._joined: OrderedDict[tuple[str, int, int], None] = OrderedDict()
+        """(stream, input_seq, page) already joined: a page's repeated report joins nothing."""
         self.unsynced = 0
         """Reports dropped because the page's clock was not known yet."""
 
@@ -94,7 +96,16 @@ class PhotonJoin:
             (record, client, page)
             for page, report, offset, rtt in reports
             if (client := self._join(report, record, offset, rtt)) is not None
+            and self._first((*key, page))
         ]
+
+    def _first(self, key: tuple[str, int, int]) -> bool:
+        """Whether this page's report of this input joins for the first time (then marked)."""
+        with self._lock:
+            if key in self._joined:
+                return False
+            _put(self._joined, key, None, self.keep)
+            return True
 
     def shown(
         self, report: Shown, clock: ClockOffset, page: int = 0
@@ -111,7 +122,9 @@ class PhotonJoin:
                 _put(self._waiting, key, (report, offset, rtt), self.keep)
                 return None
         client = self._join(report, record, offset, rtt)
-        return None if client is None else (record, client)
+        if client is None or not self._first((report.stream, report.input_seq, page)):
+            return None
+        return record, client
 
     def _join(
         self, report: Shown, record: TimingRecord, offset: float, rtt: float

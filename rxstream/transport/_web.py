@@ -82,7 +82,14 @@ MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
 returning the ack's fields (or raising ``_Refused``), listed here and in
 ``WebTransport._handlers``, and in ``_RATED`` if it needs a rate of its own."""
 
-_RATED = {"steer": "steers", "set": "sets", "input": "inputs"}
+_RATED = {
+    "steer": "steers",
+    "set": "sets",
+    "input": "inputs",
+    "keyframe": "keyframes",
+    "shown": "reports",
+    "pong": "reports",
+}
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
 
 _FRAME = b"F"
