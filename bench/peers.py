@@ -145,7 +145,12 @@ class GstChain:
             stderr=subprocess.PIPE,
             text=True,
         )
-        self.version = str(self._answer()["ready"])
+        try:
+            self.version = str(self._answer()["ready"])
+        except BaseException:
+            self.process.kill()
+            self.process.communicate()
+            raise
 
     def _answer(self) -> dict[str, Any]:
         assert self.process.stdout is not None
@@ -329,12 +334,15 @@ def ray_or_why() -> tuple[Any, str]:
         import ray
     except ImportError:
         return None, "ray is not installed (pip install -e .[bench])"
-    ray.init(
-        num_cpus=os.cpu_count() or 1,
-        include_dashboard=False,
-        log_to_driver=False,
-        logging_level=logging.WARNING,
-    )
+    try:
+        ray.init(
+            num_cpus=os.cpu_count() or 1,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+    except Exception as exc:  # a peer that cannot start is skipped, saying why
+        return None, f"ray.init failed ({type(exc).__name__}: {exc})"
     return ray, ""
 
 
