@@ -37,7 +37,9 @@ transport under test, both ways:
 Payloads: a 1080x1920x3 uint8 frame (6.2 MB), latency (one in flight) and throughput (3 in
 flight, the window Ray's compiled graph takes by default); and 1 KB of bytes, latency, back to
 back and sparse (2 ms between a reply and the next item: rxstream's consumers have slept by
-then, the spin cannot help; Ray's readers still spin, burning their CPU while idle).
+then, the spin cannot help; Ray's readers still spin, burning their CPU while idle). Last, the
+CPU the ring's consumer process and Ray's actor use while nobody sends them anything (0.5 s,
+Ray's graph compiled, from ``/proc/<pid>/stat``).
 
 Run ``python bench/peers.py`` (a few minutes) or ``python bench/peers.py --quick`` (a smoke
 run whose ratios are indicative only). Ray is in the ``bench`` extra
@@ -81,6 +83,8 @@ from rxstream.ranks._boundary import Boundary
 SPAWN = multiprocessing.get_context("spawn")
 GST_PYTHON = "/usr/bin/python3"
 GST_CHAIN = Path(__file__).resolve().parent / "_gst_chain.py"
+IDLE_S = 0.5
+"""How long the idle rows watch the consumers' CPU use, nothing sent (Ray's graph open)."""
 GAP_S = 0.002
 """The sparse 1 KB rows' pause between a reply and the next item: far beyond any spin."""
 WINDOW = 3
@@ -297,6 +301,9 @@ class Echo:
     def touch(self, item: Any) -> int:
         return touch(item)
 
+    def pid(self) -> int:
+        return os.getpid()
+
 
 class RayPeer:
     """An actor pinned like the consumers; a compiled graph to it, compiled on ``open``."""
@@ -308,6 +315,7 @@ class RayPeer:
         self.actor = ray.remote(Echo).remote(cpu)
         self._input = InputNode
         self.graph: Any = None
+        self.pid: int = ray.get(self.actor.pid.remote())  # asked before a graph holds it
 
     def open(self) -> None:
         """Compile a graph (a DAG compiles once: a new one each time)."""
@@ -375,6 +383,20 @@ def windowed(put: Put, ack: Ack, payload: Any, items: int) -> float:
     for sent in waiting:
         ack(sent)
     return items / (_perf() - started)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (user and system, every thread)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(pids: Sequence[int], seconds: float) -> list[float]:
+    """The share of a core each process used over ``seconds`` in which nobody sent it a thing."""
+    before = [cpu_s(pid) for pid in pids]
+    time.sleep(seconds)
+    return [(cpu_s(pid) - was) / seconds for pid, was in zip(pids, before, strict=True)]
 
 
 def memcpy_latency(payload: np.ndarray[Any, Any], trips: int) -> float:
@@ -472,6 +494,11 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                         add(
                             ("sparse lat", RAY), round_trips(ray.put, ray.ack, small, sparse, GAP_S)
                         )
+                        ring_pid = peers[RING].process.pid
+                        assert ring_pid is not None
+                        idle = idle_cpu([ring_pid, ray.pid], IDLE_S)
+                        add(("idle cpu", RING), idle[0])
+                        add(("idle cpu", RAY), idle[1])
                     finally:
                         ray.close()
             finally:
@@ -563,6 +590,7 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
     sparse = f"1 KB across processes, {GAP_S * 1e3:g} ms apart, latency (µs)"
     row(sparse, "sparse lat", RING, RAY, us, "—", None)
     row(sparse, "sparse lat", RING, PIPE, us, "—", None)
+    row("idle consumer, nothing sent (% of a core)", "idle cpu", RING, RAY, 100.0, "—", None)
     lines.append("")
     lines += [f"- {peer} skipped: {why}" for peer, why in skipped.items()]
     return lines  # fmt: skip
