@@ -41,7 +41,9 @@ then, the spin cannot help; Ray's readers still spin, burning their CPU while id
 CPU the ring's consumer process and Ray's actor use while nobody sends them anything (0.5 s,
 Ray's graph compiled, from ``/proc/<pid>/stat``).
 
-Run ``python bench/peers.py`` (a few minutes) or ``python bench/peers.py --quick`` (a smoke
+The far ends (consumer processes, the Ray actor) are in bench/_peer_ends.py.
+
+Run ``python bench/peers.py`` (1-1.5 minutes) or ``python bench/peers.py --quick`` (a smoke
 run whose ratios are indicative only). Ray is in the ``bench`` extra
 (``pip install -e .[bench]``), GStreamer is Debian's ``python3-gst-1.0``.
 """
@@ -51,8 +53,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import logging
-import multiprocessing
 import os
 import platform
 import shutil
@@ -61,7 +61,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -70,17 +69,12 @@ import numpy as np
 # `python bench/peers.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
 from _report import revision, spread, verdict
 from hop import RxsChain, latency, throughput
 
 import rxstream
-from rxstream._kernel._stats import StageCounters
-from rxstream.ipc import RingHandle, ShmRing
-from rxstream.ipc._wake import DEFAULT_SPIN_US
-from rxstream.item import PipelineItem, PipelineMetadata, _stamped
-from rxstream.ranks._boundary import Boundary
 
-SPAWN = multiprocessing.get_context("spawn")
 GST_PYTHON = "/usr/bin/python3"
 GST_CHAIN = Path(__file__).resolve().parent / "_gst_chain.py"
 IDLE_S = 0.5
@@ -91,48 +85,13 @@ WINDOW = 3
 """Frames in flight in the throughput rows (Ray's compiled graph takes this many at once)."""
 FRAME, SMALL = "6.2 MB frame", "1 KB"
 RING, BOUNDARY, NO_SPIN, PIPE, RAY = "ring", "boundary", "ring, no spin", "Pipe", "Ray"
-_CONSUMER_CPU = "RXSTREAM_BENCH_CONSUMER_CPU"
 _perf = time.perf_counter
-
-Put = Callable[[Any], Any]
-"""Hand a payload to the consumer; what ``Ack`` takes to wait for its reply."""
-Ack = Callable[[Any], object]
-"""Wait for the reply to what a ``Put`` returned."""
 
 
 def make_payload(name: str) -> Any:
     if name == FRAME:
         return np.arange(1080 * 1920 * 3, dtype=np.uint8).reshape(1080, 1920, 3)
     return bytes(range(256)) * 4
-
-
-def touch(item: Any) -> int:
-    """Read the first and last element of ``item`` (array or bytes)."""
-    if isinstance(item, bytes):
-        return item[0] + item[-1]
-    flat = item.reshape(-1)
-    return int(flat[0]) + int(flat[-1])
-
-
-def pin(cpu: int | None) -> None:
-    """Run every thread of this process on ``cpu`` only (``None``: on any CPU; a CPU the
-    machine lacks: left as it is)."""
-    if not hasattr(os, "sched_setaffinity"):
-        return
-    count = os.cpu_count() or 1
-    if cpu is not None and cpu >= count:
-        return
-    cpus = set(range(count)) if cpu is None else {cpu}
-    for task in os.listdir("/proc/self/task"):  # threads started later inherit it
-        try:
-            os.sched_setaffinity(int(task), cpus)
-        except OSError:  # a thread that ended meanwhile
-            continue
-
-
-def consumer_cpu() -> int | None:
-    value = os.environ.get(_CONSUMER_CPU, "")
-    return int(value) if value else None
 
 
 # --- in one process: GStreamer in its own interpreter ----------------------------------------
@@ -187,171 +146,6 @@ def gst_or_why() -> tuple[GstChain | None, str]:
         return GstChain(), ""
     except (OSError, RuntimeError, ValueError) as exc:
         return None, f"GStreamer leg failed to start ({str(exc).strip().splitlines()[-1]})"
-
-
-# --- across processes: rxstream's consumers (spawned) ----------------------------------------
-
-
-HOP = "b>c"
-
-
-def upstream_item() -> PipelineItem:
-    """An item as it reaches a boundary: metadata and the stamps of three stages before it."""
-    t = time.monotonic()
-    head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
-    for stage in ("src", "a", "b"):
-        head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
-    return head
-
-
-def ring_echo(data: RingHandle, back: RingHandle, boundary: bool) -> None:
-    """Get each item, touch it, reply ``b"k"`` through ``back``; ``None`` ends."""
-    gc.disable()
-    pin(consumer_cpu())
-    ring, reply = ShmRing.attach(data), ShmRing.attach(back)
-    receive = Boundary(HOP, ring).receiver() if boundary else None
-    try:
-        reply.put(b"k")  # ready
-        while (got := ring.get()) is not None:
-            touch(got if receive is None else receive(got).payload)
-            del got
-            reply.put(b"k")
-    finally:
-        ring.close()
-        reply.close()
-
-
-def pipe_echo(data: Connection, back: Connection) -> None:
-    pin(consumer_cpu())
-    back.send_bytes(b"k")
-    while (got := data.recv_bytes()) != b"":
-        touch(got)
-        back.send_bytes(b"k")
-
-
-class RingPeer:
-    """A consumer process behind a ring (or a boundary), replying through a second ring."""
-
-    def __init__(self, boundary: bool, spin_us: float = DEFAULT_SPIN_US) -> None:
-        self.ring = ShmRing.create(slots=4, slot_bytes=8 << 20, spin_us=spin_us)
-        self.back = ShmRing.create(slots=4, slot_bytes=4096, spin_us=spin_us)
-        self.process = SPAWN.Process(
-            target=ring_echo,
-            args=(self.ring.handle(), self.back.handle(), boundary),
-            daemon=True,
-        )
-        self.put: Put = self.ring.put
-        if boundary:
-            send = Boundary(HOP, self.ring).sender(StageCounters("b", "pipe"))
-            head = upstream_item()
-
-            def put_item(payload: Any) -> None:
-                send(_stamped(head, payload, ()))
-
-            self.put = put_item
-        get = self.back.get
-        self.ack: Ack = lambda _sent: get()
-
-    def start(self) -> None:
-        self.process.start()
-        self.back.get()
-
-    def close(self) -> None:
-        self.ring.put(None)
-        self.process.join(30)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join()
-        for ring in (self.ring, self.back):
-            ring.close()
-            ring.unlink()
-
-
-class PipePeer:
-    """A consumer process behind a bare ``multiprocessing.Pipe``, replying through another."""
-
-    def __init__(self) -> None:
-        theirs, self.data = SPAWN.Pipe(duplex=False)
-        self.acks, back = SPAWN.Pipe(duplex=False)
-        self.process = SPAWN.Process(target=pipe_echo, args=(theirs, back), daemon=True)
-        self.put: Put = self.data.send_bytes
-        recv = self.acks.recv_bytes
-        self.ack: Ack = lambda _sent: recv()
-
-    def start(self) -> None:
-        self.process.start()
-        self.acks.recv_bytes()
-
-    def close(self) -> None:
-        self.data.send_bytes(b"")
-        self.process.join(30)
-        self.data.close()
-        self.acks.close()
-
-
-# --- across processes: Ray ------------------------------------------------------------------
-
-
-class Echo:
-    """The Ray actor: pinned like the consumers, it touches each item and answers an int."""
-
-    def __init__(self, cpu: int | None) -> None:
-        pin(cpu)
-
-    def touch(self, item: Any) -> int:
-        return touch(item)
-
-    def pid(self) -> int:
-        return os.getpid()
-
-
-class RayPeer:
-    """An actor pinned like the consumers; a compiled graph to it, compiled on ``open``."""
-
-    def __init__(self, ray: Any, cpu: int | None) -> None:
-        from ray.dag import InputNode
-
-        self.ray = ray
-        self.actor = ray.remote(Echo).remote(cpu)
-        self._input = InputNode
-        self.graph: Any = None
-        self.pid: int = ray.get(self.actor.pid.remote())  # asked before a graph holds it
-
-    def open(self) -> None:
-        """Compile a graph (a DAG compiles once: a new one each time)."""
-        with self._input() as given:
-            dag = self.actor.touch.bind(given)
-        self.graph = dag.experimental_compile(_buffer_size_bytes=8 << 20)
-        self.ack(self.graph.execute(b"k"))  # the first call sets the channels up
-
-    def put(self, payload: Any) -> Any:
-        return self.graph.execute(payload)
-
-    def ack(self, ref: Any) -> object:
-        return self.ray.get(ref)
-
-    def close(self) -> None:
-        if self.graph is not None:
-            self.graph.teardown()
-            self.graph = None
-
-
-def ray_or_why() -> tuple[Any, str]:
-    """The ``ray`` module, started, or why not."""
-    try:
-        import ray
-    except ImportError:
-        return None, "ray is not installed (pip install -e .[bench])"
-    try:
-        ray.init(
-            num_cpus=os.cpu_count() or 1,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level=logging.WARNING,
-        )
-    except Exception as exc:  # a peer that cannot start is skipped, saying why
-        return None, f"ray.init failed ({type(exc).__name__}: {exc})"
-    return ray, ""
 
 
 # --- measuring ------------------------------------------------------------------------------
@@ -419,19 +213,48 @@ FULL: Plan = {"reps": 5, "hop_trips": 1_000, "items": 20_000, "frame_trips": 200
 Got = dict[tuple[str, str], list[float]]
 
 
+Add = Callable[[tuple[str, str], float], None]
+
+
+def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
+    """The in-process chain's rows: rxstream's, then GStreamer's, one after the other."""
+    gc.collect()
+    add(("hop", "rxstream"), statistics.median(latency(RxsChain, plan["hop_trips"])))
+    if gst is not None:
+        add(("hop", "GStreamer"), gst.ask(f"latency {plan['hop_trips']}"))
+    for capacity in (2, 256):
+        gc.collect()
+        add((f"tput {capacity}", "rxstream"), throughput(RxsChain, plan["items"], capacity))
+        if gst is not None:
+            add(
+                (f"tput {capacity}", "GStreamer"), gst.ask(f"throughput {plan['items']} {capacity}")
+            )
+
+
+def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sparse: bool) -> None:
+    """One transport's rows across processes: frames (latency, throughput), 1 KB, sparse 1 KB."""
+    if frames:
+        frame = make_payload(FRAME)
+        add(("frame lat", name), round_trips(put, ack, frame, plan["frame_trips"]))
+        add(("frame tput", name), windowed(put, ack, frame, plan["frame_items"]))
+    small = make_payload(SMALL)
+    add(("small lat", name), round_trips(put, ack, small, plan["small_trips"]))
+    if sparse:
+        trips = max(20, plan["small_trips"] // 10)
+        add(("sparse lat", name), round_trips(put, ack, small, trips, GAP_S))
+
+
 def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
             ray: RayPeer | None) -> Got:  # fmt: skip
     """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded)."""
     got: Got = {}
-    frame, small = make_payload(FRAME), make_payload(SMALL)
-    sparse = max(20, plan["small_trips"] // 10)
     peers: dict[str, RingPeer | PipePeer] = {
         RING: RingPeer(boundary=False),
         BOUNDARY: RingPeer(boundary=True),
         NO_SPIN: RingPeer(boundary=False, spin_us=0),
         PIPE: PipePeer(),
     }
-    os.environ[_CONSUMER_CPU] = "" if cpus is None else str(cpus[1])
+    os.environ[CONSUMER_CPU] = "" if cpus is None else str(cpus[1])
     try:
         for peer in peers.values():
             peer.start()
@@ -442,58 +265,22 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                     got.setdefault(key, []).append(value)
 
             pin(None)  # in one process: every thread anywhere, as GStreamer's child
-            gc.collect()
-            add(("hop", "rxstream"), statistics.median(latency(RxsChain, plan["hop_trips"])))
-            if gst is not None:
-                add(("hop", "GStreamer"), gst.ask(f"latency {plan['hop_trips']}"))
-            for capacity in (2, 256):
-                gc.collect()
-                add((f"tput {capacity}", "rxstream"), throughput(RxsChain, plan["items"], capacity))
-                if gst is not None:
-                    add((f"tput {capacity}", "GStreamer"),
-                        gst.ask(f"throughput {plan['items']} {capacity}"))  # fmt: skip
+            in_process(add, plan, gst)
             pin(None if cpus is None else cpus[0])  # across: this process on one CPU
             gc.collect()
             gc.disable()
             try:
-                add(("frame lat", "memcpy"), memcpy_latency(frame, plan["frame_trips"]))
+                add(
+                    ("frame lat", "memcpy"),
+                    memcpy_latency(make_payload(FRAME), plan["frame_trips"]),
+                )
                 for name, peer in peers.items():
-                    if name in (RING, BOUNDARY):
-                        add(
-                            ("frame lat", name),
-                            round_trips(peer.put, peer.ack, frame, plan["frame_trips"]),
-                        )
-                        add(
-                            ("frame tput", name),
-                            windowed(peer.put, peer.ack, frame, plan["frame_items"]),
-                        )
-                    add(
-                        ("small lat", name),
-                        round_trips(peer.put, peer.ack, small, plan["small_trips"]),
-                    )
-                    if name in (RING, PIPE):
-                        add(
-                            ("sparse lat", name),
-                            round_trips(peer.put, peer.ack, small, sparse, GAP_S),
-                        )
+                    frames, sparse = name in (RING, BOUNDARY), name in (RING, PIPE)
+                    across(add, plan, name, peer.put, peer.ack, frames, sparse)
                 if ray is not None:
-                    ray.open()
+                    ray.open()  # torn down after its rows: its readers spin while idle
                     try:
-                        add(
-                            ("frame lat", RAY),
-                            round_trips(ray.put, ray.ack, frame, plan["frame_trips"]),
-                        )
-                        add(
-                            ("frame tput", RAY),
-                            windowed(ray.put, ray.ack, frame, plan["frame_items"]),
-                        )
-                        add(
-                            ("small lat", RAY),
-                            round_trips(ray.put, ray.ack, small, plan["small_trips"]),
-                        )
-                        add(
-                            ("sparse lat", RAY), round_trips(ray.put, ray.ack, small, sparse, GAP_S)
-                        )
+                        across(add, plan, RAY, ray.put, ray.ack, frames=True, sparse=True)
                         ring_pid = peers[RING].process.pid
                         assert ring_pid is not None
                         idle = idle_cpu([ring_pid, ray.pid], IDLE_S)
