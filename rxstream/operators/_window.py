@@ -15,14 +15,14 @@ waited for its window to close is its hold, not compute (:mod:`rxstream.operator
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata, now
+from rxstream.item import PipelineItem, _newest, merge_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.typing import ItemStream, Operator
@@ -103,13 +103,3 @@ def window_operator(
         return one_input(subscribe)
 
     return build
-
-
-def _newest(metadatas: Sequence[PipelineMetadata]) -> int:
-    """The index of the input whose timeline :func:`merge_metadata` keeps (its newest tick)."""
-    newest = len(metadatas) - 1
-    best: PipelineMetadata | None = None
-    for index, md in enumerate(metadatas):
-        if md.input_seq and (best is None or md.input_at_ms >= best.input_at_ms):
-            best, newest = md, index
-    return newest
