@@ -98,7 +98,7 @@ class ThreadedRun(Run):
             if self.error is not None:  # wiring failed: nothing to pump
                 return
             if not self._ends:  # no stage runs here (a rank the app places nothing on): done
-                self._finish()
+                self.done.set()
             self._start_sources()
 
     def _start_sources(self) -> None:
