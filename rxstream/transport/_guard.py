@@ -30,7 +30,8 @@ from typing import Any
 
 import structlog
 
-from rxstream._exceptions import ArgumentError
+from rxstream._exceptions import ArgumentError, shown
+from rxstream._util import lone_surrogate
 
 __all__ = [
     "MAX_DROPPED_IDS",
@@ -64,12 +65,6 @@ class Refused(Exception):
         self.code = code
         self.ident = ident
         """The refused message's ``id``, when it could be read before the refusal."""
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters (an error message never echoes a flood)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]}…{text[-4:]}"
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -340,15 +335,12 @@ def _check_string(text: str, path: str, limits: SessionLimits) -> None:
             f"a string must be at most {limits.max_string_chars} characters, got "
             f"{len(text)} at {path}",
         )
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise Refused(
-                "malformed",
-                f"strings must be valid Unicode, got a lone surrogate "
-                f"{text[exc.start]!r} at {path}",
-            ) from None
+    at = lone_surrogate(text)
+    if at is not None:
+        raise Refused(
+            "malformed",
+            f"strings must be valid Unicode, got a lone surrogate {text[at]!r} at {path}",
+        )
 
 
 # --- what the server says -----------------------------------------------------------------
