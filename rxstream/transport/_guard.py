@@ -44,6 +44,7 @@ __all__ = [
     "SessionLimits",
     "TokenBucket",
     "check_token",
+    "is_loopback",
     "new_token",
     "parse_message",
     "shown",
@@ -172,6 +173,24 @@ def _split_host(header: str) -> str | None:
     return host if port.isdigit() else None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class Gate:
     """The checks every handshake passes: Host, Origin and the token.
 
@@ -227,13 +246,9 @@ class Gate:
         return None
 
     def _host_allowed(self, name: str) -> bool:
-        if name in ("localhost", self.host) or name in self.allowed_hosts:
+        if name == self.host or name in self.allowed_hosts or is_loopback(name):
             return True
-        try:
-            address = ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return self.allow_remote or address.is_loopback
+        return self.allow_remote and _is_address(name)
 
 
 # --- one message --------------------------------------------------------------------------

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +57,7 @@ from rxstream.transport._guard import (
     SampledLog,
     SessionLimits,
     check_token,
+    is_loopback,
     new_token,
     shown,
     wire,
@@ -79,15 +79,6 @@ __all__ = ["MESSAGE_TYPES", "WebTransport"]
 _log = structlog.get_logger("rxstream.web")
 
 _START_S = 10.0
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class WebTransport(PageMessages, Transport):
@@ -120,7 +111,7 @@ class WebTransport(PageMessages, Transport):
         limits: SessionLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
     ) -> None:
-        if not _is_loopback(host) and not allow_remote:
+        if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
                 f"host must be a loopback address (127.0.0.1, ::1, localhost) unless "
                 f"allow_remote=True (--allow-remote), got {host!r}"
