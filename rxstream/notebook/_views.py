@@ -7,6 +7,7 @@ import html
 import io
 import math
 import threading
+from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Literal, Self
@@ -72,13 +73,14 @@ def _check_format(format: str, quality: int) -> None:
         raise ArgumentError(f"quality must be an int from 1 to 100, got {quality!r}")
 
 
-class _Shown:
+class _Shown(ABC):
     """A live view: shown as its ``widget`` in a cell, closed by ``close()`` or ``with``."""
 
     widget: Any
 
+    @abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Stop updating the widget; it keeps what it shows."""
 
     def __enter__(self) -> Self:
         return self
