@@ -60,7 +60,7 @@ class StageCounters:
     """The live counters behind :class:`StageStatistics`.
 
     ``items_in``/``items_out``/``cutovers``/``wait_s``/``work_s``/``stalled_s``/``failed_pulls``
-    and ``held`` have one writer (the stage's thread);
+    have one writer (the stage's thread);
     drops and ``blocked_s`` come from several threads and go through a lock.
     """
 
@@ -91,12 +91,12 @@ class StageCounters:
         self.blocked_s = 0.0
         self.stalled_s = 0.0
         self.failed_pulls = 0
+        self._drops: dict[str, int] = {}
+        self._lock = threading.Lock()
         self.held = 0
         """Items the stage holds until one of its timers releases them: a ``pace`` buffer's
         frames (until their ticks), a timed ``window``'s open window (until it closes). One
         writer (the stage's thread); read by ``testing.wait_idle``, which waits for them."""
-        self._drops: dict[str, int] = {}
-        self._lock = threading.Lock()
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Count ``count`` items dropped for ``reason``."""
