@@ -107,10 +107,10 @@ class InProcessBoundaries(Protocol):
 
 
 class Lease(Protocol):
-    """``ctx.lease``: an empty tensor for the calling stage to produce its output into."""
+    """``ctx.lease``: an empty buffer (a tensor, an array) for the calling stage's output."""
 
     def __call__(self, shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
-        """A view of a free slot of the boundary the stage's output crosses, else a new tensor
+        """A view of a free slot of the boundary the stage's output crosses, else a new buffer
         (see ``Environment.lease``)."""
         ...
 
@@ -145,7 +145,7 @@ def in_process_boundaries(*, cuda_api: Any, spec: Any) -> BoundaryFactory:
 
 
 def lease(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
-    """``ctx.lease``: an empty tensor for the calling stage's output (see :class:`Lease`)."""
+    """``ctx.lease``: an empty buffer for the calling stage's output (see :class:`Lease`)."""
     provided = _Provided.lease
     if provided is None:
         raise _missing("ctx.lease")
