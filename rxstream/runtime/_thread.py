@@ -140,6 +140,14 @@ class StageThread(_ClockScheduler):
     Producers call :meth:`put` (data, bounded by the policy) or :meth:`put_control`
     (completion and errors, never dropped). The thread delivers each message by calling
     ``deliver(value)`` with no lock held.
+
+    Under a backlog the thread takes every waiting message in one lock acquisition and
+    delivers them back to back (a batch; not under ``latest``, whose waiting items must stay
+    replaceable by fresher ones). A message of a batch still counts as waiting, and holds
+    its inbox slot, until its delivery starts: capacity, blocking and drops are as if the
+    thread took the messages one at a time. A batch ends early, its rest going back to the
+    front of the inbox, when a timer is due or the stage stops accepting (``pace``); a
+    ``close`` in the middle of a batch counts the rest as dropped (``stopped``).
     """
 
     def __init__(
@@ -161,11 +169,16 @@ class StageThread(_ClockScheduler):
         self._lock = lock
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._data = 0
+        """Data items in ``_inbox`` (written under the lock)."""
+        self._held = 0
+        """Data items the thread took in its batch and has not started yet (written by the
+        thread alone; they count as waiting: the inbox holds ``_data + _held``)."""
+        self._batch = spec.policy != "latest"
         self._ready: deque[_Timer] = deque()
         self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
         self._accepting = True
-        self._idle = False  # the thread waits for work: a put must notify it
+        self._idle = False  # the thread waits for work: a put must notify it (once)
         self._blocked = 0  # producers waiting for room: taking an item must notify one
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
@@ -184,7 +197,9 @@ class StageThread(_ClockScheduler):
     def close(self) -> None:
         """Stop taking work, wake every thread blocked on this inbox, let the thread end.
 
-        Items still waiting are counted as dropped (reason ``stopped``). Safe from any thread.
+        Items still waiting are counted as dropped (reason ``stopped``): those in the inbox
+        here, those of a batch not started yet by the thread when it sees the close. Safe
+        from any thread.
         """
         with self._lock:
             if self._closed:
@@ -206,8 +221,8 @@ class StageThread(_ClockScheduler):
 
     @property
     def depth(self) -> int:
-        """Data items waiting now."""
-        return self._data
+        """Data items waiting now (a batch's items count until their delivery starts)."""
+        return self._data + self._held
 
     @property
     def idle(self) -> bool:
@@ -220,10 +235,10 @@ class StageThread(_ClockScheduler):
 
     def _put_block(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
-            if self._data >= self.capacity and not self._closed:
+            if self._data + self._held >= self.capacity and not self._closed:
                 started = _perf()
-                self._blocked += 1
-                while self._data >= self.capacity and not self._closed:
+                self._blocked += 1  # before the check below: a take sees it or frees room
+                while self._data + self._held >= self.capacity and not self._closed:
                     self._not_full.wait()
                 self._blocked -= 1
                 blocked = _perf() - started
@@ -237,6 +252,7 @@ class StageThread(_ClockScheduler):
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
+                self._idle = False  # woken: later puts need not notify again
                 self._not_empty.notify()
 
     def _put_latest(self, deliver: Callable[[Any], None], value: Any) -> None:
@@ -245,7 +261,7 @@ class StageThread(_ClockScheduler):
                 self._counters.drop("stopped")
                 return
             inbox = self._inbox
-            if self._data >= self.capacity:
+            if self._data >= self.capacity:  # ``latest`` takes no batches: _held is 0
                 for index, message in enumerate(inbox):
                     if len(message) == 2:
                         del inbox[index]
@@ -255,6 +271,7 @@ class StageThread(_ClockScheduler):
             inbox.append((deliver, value))
             self._data += 1
             if self._idle:
+                self._idle = False
                 self._not_empty.notify()
 
     def _put_drop_new(self, deliver: Callable[[Any], None], value: Any) -> None:
@@ -262,12 +279,13 @@ class StageThread(_ClockScheduler):
             if self._closed:
                 self._counters.drop("stopped")
                 return
-            if self._data >= self.capacity:
+            if self._data + self._held >= self.capacity:
                 self._counters.drop("drop_new")
                 return
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
+                self._idle = False
                 self._not_empty.notify()
 
     def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
@@ -336,19 +354,26 @@ class StageThread(_ClockScheduler):
         timers = self._timers
         not_full = self._not_full
         perf = _perf
+        batching = self._batch
+        batch: list[tuple[Any, ...]] = []
         entry: Any = None
         job: Any = None
         value: Any = None
         while True:
             with lock:
-                # the common case first: an item waits, no timer, the stage takes items
+                # the common case first: items wait, no timer, the stage takes items
                 if inbox and not ready and not timers and self._accepting:
                     entry = inbox.popleft()
-                    deliver, value = entry[0], entry[1]
                     if len(entry) == 2:  # data (control entries have a third field)
                         self._data -= 1
-                        if self._blocked:
-                            not_full.notify()
+                    if batching and inbox:  # a backlog: take it all, in order; the rest
+                        batch.extend(inbox)  # hold their slots until they start
+                        inbox.clear()
+                        self._held = self._data
+                        self._data = 0
+                    if self._blocked and len(entry) == 2:
+                        not_full.notify()
+                    deliver, value = entry[0], entry[1]
                 else:
                     job = self._next()
                     if job is None:
@@ -358,6 +383,8 @@ class StageThread(_ClockScheduler):
             stalled = counters.stalled_s
             try:
                 deliver(value)
+                if batch:
+                    self._run_batch(batch)
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
                 return
@@ -365,6 +392,43 @@ class StageThread(_ClockScheduler):
                 counters.work_s += perf() - started - (counters.stalled_s - stalled)
                 # keep no item alive while waiting for the next (leases, CUDA refs, memory)
                 entry = job = value = None
+                if batch:
+                    self._drop_held(batch)
+
+    def _run_batch(self, batch: list[tuple[Any, ...]]) -> None:
+        """Deliver ``batch`` in order, each freeing its slot as it starts; stop early on a
+        close, a timer, or a stage that stops accepting. What ran leaves ``batch``."""
+        ready = self._ready
+        timers = self._timers
+        index = 0
+        end = len(batch)
+        try:
+            while index < end:
+                if self._closed or ready or timers or not self._accepting:
+                    return
+                entry = batch[index]
+                index += 1
+                if len(entry) == 2:
+                    self._held -= 1
+                    if self._blocked:
+                        with self._lock:
+                            self._not_full.notify()
+                entry[0](entry[1])
+        finally:
+            del batch[:index]
+
+    def _drop_held(self, batch: list[tuple[Any, ...]]) -> None:
+        """What a batch left: back to the front of the inbox, or counted as dropped
+        (``stopped``) when the inbox is closed. Empties ``batch``."""
+        with self._lock:
+            if self._closed:
+                if self._held:
+                    self._counters.drop("stopped", self._held)
+            else:
+                self._inbox.extendleft(reversed(batch))
+                self._data += self._held
+            self._held = 0
+            batch.clear()
 
 
 def _run_timer(timer: _Timer) -> None:
