@@ -179,7 +179,9 @@ class StageThread(_ClockScheduler):
         self._seq = itertools.count()
         self._accepting = True
         self._idle = False  # the thread waits for work: a put must notify it (once)
-        self._blocked = 0  # producers waiting for room: taking an item must notify one
+        self._blocked = 0
+        """Producers waiting for room and not yet notified (under the lock: a producer counts
+        itself in before its last check for room, whoever notifies it counts it out)."""
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
         self.put: Callable[[Callable[[Any], None], Any], None] = {
@@ -211,6 +213,7 @@ class StageThread(_ClockScheduler):
             self._data = 0
             self._not_empty.notify_all()
             self._not_full.notify_all()
+            self._blocked = 0
 
     def join(self, timeout: float | None) -> bool:
         """Wait for the thread to end; whether it did."""
@@ -237,10 +240,14 @@ class StageThread(_ClockScheduler):
         with self._lock:
             if self._data + self._held >= self.capacity and not self._closed:
                 started = _perf()
-                self._blocked += 1  # before the check below: a take sees it or frees room
-                while self._data + self._held >= self.capacity and not self._closed:
+                while True:
+                    # counted in before the check: a take that frees room after the check
+                    # sees the count (a batch frees its slots without taking the lock)
+                    self._blocked += 1
+                    if self._data + self._held < self.capacity or self._closed:
+                        self._blocked -= 1
+                        break
                     self._not_full.wait()
-                self._blocked -= 1
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
                 owner: StageCounters | None = getattr(_stall, "counters", None)
@@ -336,6 +343,7 @@ class StageThread(_ClockScheduler):
                 if len(entry) == 2:
                     self._data -= 1
                     if self._blocked:
+                        self._blocked -= 1
                         self._not_full.notify()
                 return entry[0], entry[1]
             started = _perf()
@@ -372,6 +380,7 @@ class StageThread(_ClockScheduler):
                         self._held = self._data
                         self._data = 0
                     if self._blocked and len(entry) == 2:
+                        self._blocked -= 1
                         not_full.notify()
                     deliver, value = entry[0], entry[1]
                 else:
@@ -410,9 +419,11 @@ class StageThread(_ClockScheduler):
                 index += 1
                 if len(entry) == 2:
                     self._held -= 1
-                    if self._blocked:
+                    if self._blocked:  # read without the lock: see _put_block
                         with self._lock:
-                            self._not_full.notify()
+                            if self._blocked:
+                                self._blocked -= 1
+                                self._not_full.notify()
                 entry[0](entry[1])
         finally:
             del batch[:index]
