@@ -39,6 +39,7 @@ def charge_stalls_to(counters: StageCounters) -> None:
 
 _monotonic = time.monotonic
 _perf = time.perf_counter
+_new_lock = threading.Lock
 
 
 class _Busy(_Timer):
@@ -163,10 +164,14 @@ class StageThread(_ClockScheduler):
         self.policy = spec.policy
         self._counters = counters
         self._on_crash = on_crash
-        lock = threading.RLock()  # a Condition over an RLock checks ownership in C
-        self._not_empty = threading.Condition(lock)
-        self._not_full = threading.Condition(lock)
-        self._lock = lock
+        # no Condition: its wait and notify are Python code, several µs a hop. The thread
+        # sleeps on ``_wake`` (held while it is not sleeping, released once by whoever wakes
+        # it); a producer waiting for room sleeps on a lock of its own in ``_waiting``.
+        self._lock = threading.Lock()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._waiting: deque[Any] = deque()
+        """Locks of producers waiting for room, not yet woken (changed under the lock)."""
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._data = 0
         """Data items in ``_inbox`` (written under the lock)."""
@@ -178,10 +183,7 @@ class StageThread(_ClockScheduler):
         self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
         self._accepting = True
-        self._idle = False  # the thread waits for work: a put must notify it (once)
-        self._blocked = 0
-        """Producers waiting for room and not yet notified (under the lock: a producer counts
-        itself in before its last check for room, whoever notifies it counts it out)."""
+        self._idle = False  # the thread sleeps on _wake: the first put must wake it
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
         self.put: Callable[[Callable[[Any], None], Any], None] = {
@@ -211,9 +213,10 @@ class StageThread(_ClockScheduler):
                 self._counters.drop("stopped", self._data)
             self._inbox.clear()
             self._data = 0
-            self._not_empty.notify_all()
-            self._not_full.notify_all()
-            self._blocked = 0
+            self._wake_thread()
+            for waiter in self._waiting:
+                waiter.release()
+            self._waiting.clear()
 
     def join(self, timeout: float | None) -> bool:
         """Wait for the thread to end; whether it did."""
@@ -240,14 +243,22 @@ class StageThread(_ClockScheduler):
         with self._lock:
             if self._data + self._held >= self.capacity and not self._closed:
                 started = _perf()
+                lock = self._lock
+                waiting = self._waiting
                 while True:
-                    # counted in before the check: a take that frees room after the check
-                    # sees the count (a batch frees its slots without taking the lock)
-                    self._blocked += 1
+                    # in the queue before the last check: a batch frees its slots without
+                    # the lock, and a slot freed after this check sees the waiter
+                    waiter = _new_lock()
+                    waiter.acquire()
+                    waiting.append(waiter)
                     if self._data + self._held < self.capacity or self._closed:
-                        self._blocked -= 1
+                        waiting.remove(waiter)
                         break
-                    self._not_full.wait()
+                    lock.release()
+                    try:
+                        waiter.acquire()  # released by whoever frees a slot, or by close
+                    finally:
+                        lock.acquire()
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
                 owner: StageCounters | None = getattr(_stall, "counters", None)
@@ -259,8 +270,7 @@ class StageThread(_ClockScheduler):
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._idle = False  # woken: later puts need not notify again
-                self._not_empty.notify()
+                self._wake_thread()
 
     def _put_latest(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
@@ -278,8 +288,7 @@ class StageThread(_ClockScheduler):
             inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._idle = False
-                self._not_empty.notify()
+                self._wake_thread()
 
     def _put_drop_new(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
@@ -292,15 +301,14 @@ class StageThread(_ClockScheduler):
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._idle = False
-                self._not_empty.notify()
+                self._wake_thread()
 
     def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
         """Queue a terminal message (completion, error): never dropped, never blocks."""
         with self._lock:
             if not self._closed:
                 self._inbox.append((deliver, value, None))
-                self._not_empty.notify()
+                self._wake_thread()
 
     # --- scheduler ----------------------------------------------------------------------------
 
@@ -312,7 +320,7 @@ class StageThread(_ClockScheduler):
             with self._lock:
                 self._accepting = accepting
                 if accepting:
-                    self._not_empty.notify()
+                    self._wake_thread()
 
     def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
         with self._lock:
@@ -320,8 +328,19 @@ class StageThread(_ClockScheduler):
                 self._ready.append(timer)
             else:
                 heapq.heappush(self._timers, (due, next(self._seq), timer))
-            self._not_empty.notify()
+            self._wake_thread()
         return Disposable(timer.cancel)
+
+    def _wake_thread(self) -> None:
+        """Wake the thread if it sleeps (once per sleep). Holds the lock."""
+        if self._idle:
+            self._idle = False
+            self._wake.release()
+
+    def _free_slot(self) -> None:
+        """Wake the first producer waiting for room, if any. Holds the lock."""
+        if self._waiting:
+            self._waiting.popleft().release()
 
     # --- the thread -----------------------------------------------------------------------------
 
@@ -342,14 +361,19 @@ class StageThread(_ClockScheduler):
                 entry = inbox.popleft()
                 if len(entry) == 2:
                     self._data -= 1
-                    if self._blocked:
-                        self._blocked -= 1
-                        self._not_full.notify()
+                    self._free_slot()
                 return entry[0], entry[1]
             started = _perf()
             self._idle = True
-            self._not_empty.wait(timeout)
-            self._idle = False
+            self._lock.release()
+            try:
+                woken = self._wake.acquire(True, -1 if timeout is None else timeout)
+            finally:
+                self._lock.acquire()
+            if self._idle:  # timed out, nobody woke it
+                self._idle = False
+            elif not woken:  # woken as the wait timed out: take the wake-up
+                self._wake.acquire()
             counters.wait_s += _perf() - started
         return None
 
@@ -360,7 +384,7 @@ class StageThread(_ClockScheduler):
         inbox = self._inbox
         ready = self._ready
         timers = self._timers
-        not_full = self._not_full
+        waiting = self._waiting
         perf = _perf
         batching = self._batch
         batch: list[tuple[Any, ...]] = []
@@ -379,9 +403,8 @@ class StageThread(_ClockScheduler):
                         inbox.clear()
                         self._held = self._data
                         self._data = 0
-                    if self._blocked and len(entry) == 2:
-                        self._blocked -= 1
-                        not_full.notify()
+                    if waiting and len(entry) == 2:
+                        waiting.popleft().release()
                     deliver, value = entry[0], entry[1]
                 else:
                     job = self._next()
@@ -409,6 +432,7 @@ class StageThread(_ClockScheduler):
         close, a timer, or a stage that stops accepting. What ran leaves ``batch``."""
         ready = self._ready
         timers = self._timers
+        waiting = self._waiting
         index = 0
         end = len(batch)
         try:
@@ -419,11 +443,9 @@ class StageThread(_ClockScheduler):
                 index += 1
                 if len(entry) == 2:
                     self._held -= 1
-                    if self._blocked:  # read without the lock: see _put_block
+                    if waiting:  # read without the lock: see _put_block
                         with self._lock:
-                            if self._blocked:
-                                self._blocked -= 1
-                                self._not_full.notify()
+                            self._free_slot()
                 entry[0](entry[1])
         finally:
             del batch[:index]
