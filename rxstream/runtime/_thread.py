@@ -401,8 +401,9 @@ class StageThread(_ClockScheduler):
                     if batching and inbox:  # a backlog: take it all, in order; the rest
                         batch.extend(inbox)  # hold their slots until they start
                         inbox.clear()
-                        self._held = self._data
+                        held = self._data  # depth reads without the lock: never overcount
                         self._data = 0
+                        self._held = held
                     if waiting and len(entry) == 2:
                         waiting.popleft().release()
                     deliver, value = entry[0], entry[1]
@@ -454,13 +455,14 @@ class StageThread(_ClockScheduler):
         """What a batch left: back to the front of the inbox, or counted as dropped
         (``stopped``) when the inbox is closed. Empties ``batch``."""
         with self._lock:
+            held = self._held  # depth reads without the lock: never count one twice
+            self._held = 0
             if self._closed:
-                if self._held:
-                    self._counters.drop("stopped", self._held)
+                if held:
+                    self._counters.drop("stopped", held)
             else:
                 self._inbox.extendleft(reversed(batch))
-                self._data += self._held
-            self._held = 0
+                self._data += held
             batch.clear()
 
 
