@@ -133,7 +133,7 @@ class Admission:
 
     def admit(self, metadata: PipelineMetadata) -> bool:
         """Whether an item of ``metadata`` (its base will do) goes on into the stage."""
-        if metadata.prompt_generation < self._generations.drop:  # is_stale, one call less
+        if self._generations.is_stale(metadata):
             self._counters.drop("stale")
             return False
         if metadata.cutover:
