@@ -263,3 +263,40 @@ def test_a_batched_backlog_keeps_order_stamps_and_books(
     assert all(done <= nxt for (_, done), (nxt, _) in itertools.pairwise(spans))
     stats = pipeline.statistics()["gate"]
     assert (stats.items_in, stats.items_out, dict(stats.dropped)) == (9, 9, {})
+
+
+def test_a_stop_in_the_middle_of_a_batch_keeps_the_books(ctx: rxstream.Context) -> None:
+    """A run halted while a stage works through a batch: what it had not started is ``stopped``."""
+    holding = threading.Event()
+    release = threading.Event()
+    runs: list[ThreadedRun] = []
+
+    def frames() -> Iterator[int]:
+        yield 0
+        assert holding.wait(WAIT_S)
+        yield from range(1, 9)
+
+    def gate(x: int) -> int:
+        if x == 0:
+            holding.set()
+            assert release.wait(WAIT_S)
+        elif x == 3:
+            runs[0].halt()  # closes every inbox at once, from this stage's thread
+        return x
+
+    pipeline = (
+        ctx.source(frames, name="source")
+        | ctx.pipe(gate, name="gate", capacity=8)
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    run = pipeline._run
+    assert isinstance(run, ThreadedRun)
+    runs.append(run)
+    wait_until(lambda: pipeline.statistics()["gate"].inbox_depth == 8, "a full inbox")
+    release.set()
+    wait_until(lambda: all(thread.join(0) for thread in run.threads.values()), "the halt")
+    pipeline.stop()
+    stats = pipeline.statistics()["gate"]
+    # 1, 2, 3 started from the batch; 4..8 had not: dropped, none waiting, none lost
+    assert (stats.items_in, dict(stats.dropped), stats.inbox_depth) == (4, {"stopped": 5}, 0)
