@@ -4,9 +4,12 @@ the items one at a time (issue 18 item 4)."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
+import weakref
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -98,6 +101,48 @@ def test_a_backlog_leaves_the_inbox_at_once_and_holds_its_slots() -> None:
     # taken at once (the inbox is empty), the rest still counted: 4, 3, 2, 1, 0 waiting
     assert views == [(0, 4), (0, 3), (0, 2), (0, 1), (0, 0)]
     assert stage.counters.snapshot().dropped == {}
+
+
+class Box:
+    """A payload that a weak reference can watch."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def test_a_batch_keeps_no_delivered_item_alive() -> None:
+    """Each batched item is let go once delivered, not when the batch ends (leases, memory)."""
+    counters = StageCounters("t", "pipe")
+    crashes: list[BaseException] = []
+    thread = StageThread("t", InboxSpec(8, "block"), counters, crashes.append)
+    started, go, done = threading.Event(), threading.Event(), threading.Event()
+    refs: list[weakref.ref[Box]] = []
+    alive: list[bool] = []
+
+    def deliver(box: Box) -> None:
+        if box.index == 0:
+            started.set()
+            assert go.wait(WAIT_S)
+        else:
+            gc.collect()
+            alive.append(refs[box.index - 1]() is not None)  # the one delivered before
+        if box.index == 4:
+            done.set()
+
+    thread.start()
+    for index in range(5):
+        box = Box(index)
+        refs.append(weakref.ref(box))
+        thread.put(deliver, box)
+        del box
+        if index == 0:
+            assert started.wait(WAIT_S)
+    go.set()
+    assert done.wait(WAIT_S)
+    thread.close()
+    assert thread.join(WAIT_S)
+    assert not crashes
+    assert alive == [False, False, False, False]
 
 
 def test_drop_new_counts_a_batch_as_full() -> None:
@@ -201,7 +246,7 @@ def test_one_item_at_a_time_takes_no_batch() -> None:
     batches: list[int] = []
     run_batch = stage.thread._run_batch
 
-    def recorded(batch: list[Any]) -> None:
+    def recorded(batch: deque[Any]) -> None:
         batches.append(len(batch))
         run_batch(batch)
 

@@ -388,7 +388,7 @@ class StageThread(_ClockScheduler):
         waiting = self._waiting
         perf = _perf
         batching = self._batch
-        batch: list[tuple[Any, ...]] = []
+        batch: deque[tuple[Any, ...]] = deque()
         entry: Any = None
         job: Any = None
         value: Any = None
@@ -418,6 +418,7 @@ class StageThread(_ClockScheduler):
             try:
                 deliver(value)
                 if batch:
+                    entry = value = None  # as below: the batch's first is done with
                     self._run_batch(batch)
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
@@ -429,30 +430,26 @@ class StageThread(_ClockScheduler):
                 if batch:
                     self._drop_held(batch)
 
-    def _run_batch(self, batch: list[tuple[Any, ...]]) -> None:
-        """Deliver ``batch`` in order, each freeing its slot as it starts; stop early on a
-        close, a timer, or a stage that stops accepting. What ran leaves ``batch``."""
+    def _run_batch(self, batch: deque[tuple[Any, ...]]) -> None:
+        """Deliver ``batch`` in order, each leaving it (and freeing its slot) as it starts, so
+        the batch keeps no delivered item alive; stop early on a close, a timer, or a stage
+        that stops accepting."""
         ready = self._ready
         timers = self._timers
         waiting = self._waiting
-        index = 0
-        end = len(batch)
-        try:
-            while index < end:
-                if self._closed or ready or timers or not self._accepting:
-                    return
-                entry = batch[index]
-                index += 1
-                if len(entry) == 2:
-                    self._held -= 1
-                    if waiting:  # read without the lock: see _put_block
-                        with self._lock:
-                            self._free_slot()
-                entry[0](entry[1])
-        finally:
-            del batch[:index]
+        pop = batch.popleft
+        while batch:
+            if self._closed or ready or timers or not self._accepting:
+                return
+            entry = pop()
+            if len(entry) == 2:
+                self._held -= 1
+                if waiting:  # read without the lock: see _put_block
+                    with self._lock:
+                        self._free_slot()
+            entry[0](entry[1])
 
-    def _drop_held(self, batch: list[tuple[Any, ...]]) -> None:
+    def _drop_held(self, batch: deque[tuple[Any, ...]]) -> None:
         """What a batch left: back to the front of the inbox, or counted as dropped
         (``stopped``) when the inbox is closed. Empties ``batch``."""
         with self._lock:
