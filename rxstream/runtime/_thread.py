@@ -1,8 +1,9 @@
 """A stage's scheduler: one thread that runs its inbox and its timers.
 
 reactivex's ``observe_on`` queues without bound (a list popped from the front), so the hop
-between stages is this: a deque with two conditions over one lock, a capacity, and an overflow
-policy chosen once at construction (``put`` is bound to the policy's method). The same thread
+between stages is this: a deque under one lock, a capacity, and an overflow policy chosen once
+at construction (``put`` is bound to the policy's method); a backlog leaves it in one take
+(docs/decisions.md, "A backlog leaves the inbox in one take"). The same thread
 runs the stage's timed actions (pace ticks, window timeouts), so a stage's operator never needs
 a lock of its own. It is a reactivex scheduler too: payload-level Rx operators lifted with
 ``ctx.rx`` that take a scheduler time on it.
@@ -39,6 +40,7 @@ def charge_stalls_to(counters: StageCounters) -> None:
 
 _monotonic = time.monotonic
 _perf = time.perf_counter
+_new_lock = threading.Lock
 
 
 class _Busy(_Timer):
@@ -140,6 +142,14 @@ class StageThread(_ClockScheduler):
     Producers call :meth:`put` (data, bounded by the policy) or :meth:`put_control`
     (completion and errors, never dropped). The thread delivers each message by calling
     ``deliver(value)`` with no lock held.
+
+    Under a backlog the thread takes every waiting message in one lock acquisition and
+    delivers them back to back (a batch; not under ``latest``, whose waiting items must stay
+    replaceable by fresher ones). A message of a batch still counts as waiting, and holds
+    its inbox slot, until its delivery starts: capacity, blocking and drops are as if the
+    thread took the messages one at a time. A batch ends early, its rest going back to the
+    front of the inbox, when a timer is due or the stage stops accepting (``pace``); a
+    ``close`` in the middle of a batch counts the rest as dropped (``stopped``).
     """
 
     def __init__(
@@ -155,18 +165,26 @@ class StageThread(_ClockScheduler):
         self.policy = spec.policy
         self._counters = counters
         self._on_crash = on_crash
-        lock = threading.RLock()  # a Condition over an RLock checks ownership in C
-        self._not_empty = threading.Condition(lock)
-        self._not_full = threading.Condition(lock)
-        self._lock = lock
+        # no Condition: its wait and notify are Python code, several µs a hop. The thread
+        # sleeps on ``_wake`` (held while it is not sleeping, released once by whoever wakes
+        # it); a producer waiting for room sleeps on a lock of its own in ``_waiting``.
+        self._lock = threading.Lock()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._waiting: deque[Any] = deque()
+        """Locks of producers waiting for room, not yet woken (changed under the lock)."""
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._data = 0
+        """Data items in ``_inbox`` (written under the lock)."""
+        self._held = 0
+        """Data items the thread took in its batch and has not started yet (written by the
+        thread alone; they count as waiting: the inbox holds ``_data + _held``)."""
+        self._batch = spec.policy != "latest"
         self._ready: deque[_Timer] = deque()
         self._timers: list[tuple[float, int, _Timer]] = []
         self._seq = itertools.count()
         self._accepting = True
-        self._idle = False  # the thread waits for work: a put must notify it
-        self._blocked = 0  # producers waiting for room: taking an item must notify one
+        self._idle = False  # the thread sleeps on _wake: the first put must wake it
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name=f"rxstream:{name}", daemon=True)
         self.put: Callable[[Callable[[Any], None], Any], None] = {
@@ -184,7 +202,9 @@ class StageThread(_ClockScheduler):
     def close(self) -> None:
         """Stop taking work, wake every thread blocked on this inbox, let the thread end.
 
-        Items still waiting are counted as dropped (reason ``stopped``). Safe from any thread.
+        Items still waiting are counted as dropped (reason ``stopped``): those in the inbox
+        here, those of a batch not started yet by the thread when it sees the close. Safe
+        from any thread.
         """
         with self._lock:
             if self._closed:
@@ -194,8 +214,10 @@ class StageThread(_ClockScheduler):
                 self._counters.drop("stopped", self._data)
             self._inbox.clear()
             self._data = 0
-            self._not_empty.notify_all()
-            self._not_full.notify_all()
+            self._wake_thread()
+            for waiter in self._waiting:
+                waiter.release()
+            self._waiting.clear()
 
     def join(self, timeout: float | None) -> bool:
         """Wait for the thread to end; whether it did."""
@@ -206,8 +228,8 @@ class StageThread(_ClockScheduler):
 
     @property
     def depth(self) -> int:
-        """Data items waiting now."""
-        return self._data
+        """Data items waiting now (a batch's items count until their delivery starts)."""
+        return self._data + self._held
 
     @property
     def idle(self) -> bool:
@@ -220,12 +242,24 @@ class StageThread(_ClockScheduler):
 
     def _put_block(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
-            if self._data >= self.capacity and not self._closed:
+            if self._data + self._held >= self.capacity and not self._closed:
                 started = _perf()
-                self._blocked += 1
-                while self._data >= self.capacity and not self._closed:
-                    self._not_full.wait()
-                self._blocked -= 1
+                lock = self._lock
+                waiting = self._waiting
+                while True:
+                    # in the queue before the last check: a batch frees its slots without
+                    # the lock, and a slot freed after this check sees the waiter
+                    waiter = _new_lock()
+                    waiter.acquire()
+                    waiting.append(waiter)
+                    if self._data + self._held < self.capacity or self._closed:
+                        waiting.remove(waiter)
+                        break
+                    lock.release()
+                    try:
+                        waiter.acquire()  # released by whoever frees a slot, or by close
+                    finally:
+                        lock.acquire()
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
                 owner: StageCounters | None = getattr(_stall, "counters", None)
@@ -237,7 +271,7 @@ class StageThread(_ClockScheduler):
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._not_empty.notify()
+                self._wake_thread()
 
     def _put_latest(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
@@ -245,7 +279,7 @@ class StageThread(_ClockScheduler):
                 self._counters.drop("stopped")
                 return
             inbox = self._inbox
-            if self._data >= self.capacity:
+            if self._data >= self.capacity:  # ``latest`` takes no batches: _held is 0
                 for index, message in enumerate(inbox):
                     if len(message) == 2:
                         del inbox[index]
@@ -255,27 +289,27 @@ class StageThread(_ClockScheduler):
             inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._not_empty.notify()
+                self._wake_thread()
 
     def _put_drop_new(self, deliver: Callable[[Any], None], value: Any) -> None:
         with self._lock:
             if self._closed:
                 self._counters.drop("stopped")
                 return
-            if self._data >= self.capacity:
+            if self._data + self._held >= self.capacity:
                 self._counters.drop("drop_new")
                 return
             self._inbox.append((deliver, value))
             self._data += 1
             if self._idle:
-                self._not_empty.notify()
+                self._wake_thread()
 
     def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
         """Queue a terminal message (completion, error): never dropped, never blocks."""
         with self._lock:
             if not self._closed:
                 self._inbox.append((deliver, value, None))
-                self._not_empty.notify()
+                self._wake_thread()
 
     # --- scheduler ----------------------------------------------------------------------------
 
@@ -287,7 +321,7 @@ class StageThread(_ClockScheduler):
             with self._lock:
                 self._accepting = accepting
                 if accepting:
-                    self._not_empty.notify()
+                    self._wake_thread()
 
     def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
         with self._lock:
@@ -295,8 +329,19 @@ class StageThread(_ClockScheduler):
                 self._ready.append(timer)
             else:
                 heapq.heappush(self._timers, (due, next(self._seq), timer))
-            self._not_empty.notify()
+            self._wake_thread()
         return Disposable(timer.cancel)
+
+    def _wake_thread(self) -> None:
+        """Wake the thread if it sleeps (once per sleep). Holds the lock."""
+        if self._idle:
+            self._idle = False
+            self._wake.release()
+
+    def _free_slot(self) -> None:
+        """Wake the first producer waiting for room, if any. Holds the lock."""
+        if self._waiting:
+            self._waiting.popleft().release()
 
     # --- the thread -----------------------------------------------------------------------------
 
@@ -317,13 +362,19 @@ class StageThread(_ClockScheduler):
                 entry = inbox.popleft()
                 if len(entry) == 2:
                     self._data -= 1
-                    if self._blocked:
-                        self._not_full.notify()
+                    self._free_slot()
                 return entry[0], entry[1]
             started = _perf()
             self._idle = True
-            self._not_empty.wait(timeout)
-            self._idle = False
+            self._lock.release()
+            try:
+                woken = self._wake.acquire(True, -1 if timeout is None else timeout)
+            finally:
+                self._lock.acquire()
+            if self._idle:  # timed out, nobody woke it
+                self._idle = False
+            elif not woken:  # woken as the wait timed out: take the wake-up
+                self._wake.acquire()
             counters.wait_s += _perf() - started
         return None
 
@@ -334,21 +385,29 @@ class StageThread(_ClockScheduler):
         inbox = self._inbox
         ready = self._ready
         timers = self._timers
-        not_full = self._not_full
+        waiting = self._waiting
         perf = _perf
+        batching = self._batch
+        batch: deque[tuple[Any, ...]] = deque()
         entry: Any = None
         job: Any = None
         value: Any = None
         while True:
             with lock:
-                # the common case first: an item waits, no timer, the stage takes items
+                # the common case first: items wait, no timer, the stage takes items
                 if inbox and not ready and not timers and self._accepting:
                     entry = inbox.popleft()
-                    deliver, value = entry[0], entry[1]
                     if len(entry) == 2:  # data (control entries have a third field)
                         self._data -= 1
-                        if self._blocked:
-                            not_full.notify()
+                    if batching and inbox:  # a backlog: take it all, in order; the rest
+                        batch.extend(inbox)  # hold their slots until they start
+                        inbox.clear()
+                        held = self._data  # depth reads without the lock: never overcount
+                        self._data = 0
+                        self._held = held
+                    if waiting and len(entry) == 2:
+                        waiting.popleft().release()
+                    deliver, value = entry[0], entry[1]
                 else:
                     job = self._next()
                     if job is None:
@@ -358,6 +417,9 @@ class StageThread(_ClockScheduler):
             stalled = counters.stalled_s
             try:
                 deliver(value)
+                if batch:
+                    entry = value = None  # as below: the batch's first is done with
+                    self._run_batch(batch)
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
                 return
@@ -365,6 +427,41 @@ class StageThread(_ClockScheduler):
                 counters.work_s += perf() - started - (counters.stalled_s - stalled)
                 # keep no item alive while waiting for the next (leases, CUDA refs, memory)
                 entry = job = value = None
+                if batch:
+                    self._drop_held(batch)
+
+    def _run_batch(self, batch: deque[tuple[Any, ...]]) -> None:
+        """Deliver ``batch`` in order, each leaving it (and freeing its slot) as it starts, so
+        the batch keeps no delivered item alive; stop early on a close, a timer, or a stage
+        that stops accepting."""
+        ready = self._ready
+        timers = self._timers
+        waiting = self._waiting
+        pop = batch.popleft
+        while batch:
+            if self._closed or ready or timers or not self._accepting:
+                return
+            entry = pop()
+            if len(entry) == 2:
+                self._held -= 1
+                if waiting:  # read without the lock: see _put_block
+                    with self._lock:
+                        self._free_slot()
+            entry[0](entry[1])
+
+    def _drop_held(self, batch: deque[tuple[Any, ...]]) -> None:
+        """What a batch left: back to the front of the inbox, or counted as dropped
+        (``stopped``) when the inbox is closed. Empties ``batch``."""
+        with self._lock:
+            held = self._held  # depth reads without the lock: never count one twice
+            self._held = 0
+            if self._closed:
+                if held:
+                    self._counters.drop("stopped", held)
+            else:
+                self._inbox.extendleft(reversed(batch))
+                self._data += held
+            batch.clear()
 
 
 def _run_timer(timer: _Timer) -> None:

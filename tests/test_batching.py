@@ -1,0 +1,347 @@
+"""Batched hand-offs: a stage thread takes its whole backlog in one lock acquisition and
+delivers it back to back, with order, stamps, statistics, slots and drops as if it had taken
+the items one at a time (issue 18 item 4)."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+import rxstream
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._stats import StageCounters
+from rxstream.runtime._thread import StageThread
+from rxstream.runtime._threaded import ThreadedRun
+from rxstream.transport import MemoryTransport
+from rxstream.typing import InboxPolicy
+
+WAIT_S = 10.0
+
+
+def wait_until(check: Callable[[], bool], what: str) -> None:
+    """Poll ``check`` until it holds; raise (never hang) if it does not."""
+    deadline = time.monotonic() + WAIT_S
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.002)
+
+
+class Stage:
+    """A bare :class:`StageThread` whose deliveries are recorded; item 0 waits for ``go``."""
+
+    def __init__(self, capacity: int, policy: InboxPolicy = "block") -> None:
+        self.counters = StageCounters("t", "pipe")
+        self.crashes: list[BaseException] = []
+        self.thread = StageThread(
+            "t", InboxSpec(capacity, policy), self.counters, self.crashes.append
+        )
+        self.go = threading.Event()
+        self.seen: list[Any] = []
+        self.during: dict[Any, Callable[[], None]] = {}
+        """Actions to run on the stage thread while delivering a given value."""
+        self.started = threading.Event()
+
+    def deliver(self, value: Any) -> None:
+        """The stage's work: record ``value``; item 0 holds the thread until ``go``."""
+        self.seen.append(value)
+        if value == 0:
+            self.started.set()
+            assert self.go.wait(WAIT_S)
+        action = self.during.get(value)
+        if action is not None:
+            action()
+
+    def put(self, value: Any) -> None:
+        """Hand ``value`` to the stage as data."""
+        self.thread.put(self.deliver, value)
+
+    def put_all(self, *values: Any) -> None:
+        """Hand each of ``values`` to the stage, in order."""
+        for value in values:
+            self.put(value)
+
+    def backlog(self, values: range) -> None:
+        """Start the thread, park it on item 0, and queue ``values`` behind it."""
+        self.thread.start()
+        self.put(0)
+        assert self.started.wait(WAIT_S)
+        for value in values:
+            self.put(value)
+
+    def finish(self) -> None:
+        """Complete the stage and wait for its thread to end."""
+        done = threading.Event()
+        self.thread.put_control(lambda _: done.set())
+        assert done.wait(WAIT_S)
+        self.thread.close()
+        assert self.thread.join(WAIT_S)
+        assert not self.crashes
+
+
+def test_a_backlog_leaves_the_inbox_at_once_and_holds_its_slots() -> None:
+    """The thread empties its inbox at once; a batched item counts as waiting until it starts."""
+    stage = Stage(capacity=8)
+    views: list[tuple[int, int]] = []
+    for value in range(1, 6):
+        stage.during[value] = lambda: views.append((len(stage.thread._inbox), stage.thread.depth))
+    stage.backlog(range(1, 6))
+    assert stage.thread.depth == 5
+    stage.go.set()
+    stage.finish()
+    assert stage.seen == [0, 1, 2, 3, 4, 5]
+    # taken at once (the inbox is empty), the rest still counted: 4, 3, 2, 1, 0 waiting
+    assert views == [(0, 4), (0, 3), (0, 2), (0, 1), (0, 0)]
+    assert stage.counters.snapshot().dropped == {}
+
+
+class Box:
+    """A payload that a weak reference can watch."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def test_a_batch_keeps_no_delivered_item_alive() -> None:
+    """Each batched item is let go once delivered, not when the batch ends (leases, memory)."""
+    counters = StageCounters("t", "pipe")
+    crashes: list[BaseException] = []
+    thread = StageThread("t", InboxSpec(8, "block"), counters, crashes.append)
+    started, go, done = threading.Event(), threading.Event(), threading.Event()
+    refs: list[weakref.ref[Box]] = []
+    alive: list[bool] = []
+
+    def deliver(box: Box) -> None:
+        if box.index == 0:
+            started.set()
+            assert go.wait(WAIT_S)
+        else:
+            gc.collect()
+            alive.append(refs[box.index - 1]() is not None)  # the one delivered before
+        if box.index == 4:
+            done.set()
+
+    thread.start()
+    for index in range(5):
+        box = Box(index)
+        refs.append(weakref.ref(box))
+        thread.put(deliver, box)
+        del box
+        if index == 0:
+            assert started.wait(WAIT_S)
+    go.set()
+    assert done.wait(WAIT_S)
+    thread.close()
+    assert thread.join(WAIT_S)
+    assert not crashes
+    assert alive == [False, False, False, False]
+
+
+def test_drop_new_counts_a_batch_as_full() -> None:
+    """Under ``drop_new`` an arrival while a batch holds every slot is dropped, not let in."""
+    stage = Stage(capacity=4, policy="drop_new")
+    stage.during[1] = lambda: stage.put_all(10, 11)  # room for one: 2, 3, 4 wait
+    stage.backlog(range(1, 6))  # 1..4 fill the inbox, 5 is dropped
+    stage.go.set()
+    stage.finish()
+    assert stage.seen == [0, 1, 2, 3, 4, 10]
+    assert stage.counters.snapshot().dropped == {"drop_new": 2}
+
+
+def test_latest_keeps_waiting_items_replaceable() -> None:
+    """``latest`` takes no batch: a fresh arrival still replaces the oldest waiting item."""
+    stage = Stage(capacity=2, policy="latest")
+    stage.during[1] = lambda: stage.put_all(3, 4)  # 2 waits; 3 fits; 4 drops 2
+    stage.backlog(range(1, 3))
+    stage.go.set()
+    stage.finish()
+    assert stage.seen == [0, 1, 3, 4]
+    assert stage.counters.snapshot().dropped == {"latest": 1}
+
+
+def test_a_block_producer_waits_for_a_batched_slot_to_start() -> None:
+    """Under ``block`` a producer at a full inbox resumes when a batched item starts."""
+    stage = Stage(capacity=3)
+    resumed = threading.Event()
+
+    def produce() -> None:
+        stage.put(9)  # fits: 2 and 3 hold two slots
+        stage.put(10)  # blocks until 2 starts
+        resumed.set()
+
+    producer = threading.Thread(target=produce)
+    checked: list[bool] = []
+
+    def start_producer() -> None:
+        producer.start()
+        wait_until(lambda: bool(stage.thread._waiting), "the producer to block")
+        checked.append(resumed.is_set())
+
+    stage.during[1] = start_producer
+    stage.during[2] = lambda: checked.append(resumed.wait(WAIT_S))
+    stage.backlog(range(1, 4))
+    stage.go.set()
+    wait_until(lambda: len(checked) == 2, "2 to start")
+    producer.join(WAIT_S)
+    stage.finish()
+    assert checked == [False, True]
+    assert stage.seen == [0, 1, 2, 3, 9, 10]
+    assert stage.counters.snapshot().blocked_s > 0.0
+
+
+def test_a_close_in_the_middle_of_a_batch_counts_the_rest_as_stopped() -> None:
+    """A stop while a batch runs: what had started is delivered, the rest dropped as ``stopped``."""
+    stage = Stage(capacity=8)
+    stage.during[2] = stage.thread.close
+    stage.backlog(range(1, 6))
+    stage.go.set()
+    assert stage.thread.join(WAIT_S)
+    assert stage.seen == [0, 1, 2]
+    assert stage.counters.snapshot().dropped == {"stopped": 3}
+    assert stage.thread.depth == 0
+
+
+def test_a_timer_due_in_a_batch_runs_before_the_rest() -> None:
+    """An action scheduled while a batch runs goes first, as with items taken one at a time."""
+    stage = Stage(capacity=8)
+
+    def schedule() -> None:
+        stage.thread.schedule(lambda _scheduler, _state: stage.seen.append("timer"))
+
+    stage.during[2] = schedule
+    stage.backlog(range(1, 5))
+    stage.go.set()
+    stage.finish()
+    assert stage.seen == [0, 1, 2, "timer", 3, 4]
+
+
+def test_a_stage_that_stops_accepting_puts_the_rest_of_its_batch_back() -> None:
+    """``set_accepting(False)`` in a batch: the rest returns, in order, to the inbox's front."""
+    stage = Stage(capacity=8)
+    views: list[list[Any]] = []
+    stage.during[2] = lambda: stage.thread.set_accepting(False)
+    stage.backlog(range(1, 5))
+    stage.go.set()
+    wait_until(lambda: stage.thread._idle, "the thread to wait")
+    views.append([entry[1] for entry in stage.thread._inbox])
+    assert stage.thread.depth == 2
+    stage.put(5)
+    stage.thread.set_accepting(True)
+    stage.finish()
+    assert views == [[3, 4]]
+    assert stage.seen == [0, 1, 2, 3, 4, 5]
+
+
+def test_one_item_at_a_time_takes_no_batch() -> None:
+    """With one item waiting the thread takes it alone (the one-in-flight path)."""
+    stage = Stage(capacity=8)
+    batches: list[int] = []
+    run_batch = stage.thread._run_batch
+
+    def recorded(batch: deque[Any]) -> None:
+        batches.append(len(batch))
+        run_batch(batch)
+
+    stage.thread._run_batch = recorded  # type: ignore[method-assign]
+    stage.backlog(range(1, 2))
+    stage.go.set()
+    wait_until(lambda: stage.seen == [0, 1], "item 1")
+    stage.put(2)
+    stage.finish()
+    assert stage.seen == [0, 1, 2]
+    assert batches == []
+
+
+@pytest.mark.parametrize("policy", ["block", "drop_new"])
+def test_a_batched_backlog_keeps_order_stamps_and_books(
+    ctx: rxstream.Context, policy: InboxPolicy
+) -> None:
+    """Through a pipeline: order, ``.in``/``.out`` stamps back to back, statistics balanced."""
+    holding = threading.Event()
+    release = threading.Event()
+    views: list[int] = []
+    gate_thread: list[StageThread] = []
+
+    def frames() -> Iterator[int]:
+        yield 0
+        assert holding.wait(WAIT_S)  # 1..8 arrive while 0 holds the gate
+        yield from range(1, 9)
+
+    def gate(x: int) -> int:
+        if x == 0:
+            holding.set()
+            assert release.wait(WAIT_S)
+        else:
+            (thread,) = gate_thread
+            views.append(sum(len(entry) == 2 for entry in thread._inbox))  # data waiting
+        return x
+
+    pipeline = (
+        ctx.source(frames, name="source")
+        | ctx.pipe(gate, name="gate", capacity=8, policy=policy)
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    run = pipeline._run
+    assert isinstance(run, ThreadedRun)
+    gate_thread.extend(t for t in run.threads.values() if t.name == "gate")
+    wait_until(lambda: pipeline.statistics()["gate"].inbox_depth == 8, "a full inbox")
+    release.set()
+    assert pipeline.wait(timeout=WAIT_S)
+    assert isinstance(ctx.transport, MemoryTransport)
+    items = ctx.transport.items("out")
+    assert [item.payload for item in items] == list(range(9))
+    assert views == [0] * 8  # 1..8 were taken in one go
+    spans = []
+    for item in items:
+        stamps = dict(item.metadata.timeline)
+        assert stamps["source.out"] <= stamps["gate.in"] <= stamps["gate.out"]
+        spans.append((stamps["gate.in"], stamps["gate.out"]))
+    assert all(done <= nxt for (_, done), (nxt, _) in itertools.pairwise(spans))
+    stats = pipeline.statistics()["gate"]
+    assert (stats.items_in, stats.items_out, dict(stats.dropped)) == (9, 9, {})
+
+
+def test_a_stop_in_the_middle_of_a_batch_keeps_the_books(ctx: rxstream.Context) -> None:
+    """A run halted while a stage works through a batch: what it had not started is ``stopped``."""
+    holding = threading.Event()
+    release = threading.Event()
+    runs: list[ThreadedRun] = []
+
+    def frames() -> Iterator[int]:
+        yield 0
+        assert holding.wait(WAIT_S)
+        yield from range(1, 9)
+
+    def gate(x: int) -> int:
+        if x == 0:
+            holding.set()
+            assert release.wait(WAIT_S)
+        elif x == 3:
+            runs[0].halt()  # closes every inbox at once, from this stage's thread
+        return x
+
+    pipeline = (
+        ctx.source(frames, name="source")
+        | ctx.pipe(gate, name="gate", capacity=8)
+        | ctx.stream("out")
+    )
+    pipeline.start()
+    run = pipeline._run
+    assert isinstance(run, ThreadedRun)
+    runs.append(run)
+    wait_until(lambda: pipeline.statistics()["gate"].inbox_depth == 8, "a full inbox")
+    release.set()
+    wait_until(lambda: all(thread.join(0) for thread in run.threads.values()), "the halt")
+    pipeline.stop()
+    stats = pipeline.statistics()["gate"]
+    # 1, 2, 3 started from the batch; 4..8 had not: dropped, none waiting, none lost
+    assert (stats.items_in, dict(stats.dropped), stats.inbox_depth) == (4, {"stopped": 5}, 0)
