@@ -182,25 +182,72 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-def run(moves: int, log: Path) -> dict[str, Any]:
-    """Measure every path in one session; the per-path rows and the raw moves."""
+STEPS = ("parse", "queue", "decoder", "draw", "raf")
+"""The page's steps between a frame's arrival and its presentation (``rxstream.trace``):
+``parse`` arrived -> parsed (the header read), ``queue`` parsed -> submitted (handed to the
+decoder), ``decoder`` submitted -> decoded (its output; on MSE the media buffer too),
+``draw`` decoded -> drawn (on the canvas), ``raf`` drawn -> presented (the next rendering
+update's callback)."""
+_EDGES = {
+    "parse": ("arrived", "parsed"),
+    "queue": ("parsed", "submitted"),
+    "decoder": ("submitted", "decoded"),
+    "draw": ("decoded", "drawn"),
+    "raf": ("drawn", "presented"),
+}
+
+
+def traced(page: Any, moves: list[dict[str, Any]]) -> None:
+    """Add to each move the page's steps of the frame that showed it (``rxstream.trace``)."""
+    entries = page.evaluate("window.rxstream.trace.filter((e) => e.presented !== undefined)")
+    first: dict[int, dict[str, Any]] = {}
+    for entry in entries:  # the first presented frame of each input is the one reported
+        first.setdefault(int(entry["input_seq"]), entry)
+    for move in moves:
+        entry = first.get(move["input_seq"])
+        if entry is None:
+            continue
+        move["steps"] = {
+            step: entry[b] - entry[a]
+            for step, (a, b) in _EDGES.items()
+            if entry.get(a) is not None and entry.get(b) is not None
+        }
+        if entry.get("lag") is not None:
+            move["lag"] = float(entry["lag"])
+
+
+def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[str, Any]:
+    """Measure every path in one session; the per-path rows and the raw moves.
+
+    ``rounds`` visits of every path, the order rotated each round (so no path always meets
+    the server just after the start, or just after another path's page loaded); each visit
+    lets the session settle ``settle_s`` after the page's first frames, then jumps its share
+    of ``moves``.
+    """
     from playwright.sync_api import sync_playwright
 
     executable = chromium()
     if executable is None:
         raise SystemExit("bench/photon.py needs chromium on PATH (apt-get install chromium)")
     configure_logging(log)
-    measured: dict[str, list[dict[str, Any]]] = {}
+    measured: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
     used: dict[str, str] = {}
     with sync_playwright() as playwright, DemoServer() as server:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 800})
-        for path in PATHS:
-            url = server.web.url  # it may carry a query (a session token) already
-            page.goto(f"{url}{'&' if '?' in url else '?'}video={path}")
-            page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
-            used[path] = page.evaluate("window.rxstream.showing")
-            measured[path] = measure_moves(page, moves)
+        for round_ in range(rounds):
+            for path in PATHS[round_ % len(PATHS) :] + PATHS[: round_ % len(PATHS)]:
+                share = moves // rounds + (1 if round_ < moves % rounds else 0)
+                if share == 0:
+                    continue
+                url = server.web.url  # it may carry a query (a session token) already
+                page.goto(f"{url}{'&' if '?' in url else '?'}video={path}")
+                page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+                page.wait_for_timeout(settle_s * 1000)  # the page load's stall drains
+                used[path] = page.evaluate("window.rxstream.showing")
+                batch = measure_moves(page, share)
+                traced(page, batch)
+                measured[path].extend(batch)
         page.wait_for_timeout(500)  # the last reports come back
         page.close()
         browser.close()
@@ -236,6 +283,17 @@ def _rows(
             "photon_n": len(photon),
             "apart_max": max(apart) if apart else float("nan"),
         }
+        beyond = [
+            m["page_ms"] - records[m["input_seq"]].total_ms
+            for m in moves
+            if m["input_seq"] in records
+        ]
+        rows[path]["beyond_p50"] = percentile(beyond, 50) if beyond else float("nan")
+        for step in STEPS:
+            values = [m["steps"][step] for m in moves if step in m.get("steps", {})]
+            rows[path][f"{step}_step_p50"] = percentile(values, 50) if values else float("nan")
+        lags = [m["lag"] for m in moves if "lag" in m]
+        rows[path]["lag_p50"] = percentile(lags, 50) if lags else float("nan")
         clients = [
             c for m in moves if m["input_seq"] in records and (c := records[m["input_seq"]].client)
         ]
@@ -248,17 +306,24 @@ def _rows(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--moves", type=int, default=30, help="pointer jumps per path")
+    parser.add_argument("--rounds", type=int, default=3, help="visits of every path, rotated")
+    parser.add_argument(
+        "--settle-s", type=float, default=3.0, help="seconds after a page loads before it jumps"
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args()
     from _report import revision  # the bench folder is the script's, first on sys.path
 
     with tempfile.TemporaryDirectory() as tmp:
-        result = run(args.moves, Path(tmp) / "timing.jsonl")
+        result = run(args.moves, Path(tmp) / "timing.jsonl", args.rounds, args.settle_s)
     if args.json:
         print(json.dumps(result, indent=2))
         return
     rows = result["rows"]
-    print(f"mouse-to-photon, {args.moves} pointer jumps per path (ms)")
+    print(
+        f"mouse-to-photon, {args.moves} pointer jumps per path in {args.rounds} rotated rounds,"
+        f" {args.settle_s:g} s settle after each page load (ms)"
+    )
     print(
         f"{'path':<10} {'on screen p50':>13} {'p95':>6}  {'server total_ms p50':>19} {'p95':>6}"
         f"  {'logged photon_ms p50':>20} {'(n)':>5} {'|photon - screen| max':>22}"
@@ -278,6 +343,19 @@ def main() -> None:
             )
             for path, row in rows.items()
         )
+    )
+    print(
+        "on screen minus the same move's total_ms, p50 (the page's part, move by move): "
+        + "; ".join(f"{path} {row['beyond_p50']:.1f}" for path, row in rows.items())
+    )
+    print(
+        "the page's steps, p50 (rxstream.trace; arrived->parsed->submitted->decoded->drawn->"
+        "presented): "
+        + "; ".join(
+            f"{path} " + " ".join(f"{step} {row[step + '_step_p50']:.1f}" for step in STEPS)
+            for path, row in rows.items()
+        )
+        + f"; mse media lag {rows['mse']['lag_p50']:.1f}"
     )
     wc, mse = rows["webcodecs"], rows["mse"]
     first = wc["screen_p50"] <= wc["total_p50"] + 15

@@ -207,7 +207,8 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
 
 
 def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path) -> None:
-    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own."""
+    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own,
+    and the page's trace of each shown frame has every step, adding up to its report."""
     bench = load_bench()
     log = tmp_path / "timing.jsonl"
     saved = structlog.get_config()
@@ -222,6 +223,7 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
             assert page.evaluate("window.rxstream.video") == "webcodecs"
             assert page.locator("#video-path").text_content() == "video: WebCodecs h264"
             moves = bench.measure_moves(page, 30)
+            bench.traced(page, moves)
             keys = json.dumps([f"video#{move['input_seq']}" for move in moves])
             page.wait_for_function(
                 f"{keys}.every((key) => window.rxstream.photon[key])", timeout=20_000
@@ -242,6 +244,12 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
         assert record.client.video == "webcodecs"
         assert record.photon_ms is not None
         assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
+        # the page's trace splits the reported decode + present into its steps, in order
+        steps = move["steps"]
+        assert set(steps) == set(bench.STEPS), move
+        assert min(steps.values()) >= 0, move
+        reported = record.client.decode_ms + record.client.present_ms
+        assert sum(steps.values()) == pytest.approx(reported, abs=0.01), (move, record.client)
 
 
 def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> None:
