@@ -297,7 +297,8 @@ def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> N
 
 def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser: Any) -> None:
     """No VideoDecoder, or one without h264: the page shows JPEG and says so; ?video=mse plays
-    the fMP4 stream and says that."""
+    the fMP4 stream and says that; with ?legacy as the page before WebCodecs did (pointermove,
+    no requestVideoFrameCallback)."""
     with DemoSession() as session:
         pages = {}
         for name, script, query in (
@@ -308,6 +309,7 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
                 "",
             ),
             ("mse", "", "video=mse"),
+            ("mse-legacy", "", "video=mse&legacy"),
         ):
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             if script:
@@ -319,12 +321,18 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
             ("no-webcodecs", "video: JPEG", "jpeg"),
             ("no-codec", "video: JPEG", "jpeg"),
             ("mse", "video: MSE h264 (buffered)", "h264"),
+            ("mse-legacy", "video: MSE h264 (buffered)", "h264"),
         ):
             page = pages[name]
             page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
             assert page.locator("#video-path").text_content() == label, name
             assert page.evaluate("window.rxstream.lastHeader.codec") == codec, name
             assert page.evaluate("window.rxstream.errors") == [], name
+        watching = {
+            name: page.evaluate("[h264.watching, POINTER_EVENT]") for name, page in pages.items()
+        }
+        assert watching["mse"] == [True, "pointerrawupdate"]
+        assert watching["mse-legacy"] == [False, "pointermove"]
         for page in pages.values():
             page.close()
         session.thread.join(15)
