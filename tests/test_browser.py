@@ -252,6 +252,41 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
         assert sum(steps.values()) == pytest.approx(reported, abs=0.01), (move, record.client)
 
 
+LIT_AT = """([x, y]) => {
+  const c = document.getElementById("canvas");
+  const [px, py] = [Math.floor(x * c.width), Math.floor(y * c.height)];
+  const d = c.getContext("2d").getImageData(px, py, 1, 1).data;
+  return Math.min(d[0], d[1], d[2]) > 180;
+}"""
+"""Whether the canvas shows the light (white) at ``(x, y)`` in 0..1."""
+
+
+def test_where_the_pointer_stops_is_sent_even_within_8_ms(browser: Any) -> None:
+    """Two pointer samples 0 ms apart: the second waits its 8 ms turn and is sent, not
+    dropped, so the light goes where the pointer stopped."""
+    with DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(session.web.url)
+        page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+        before = page.evaluate("window.rxstream.lastInputSeq")
+        page.evaluate(
+            """() => {
+              const c = document.getElementById("canvas");
+              const b = c.getBoundingClientRect();
+              for (const [x, y] of [[0.2, 0.3], [0.8, 0.7]]) {
+                c.dispatchEvent(new PointerEvent(POINTER_EVENT, {
+                  clientX: b.left + x * b.width, clientY: b.top + y * b.height, bubbles: true,
+                }));
+              }
+            }"""
+        )
+        page.wait_for_function(f"window.rxstream.lastInputSeq >= {before} + 2", timeout=20_000)
+        page.wait_for_function(LIT_AT, arg=[0.8, 0.7], timeout=20_000)
+        assert page.evaluate(LIT_AT, [0.2, 0.3]) is False
+        page.close()
+        session.thread.join(15)
+
+
 def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> None:
     """A delta that finds the decoder busy is skipped, never queued; a broken access unit
     fails the decoder; either way the page asks for a keyframe and draws on."""
