@@ -92,14 +92,14 @@ PROBE_JS = """
       y: (e.clientY - box.top) / box.height,
     };
   }, true);
-  function tick() {
+  function tick(frame) {
     const p = probe.pending;
     if (p) {
       probe.reads += 1;
       const px = pixel(p.x, p.y);
       if (px && Math.min(px[0], px[1], px[2]) > 180) {  // the light (white) is there now
         const seen = performance.now();
-        const result = { event: p.event, seen, ms: seen - p.event };
+        const result = { event: p.event, seen, ms: seen - p.event, frame };
         const ranges = video.buffered;  // MSE: how far the <video> plays behind its newest frame
         if (video.style.display === "block" && ranges.length) {
           result.lag = 1000 * (ranges.end(ranges.length - 1) - video.currentTime);
@@ -187,6 +187,7 @@ def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[s
         ).json_value()
         result = page.evaluate("window.__probe.results[window.__probe.results.length - 1]")
         move = {"input_seq": int(seq), "page_ms": float(result["ms"])}
+        move["seen_frame"] = result["frame"]  # the rendering update that showed it (its time)
         if result.get("lag") is not None:
             move["lag"] = float(result["lag"])
         out.append(move)
@@ -228,6 +229,7 @@ def traced(page: Any, moves: list[dict[str, Any]]) -> None:
         entry = first.get(move["input_seq"])
         if entry is None:
             continue
+        move["reported_frame"] = entry.get("frame")  # the report's rendering update (its time)
         move["steps"] = {
             step: entry[b] - entry[a]
             for step, (a, b) in _EDGES.items()
