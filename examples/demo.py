@@ -50,7 +50,8 @@ from rxstream.typing import PacePhase
 
 HEIGHT, WIDTH = 144, 256
 TORCH_THREADS = 1
-"""torch's intra-op threads in this process (see ``build``); ``bench/pace.py --threads`` compares 2."""
+"""torch's intra-op threads in this process (see ``build``); ``bench/pace.py --threads``
+compares 2."""
 
 
 @dataclasses.dataclass
