@@ -31,6 +31,10 @@ printed too.
 
 Run ``python bench/pace.py`` (3 rounds of 2 x 10 s, about a minute) or ``--quick`` (one
 round of 2 x 5 s, indicative only).
+
+``--threads`` compares torch's intra-op threads instead, both sides phase-locked: 2 (torch's
+default on this machine) against 1 (the demo's ``TORCH_THREADS``), with the ``render`` and
+``decode`` compute p50 beside the end-to-end p50, and the ratio of the two sides' pooled p50s.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -75,6 +79,8 @@ class Session:
     holds: list[float]
     distinct_fps: float
     idle_fps: float
+    work: list[float] = field(default_factory=list)
+    """``render`` + ``decode`` compute of each input record (ms)."""
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -113,9 +119,16 @@ def late_first_render(delay: float) -> None:
     demo.render = first
 
 
-def session(phase: PacePhase, seconds: float, first_delay: float) -> Session:
-    """Run the demo's pipeline with ``phase`` for ``seconds``; its records after the warm-up."""
+def session(
+    phase: PacePhase, seconds: float, first_delay: float, threads: int | None = None
+) -> Session:
+    """Run the demo's pipeline with ``phase`` for ``seconds``; its records after the warm-up.
+
+    ``threads``: torch's intra-op threads for this session (the demo's own by default).
+    """
     ctx = rxstream.Context()
+    if threads is not None:
+        demo.TORCH_THREADS = threads
     pipeline = demo.build(ctx, pace_phase=phase)
     pipeline.feed("pointer", (0.5, 0.5))
     pipeline.drive(frames=1)  # the demo's self test: torch warmed up before the threaded run
@@ -145,6 +158,41 @@ def session(phase: PacePhase, seconds: float, first_delay: float) -> Session:
         holds=[hop.hold_ms for r in inputs for hop in r.hops if hop.name == "pace"],
         distinct_fps=(len(frames) - idle) / elapsed,
         idle_fps=idle / elapsed,
+        work=[
+            sum(hop.compute_ms for hop in r.hops if hop.name in ("render", "decode"))
+            for r in inputs
+        ],
+    )
+
+
+def compare_threads(rounds: int, seconds: float) -> None:
+    """torch's intra-op threads, 2 against 1, both phase-locked, side by side."""
+    default = demo.TORCH_THREADS
+    sessions: dict[int, list[Session]] = {2: [], 1: []}
+    order = [2, 1]
+    for _ in range(rounds):
+        for threads in order:
+            sessions[threads].append(session("lock", seconds, 0.0, threads))
+        order.reverse()
+    demo.TORCH_THREADS = default
+    print("torch threads  inputs  e2e p50   p95  render+decode p50   p95")
+    pooled: dict[int, float] = {}
+    for threads, runs in sessions.items():
+        totals = [t for run in runs for t in run.totals]
+        work = [w for run in runs for w in run.work]
+        pooled[threads] = percentile(totals, 50)
+        print(
+            f"{threads:>13}  {len(totals):>6}  {pooled[threads]:7.1f} "
+            f"{percentile(totals, 95):5.1f}  {percentile(work, 50):17.2f} "
+            f"{percentile(work, 95):5.2f}"
+        )
+    per_round = [
+        f"{percentile(two.totals, 50):.1f} -> {percentile(one.totals, 50):.1f}"
+        for one, two in zip(sessions[1], sessions[2], strict=True)
+    ]
+    print(
+        f"one thread's end-to-end p50 / two threads': {pooled[1] / pooled[2]:.2f}x "
+        f"(per round, 2 -> 1 thread: {', '.join(per_round)} ms)"
     )
 
 
@@ -154,9 +202,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--quick", action="store_true", help="one round of 2 x 5 s")
+    parser.add_argument(
+        "--threads", action="store_true", help="torch's intra-op threads, 2 against 1"
+    )
     args = parser.parse_args()
     rounds, seconds = (1, 5.0) if args.quick else (args.rounds, args.seconds)
     configure_logging(level=logging.WARNING)  # the records go to capture_timing, not stdout
+    if args.threads:
+        print(f"bench/pace.py --threads at {revision()}: {rounds} rounds of 2 x {seconds:g} s")
+        compare_threads(rounds, seconds)
+        return
     print(f"bench/pace.py at {revision()}: {rounds} rounds of 2 x {seconds:g} s, {FPS} fps")
     sessions: dict[PacePhase, list[Session]] = {"fixed": [], "lock": []}
     order: list[PacePhase] = ["fixed", "lock"]

@@ -49,6 +49,9 @@ from rxstream.doc import Snapshot
 from rxstream.typing import PacePhase
 
 HEIGHT, WIDTH = 144, 256
+TORCH_THREADS = 1
+"""torch's intra-op threads in this process (see ``build``); ``bench/pace.py --threads``
+compares 2."""
 
 
 @dataclasses.dataclass
@@ -144,6 +147,10 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
     """The demo pipeline (its doc is ``ctx.doc("control")``); ``pace_phase`` for bench/pace.py."""
     doc = ctx.doc("control", schema=Control)
     worker = 1 if ctx.world > 1 else None  # render and decode on the worker rank
+    # One intra-op thread: a 256x144 frame is too small for torch to gain from splitting it,
+    # and each split waits for a core that the stage threads, the session and a browser share
+    # (render + decode took 4-17 ms with 2 threads, 3 ms with one: docs/performance.md).
+    torch.set_num_threads(TORCH_THREADS)
     phase = [0.0]
     pointer = [(0.5, 0.5)]
 

@@ -207,7 +207,8 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
 
 
 def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path) -> None:
-    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own."""
+    """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own,
+    and the page's trace of each shown frame has every step, adding up to its report."""
     bench = load_bench()
     log = tmp_path / "timing.jsonl"
     saved = structlog.get_config()
@@ -222,6 +223,7 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
             assert page.evaluate("window.rxstream.video") == "webcodecs"
             assert page.locator("#video-path").text_content() == "video: WebCodecs h264"
             moves = bench.measure_moves(page, 30)
+            bench.traced(page, moves)
             keys = json.dumps([f"video#{move['input_seq']}" for move in moves])
             page.wait_for_function(
                 f"{keys}.every((key) => window.rxstream.photon[key])", timeout=20_000
@@ -242,6 +244,47 @@ def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path)
         assert record.client.video == "webcodecs"
         assert record.photon_ms is not None
         assert abs(record.photon_ms - move["page_ms"]) <= 15, (move, record.client)
+        # the page's trace splits the reported decode + present into its steps, in order
+        steps = move["steps"]
+        assert set(steps) == set(bench.STEPS), move
+        assert min(steps.values()) >= 0, move
+        reported = record.client.decode_ms + record.client.present_ms
+        assert sum(steps.values()) == pytest.approx(reported, abs=0.01), (move, record.client)
+
+
+LIT_AT = """([x, y]) => {
+  const c = document.getElementById("canvas");
+  const [px, py] = [Math.floor(x * c.width), Math.floor(y * c.height)];
+  const d = c.getContext("2d").getImageData(px, py, 1, 1).data;
+  return Math.min(d[0], d[1], d[2]) > 180;
+}"""
+"""Whether the canvas shows the light (white) at ``(x, y)`` in 0..1."""
+
+
+def test_where_the_pointer_stops_is_sent_even_within_8_ms(browser: Any) -> None:
+    """Two pointer samples 0 ms apart: the second waits its 8 ms turn and is sent, not
+    dropped, so the light goes where the pointer stopped."""
+    with DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(session.web.url)
+        page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+        before = page.evaluate("window.rxstream.lastInputSeq")
+        page.evaluate(
+            """() => {
+              const c = document.getElementById("canvas");
+              const b = c.getBoundingClientRect();
+              for (const [x, y] of [[0.2, 0.3], [0.8, 0.7]]) {
+                c.dispatchEvent(new PointerEvent(POINTER_EVENT, {
+                  clientX: b.left + x * b.width, clientY: b.top + y * b.height, bubbles: true,
+                }));
+              }
+            }"""
+        )
+        page.wait_for_function(f"window.rxstream.lastInputSeq >= {before} + 2", timeout=20_000)
+        page.wait_for_function(LIT_AT, arg=[0.8, 0.7], timeout=20_000)
+        assert page.evaluate(LIT_AT, [0.2, 0.3]) is False
+        page.close()
+        session.thread.join(15)
 
 
 def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> None:
@@ -289,7 +332,8 @@ def test_late_frames_are_skipped_and_a_decoder_error_recovers(browser: Any) -> N
 
 def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser: Any) -> None:
     """No VideoDecoder, or one without h264: the page shows JPEG and says so; ?video=mse plays
-    the fMP4 stream and says that."""
+    the fMP4 stream and says that; with ?legacy as the page before WebCodecs did (pointermove,
+    no requestVideoFrameCallback)."""
     with DemoSession() as session:
         pages = {}
         for name, script, query in (
@@ -300,6 +344,7 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
                 "",
             ),
             ("mse", "", "video=mse"),
+            ("mse-legacy", "", "video=mse&legacy"),
         ):
             page = browser.new_page(viewport={"width": 1200, "height": 800})
             if script:
@@ -311,12 +356,18 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
             ("no-webcodecs", "video: JPEG", "jpeg"),
             ("no-codec", "video: JPEG", "jpeg"),
             ("mse", "video: MSE h264 (buffered)", "h264"),
+            ("mse-legacy", "video: MSE h264 (buffered)", "h264"),
         ):
             page = pages[name]
             page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
             assert page.locator("#video-path").text_content() == label, name
             assert page.evaluate("window.rxstream.lastHeader.codec") == codec, name
             assert page.evaluate("window.rxstream.errors") == [], name
+        watching = {
+            name: page.evaluate("[h264.watching, POINTER_EVENT]") for name, page in pages.items()
+        }
+        assert watching["mse"] == [True, "pointerrawupdate"]
+        assert watching["mse-legacy"] == [False, "pointermove"]
         for page in pages.values():
             page.close()
         session.thread.join(15)
