@@ -36,6 +36,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe, resource_tracker
 from multiprocessing.connection import Connection
@@ -54,6 +55,7 @@ from rxstream._exceptions import (
     RingConflict,
 )
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
+from rxstream.ipc._lease import _W_COPIES, _W_ZERO_COPY, Lessor
 
 __all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
@@ -140,6 +142,10 @@ class RingStatistics:
     """Seconds ``put`` spent blocked for want of a free slot (backpressure)."""
     get_wait_s: float
     """Seconds ``get`` spent blocked for want of an item."""
+    zero_copy: int = 0
+    """Items put in place: their arrays were written into a slot leased with ``lease``."""
+    copies: int = 0
+    """Items whose arrays (out-of-band buffers) ``put`` copied into a slot."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,8 @@ class ShmRing:
         self._final: RingStatistics | None = None
         self._unlinked = False
         self._read_size = _INDEX.size * (handle.slots + 8)
+        self._lessor: Lessor | None = None  # the producer's leases, from its first lease()
+        self._zero_copy = self._copies = 0  # the producer's counters
 
     # --- making and opening -------------------------------------------------------------------
 
@@ -332,6 +340,8 @@ class ShmRing:
                 raise self._too_large(end)
             free = self._free
             slot = free.pop() if free else self._wait_free(timeout)
+            if self._lessor is not None:
+                slot = self._lessor.vet(slot, timeout)
             base = self._start + slot * self._stride
             seg = self._seg
             _SLOT_HEAD.pack_into(seg, base, size, count)
@@ -343,9 +353,35 @@ class ShmRing:
             if self._closed:
                 self._let_go_if_idle()
 
+    def lease(
+        self, shape: Sequence[int], dtype: Any, timeout: float | None = None
+    ) -> np.ndarray[Any, Any] | None:
+        """An empty array of ``shape`` and ``dtype`` over a free slot, to fill and ``put``.
+
+        ``put`` of the array (or of an object holding it, or a view of it) writes only the
+        item's header next to it: no copy (counted in ``zero_copy``). The slot goes back once
+        no view of it lives on either side; a lease never put goes back when its last view
+        goes. ``None`` when the array does not fit a slot with room for a header
+        (``HEAD_ROOM``, 4 KiB), for an object dtype, when ``slots - 1`` are leased out already
+        (a copy always has a slot to wait for), or once the ring is closed. Blocks while no
+        slot is free (backpressure), ``TimeoutError`` after ``timeout`` seconds. The producer
+        leases: the caller becomes the producer as with ``put``.
+        """
+        if self._producer != _get_ident():
+            self._claim(_PRODUCER)
+        if self._closed:
+            return None
+        lessor = self._lessor
+        if lessor is None:
+            lessor = self._lessor = Lessor(self)
+        return lessor.lease(shape, dtype, timeout)
+
     def _put_buffers(self, header: bytes, buffers: list[Buffer], timeout: float | None) -> None:
         """``put`` for an item with out-of-band buffers: each copied once, 64-byte aligned."""
         raws = [_raw(b) for b in buffers]
+        lessor = self._lessor
+        if lessor is not None and lessor.pending and lessor.put(header, raws):
+            return  # in place: written into a slot leased out, no copy
         count = len(raws)
         head_at = _SLOT_HEAD.size + 16 * count
         end = head_at + len(header)
@@ -365,6 +401,8 @@ class ShmRing:
         ):
             raise RingClosed(f"ring {self._name!r} is closed")
         slot = self._free.pop() if self._free else self._wait_free(timeout)
+        if lessor is not None:
+            slot = lessor.vet(slot, timeout)
         try:
             base = self._start + slot * self._stride
             seg = self._seg
@@ -380,6 +418,8 @@ class ShmRing:
         except BaseException:
             self._free.append(slot)
             raise
+        self._copies += 1
+        self._words[_W_COPIES] = self._copies
         self._commit(slot, end)
 
     def _commit(self, slot: int, size: int) -> None:
@@ -605,6 +645,8 @@ class ShmRing:
             slots_in_use=self._slots - bytes(self._states).count(_FREE),
             put_wait_s=words[_W_PUT_WAIT_NS] / 1e9,
             get_wait_s=words[_W_GET_WAIT_NS] / 1e9,
+            zero_copy=words[_W_ZERO_COPY],
+            copies=words[_W_COPIES],
         )
 
     def __enter__(self) -> Self:
@@ -663,6 +705,7 @@ class ShmRing:
                 self._free = [i for i in range(self._slots - 1, -1, -1) if states[i] == _FREE]
                 self._items, self._bytes = words[_W_ITEMS], words[_W_BYTES]
                 self._put_wait_ns = words[_W_PUT_WAIT_NS]
+                self._zero_copy, self._copies = words[_W_ZERO_COPY], words[_W_COPIES]
                 self._producer = _get_ident()
             else:
                 self._get_wait_ns = words[_W_GET_WAIT_NS]

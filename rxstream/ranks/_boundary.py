@@ -40,6 +40,7 @@ from reactivex.disposable import Disposable
 from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._stats import StageCounters
+from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
 from rxstream.item import (
     Chain,
@@ -57,6 +58,7 @@ from rxstream.item import (
 from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
+from rxstream.ranks._lease import offer, withdraw
 from rxstream.typing import ItemStream
 
 __all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]
@@ -294,9 +296,12 @@ class Boundary:
         put = ring.put
         in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
         portable = ring.portable  # across hosts: encode's form
+        lessor = [ring] if isinstance(ring, ShmRing) else []  # offered at the first item
 
         def send(item: PipelineItem) -> None:
             started = now()
+            if lessor:  # the stage on this thread may lease the ring's slots from now on
+                offer(lessor.pop())
             payload = item.payload if cuda is None else cuda.export(item.payload)
             stamps = (in_hop, started) if timing else ()
             if portable:
@@ -385,6 +390,8 @@ class Boundary:
     def close(self, timeout: float) -> bool:
         """Close the ring (waking both sides) and join the reader; whether it ended."""
         self.ring.close()
+        if isinstance(self.ring, ShmRing):
+            withdraw(self.ring)
         if self.cuda is not None:
             self.cuda.close()
         reader = self._reader
