@@ -319,6 +319,11 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         assert isinstance(ring, ShmRing)
         stats = ring.statistics()
         assert (stats.items, stats.copies, stats.zero_copy) == (9, 1, 7)  # and the end mark
+        render_stats = pipeline.statistics()["render"]  # the stage whose output crosses
+        assert (render_stats.zero_copy, render_stats.copies) == (7, 1)
+        table = rxstream.format_statistics(pipeline.statistics()).splitlines()
+        assert table[0].split()[-2:] == ["zero", "copy"]
+        assert [row.split()[-1] for row in table[1:]] == ["-", "7/8", "-", "-"]
         # one mapping on both sides of an in-process ring: the same address, item 0 aside
         assert [places[i] == made[i] for i in range(8)] == [False] + [True] * 7
     finally:

@@ -296,7 +296,8 @@ class Boundary:
         put = ring.put
         in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
         portable = ring.portable  # across hosts: encode's form
-        lessor = [ring] if isinstance(ring, ShmRing) else []  # offered at the first item
+        shm = ring if isinstance(ring, ShmRing) else None  # counts zero copies and copies
+        lessor = [] if shm is None else [shm]  # offered to this thread at the first item
 
         def send(item: PipelineItem) -> None:
             started = now()
@@ -308,12 +309,17 @@ class Boundary:
                 wire = encode(_stamped(item, payload, stamps))
             else:
                 wire = pack(item, payload, stamps)
+            if shm is not None:
+                zero, copies = shm._zero_copy, shm._copies
             try:
                 waited = put(wire)
             except FramingError as exc:
                 if portable or not isinstance(exc.__cause__, RecursionError):
                     raise
                 waited = put(_flattened(wire))  # a chain deeper than pickle nests
+            if shm is not None:
+                counters.zero_copy += shm._zero_copy - zero
+                counters.copies += shm._copies - copies
             if waited:
                 counters.stalled_s += waited / 1e9
 
