@@ -32,9 +32,9 @@ from rxstream._exceptions import RingClosed
 if TYPE_CHECKING:
     from rxstream.ipc._ring import ShmRing
 
-__all__ = ["HEAD_ROOM", "Lessor"]
+__all__ = ["HEAD_ROOM", "W_COPIES", "W_ZERO_COPY", "Lessor"]
 
-_W_ZERO_COPY, _W_COPIES = 10, 11
+W_ZERO_COPY, W_COPIES = 10, 11
 """The ring header's words for the items put in place and the items copied in."""
 
 HEAD_ROOM = 4096
@@ -175,6 +175,6 @@ class Lessor:
             lease.sent = True
             self.pending -= 1
         ring._zero_copy += 1
-        ring._words[_W_ZERO_COPY] = ring._zero_copy
+        ring._words[W_ZERO_COPY] = ring._zero_copy
         ring._commit(slot, lease.at + lease.nbytes)
         return True

@@ -54,8 +54,8 @@ from rxstream._exceptions import (
     RingClosed,
     RingConflict,
 )
+from rxstream.ipc import _lease
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
-from rxstream.ipc._lease import _W_COPIES, _W_ZERO_COPY, Lessor
 
 __all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
@@ -82,6 +82,7 @@ _CLOSE_MARK = 0xFFFF_FFFF
 _CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
 _SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
 _COUNTS = struct.Struct("<qq")  # the words items, bytes
+_W_ZERO_COPY, _W_COPIES = _lease.W_ZERO_COPY, _lease.W_COPIES  # the producer's lease counters
 _RAW_BYTES = (1 << 64) - 1  # n_buffers of a ``bytes`` item, stored as is instead of pickled
 _BIG_COPY = 1 << 16
 """Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
@@ -223,6 +224,8 @@ class ShmRing:
         self._pending: deque[int] = deque()  # slots written, not yet taken by get
         self._items = self._bytes = self._put_wait_ns = 0  # the producer's counters
         self._get_wait_ns = 0  # the consumer's
+        self._lessor: _lease.Lessor | None = None  # the producer's leases, from its first lease
+        self._zero_copy = self._copies = 0  # the producer's: items put in place, copied in
         self._free_poll = select.poll()
         self._free_poll.register(self._free_r, select.POLLIN)
         self._ready_poll = select.poll()
@@ -234,8 +237,6 @@ class ShmRing:
         self._final: RingStatistics | None = None
         self._unlinked = False
         self._read_size = _INDEX.size * (handle.slots + 8)
-        self._lessor: Lessor | None = None  # the producer's leases, from its first lease()
-        self._zero_copy = self._copies = 0  # the producer's counters
 
     # --- making and opening -------------------------------------------------------------------
 
@@ -373,7 +374,7 @@ class ShmRing:
             return None
         lessor = self._lessor
         if lessor is None:
-            lessor = self._lessor = Lessor(self)
+            lessor = self._lessor = _lease.Lessor(self)
         return lessor.lease(shape, dtype, timeout)
 
     def _put_buffers(self, header: bytes, buffers: list[Buffer], timeout: float | None) -> None:
