@@ -219,6 +219,31 @@ def test_a_blocked_lease_wakes_on_close(pair: tuple[ShmRing, ShmRing]) -> None:
     assert got == [None]
 
 
+def test_a_lease_blocked_when_its_own_side_closes_gets_none(
+    pair: tuple[ShmRing, ShmRing],
+) -> None:
+    """Closing the producer's ring from another thread wakes its blocked lease with ``None``
+    (its pipes and mapping are let go only after the lease returned)."""
+    producer, _ = pair
+    got: list[Any] = []
+    full = threading.Event()
+
+    def produce() -> None:
+        producer.put(np.ones(10))
+        producer.put(np.ones(10))
+        full.set()
+        got.append(producer.lease((10,), np.float32))
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    assert full.wait(10)
+    producer.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    assert got == [None]
+    assert producer._released  # let go once the lease returned
+
+
 def _child_offsets(handle: RingHandle, answers: Connection, count: int) -> None:
     """Get ``count`` frames; answer each one's offset in the segment and its first value."""
     ring = ShmRing.attach(handle)

@@ -370,12 +370,18 @@ class ShmRing:
         """
         if self._producer != _get_ident():
             self._claim(_PRODUCER)
-        if self._closed:
-            return None
-        lessor = self._lessor
-        if lessor is None:
-            lessor = self._lessor = _lease.Lessor(self)
-        return lessor.lease(shape, dtype, timeout)
+        self._putting = True  # as put: close() lets go of the fds and mapping only after it
+        try:
+            if self._closed:
+                return None
+            lessor = self._lessor
+            if lessor is None:
+                lessor = self._lessor = _lease.Lessor(self)
+            return lessor.lease(shape, dtype, timeout)
+        finally:
+            self._putting = False
+            if self._closed:
+                self._let_go_if_idle()
 
     def _put_buffers(self, header: bytes, buffers: list[Buffer], timeout: float | None) -> None:
         """``put`` for an item with out-of-band buffers: each copied once, 64-byte aligned."""
