@@ -9,9 +9,12 @@ import gc
 import itertools
 import multiprocessing
 import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -353,3 +356,24 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         assert [places[i] == made[i] for i in range(8)] == [False] + [True] * 7
     finally:
         pipeline.stop()
+
+
+def test_leased_frames_cross_rank_processes_in_place() -> None:
+    """``rxstream run --ranks 2``: rank 0's render leases its frames, rank 1 reads them whole,
+    and rank 0's table counts all but the first few as crossed in place."""
+    app = Path(__file__).resolve().parent / "apps" / "lease_app.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2", "--frames", "20"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "20 items egressed on 2 rank(s)" in done.stdout
+    rank0 = done.stdout.split("rank 0", 1)[1].split("rank 1", 1)[0].splitlines()
+    assert rank0[1].split()[-2:] == ["zero", "copy"]
+    (render,) = [row.split() for row in rank0 if row.startswith("render ")]
+    zero, sent = (int(n) for n in render[-1].split("/"))
+    assert sent >= 20
+    assert sent - 3 <= zero < sent  # the first frame is copied (the ring is offered with it)
