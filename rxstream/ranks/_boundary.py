@@ -14,6 +14,11 @@ that keeps items (a transport holding the last frames, a window) could lease eve
 stall the producer for good. When the reader takes an item while every slot is leased, it
 copies that item out of its slot (one copy, only then), and the ring keeps flowing.
 
+The writer's side can skip its copy too: at its first item it offers the ring to its thread
+(:mod:`rxstream.ranks._lease`), so the stage there can make its output in a slot with
+``ctx.lease``; the ring puts such an item in place, and the stage's counters say how many
+crossed in place (``zero_copy``) and how many were copied in (``copies``).
+
 What crosses a ring for an item (:func:`pack`) is ``(payload, the metadata's fields, the
 stamp chain)``: the base metadata's ten values in field order and the chain's links as they
 are, the boundary's stamp one more link. With a small plain payload (``bytes``, ``str``,
