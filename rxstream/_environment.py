@@ -17,6 +17,7 @@ import structlog
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
 from rxstream.doc import Doc, Generations
 from rxstream.ipc import RingSpec
+from rxstream.runtime import _crossings
 from rxstream.transport import MemoryTransport, Transport
 
 if TYPE_CHECKING:
@@ -109,9 +110,7 @@ class Environment:
         no reference to it once returned: the slot is reused once the consumer is done and no
         view of the lease lives. See docs/ranks.md.
         """
-        from rxstream.ranks._lease import lease
-
-        return lease(shape, dtype, device)
+        return _crossings.lease(shape, dtype, device)
 
     def doc(
         self,

@@ -81,6 +81,7 @@ __all__ = [
     "StreamBufferClosed",
     "TopologyError",
     "UnknownInputError",
+    "shown",
 ]
 
 
@@ -173,6 +174,16 @@ NO_VALUE: Any = object()
 """What :attr:`InvalidSample.value` is when the rule is about a key (missing, unknown)."""
 
 
+def shown(value: Any, limit: int = 60) -> str:
+    """How an error message names the value it refuses: its ``repr``, never a flood. An int
+    too long to print (or to read) is named by its size, ``<int of N bits>``; a ``repr``
+    longer than ``limit`` characters is cut to its start and end (``'abc…xyz'``)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"<int of {value.bit_length()} bits>"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 5]}…{text[-4:]}"
+
+
 class SampleRefused(RxStreamError, ValueError):
     """A sample ``feed`` refused (nothing was queued or charged); ``code`` says which kind."""
 
@@ -211,7 +222,7 @@ class InvalidSample(SampleRefused):
         self.rule = rule
         self.value = value
         """The value refused (:data:`NO_VALUE` for a rule about a key: missing, unknown)."""
-        got = "" if value is NO_VALUE else f", got {value!r}"
+        got = "" if value is NO_VALUE else f", got {shown(value)}"
         super().__init__(stream, f"{where} {rule}{got} for client stream {stream!r}")
 
 

@@ -8,7 +8,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from typing import cast
 
-__all__ = ["fixup_module_metadata"]
+__all__ = ["fixup_module_metadata", "lone_surrogate"]
 
 
 def fixup_module_metadata(
@@ -58,3 +58,16 @@ def _resolve_annotations(cls: type) -> None:
     except (NameError, TypeError):
         return
     cls.__annotations__ = {key: hints.get(key, value) for key, value in own.items()}
+
+
+def lone_surrogate(text: str) -> int | None:
+    """The index of the first lone surrogate in ``text`` (what ``json.loads`` makes of
+    ``"\\ud800"``: a string Python holds but UTF-8 cannot encode), ``None`` when it is valid
+    Unicode. The session, the docs and the client streams refuse such strings."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None

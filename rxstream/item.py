@@ -377,12 +377,7 @@ def merge_metadata(
     if not metadatas:
         raise ArgumentError("merge_metadata needs at least one metadata, got none")
     last = metadatas[-1]
-    newest: PipelineMetadata | None = None
-    for md in metadatas:
-        if md.input_seq and (newest is None or md.input_at_ms >= newest.input_at_ms):
-            newest = md
-    if newest is None:
-        newest = last
+    newest = metadatas[_newest(metadatas)]
     return _trusted_metadata(
         prompt_generation=max(md.prompt_generation for md in metadatas),
         flush_generation=max(md.flush_generation for md in metadatas),
@@ -395,3 +390,15 @@ def merge_metadata(
         input_at_ms=newest.input_at_ms,
         timeline=newest.timeline + tuple(stamps),
     )
+
+
+def _newest(metadatas: Sequence[PipelineMetadata]) -> int:
+    """The index of the input whose correlation and timeline :func:`merge_metadata` keeps (of
+    the inputs that carry an ``input_seq``, the latest ``input_at_ms``, the later position on
+    ties; else the last input). ``window`` asks it for the arrival time of that input."""
+    newest = len(metadatas) - 1
+    best: PipelineMetadata | None = None
+    for index, md in enumerate(metadatas):
+        if md.input_seq and (best is None or md.input_at_ms >= best.input_at_ms):
+            best, newest = md, index
+    return newest

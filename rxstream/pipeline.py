@@ -21,13 +21,13 @@ from rxstream._exceptions import (
 )
 from rxstream._kernel._stats import StageStatistics
 from rxstream.operators._input import InputFeed
-from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._crossings import in_process_boundaries
 from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import Run
 from rxstream.runtime._threaded import ThreadedRun
-from rxstream.stage import Node, Stage
+from rxstream.stage import Node, Stage, compose_with
 from rxstream.topology import PartitionTopology, topology_of
 from rxstream.transport import Session
 
@@ -248,10 +248,8 @@ class Pipeline:
                 bridge=AsyncBridge(loop),
                 generations=self._context.generations,
                 timing=self._context.timing,
-                boundaries=RingBoundaries(
-                    cuda_api=self._context.cuda_api,
-                    spec=self._context.ring_spec,
-                    in_process=True,
+                boundaries=in_process_boundaries(
+                    cuda_api=self._context.cuda_api, spec=self._context.ring_spec
                 ),
             )
         self._run, self._ranks = run, ranks
@@ -473,6 +471,9 @@ class Pipeline:
         if self._run is None:
             raise PipelineStateError(f"{call} before start(): nothing is running")
         return self._run
+
+
+compose_with(Pipeline)  # `stage | x` builds a Pipeline (stage.py is the layer below)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

@@ -34,9 +34,12 @@ def live_threads() -> list[threading.Thread]:
 
 def wait_idle(pipeline: Pipeline, timeout: float) -> bool:
     """Wait until every stage of ``pipeline``'s threaded run is idle: inboxes empty, no stage
-    at work, no timer due. With its sources quiet (a fed ``ctx.input``, a finished source),
-    every item taken in has then left the pipeline or been dropped, and ``statistics()`` says
-    so. Returns whether that happened within ``timeout`` seconds (``False`` when nothing runs).
+    at work, no timer due, no item held for a timer (a ``pace``'s buffered frames wait for
+    their ticks, a timed ``window``'s open window for its close). With its sources quiet (a
+    fed ``ctx.input``, a finished source), every item taken in has then left the pipeline or
+    been dropped (or waits in a window closed by ``count``/``until`` for the items that close
+    it), and ``statistics()`` says so. Returns whether that happened within ``timeout`` seconds
+    (``False`` when nothing runs).
     """
     run = pipeline._run
     if not isinstance(run, ThreadedRun):

@@ -138,7 +138,9 @@ def test_an_int_no_float_holds_is_refused_by_size(ctx: rxstream.Context) -> None
         DocValidationError, match=r"^control\.gain must be a number a float holds, got an int "
     ):
         doc.set(gain=10**400)
-    with pytest.raises(DocValidationError, match=r"^control\.prompt must be a str .*bits$"):
+    with pytest.raises(
+        DocValidationError, match=r"^control\.prompt must be a str .*, got <int of 16610 bits>$"
+    ):
         doc.set(prompt=10**5000)
     schema_doc = ctx.doc("other", schema=Control)
     with pytest.raises(DocValidationError, match=r"^other\.gain must be a number a float holds"):

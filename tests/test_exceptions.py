@@ -10,6 +10,7 @@ import pytest
 
 import rxstream
 from rxstream import _exceptions
+from rxstream._util import lone_surrogate
 from rxstream.distributed import RankLost
 from rxstream.ipc import RingSpec
 from rxstream.topology import ClientStreamLimitExceeded, InvalidSample, SampleRefused
@@ -109,3 +110,21 @@ def test_an_app_with_nothing_to_run_is_an_app_entry_error(tmp_path: Path) -> Non
         load_app(str(app))
     with pytest.raises(AttributeError, match=r"has no callable 'nope'"):
         load_app(f"{app}:nope")
+
+
+def test_shown_names_a_refused_value_without_a_flood() -> None:
+    """One helper names refused values: a short repr as is, a huge int by size, a long repr cut."""
+    assert _exceptions.shown("ab") == "'ab'"
+    assert _exceptions.shown(10**5000) == "<int of 16610 bits>"
+    assert _exceptions.shown(True) == "True"
+    cut = _exceptions.shown("x" * 500)
+    assert len(cut) == 60
+    assert cut == "'" + "x" * 54 + "…xxx'"
+
+
+def test_a_lone_surrogate_is_found_by_one_check() -> None:
+    """lone_surrogate gives the index of the first lone surrogate, None for valid Unicode."""
+    assert lone_surrogate("plain") is None
+    assert lone_surrogate("caf\u00e9 \U0001f600") is None
+    assert lone_surrogate("x\ud800y") == 1
+    assert lone_surrogate("\u00e9\udfff") == 1

@@ -12,7 +12,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from rxstream import PipelineItem, PipelineMetadata, merge_metadata
-from rxstream.item import Timeline, evolve_metadata
+from rxstream.item import Timeline, _newest, evolve_metadata
 
 REFERENCE_FIELDS: list[tuple[str, Any]] = [
     ("prompt_generation", 0),
@@ -271,6 +271,12 @@ def test_merge_matches_the_newest_tick_model(mds: list[PipelineMetadata], extra:
     assert (merged.input_seq, merged.input_at_ms) == (newest.input_seq, newest.input_at_ms)
     assert merged.timeline == newest.timeline + extra
     assert (merged.pts, merged.capture_ts) == (mds[-1].pts, mds[-1].capture_ts)
+
+
+@given(metadatas)
+def test_the_newest_pick_is_the_model(mds: list[PipelineMetadata]) -> None:
+    """item._newest (merge_metadata's and window's one pick) is the newest tick's index."""
+    assert _newest(mds) == newest_index(mds)
 
 
 @given(metadatas.flatmap(lambda mds: st.tuples(st.just(mds), st.permutations(mds))), stamps)

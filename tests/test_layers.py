@@ -11,11 +11,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import rxstream
+from rxstream import PipelineStateError, StageBuildError
+from rxstream.ranks._factory import RingBoundaries
+from rxstream.runtime import _crossings
+from rxstream.stage import _Composition
 
 PACKAGE = Path(rxstream.__file__).parent
-EXCEPTIONS = {"stage.py"}
-"""Modules whose lazy imports point up on purpose: ``stage | x`` builds a ``Pipeline``."""
 
 
 def _hoisted(source: str) -> tuple[str, int]:
@@ -38,12 +42,11 @@ def _hoisted(source: str) -> tuple[str, int]:
 
 
 def test_every_lazy_import_hoisted_the_package_still_imports(tmp_path: Path) -> None:
+    """Every function-level rxstream import, hoisted to its module's top, still imports."""
     copy = tmp_path / "rxstream"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     hoisted = 0
     for module in sorted(copy.rglob("*.py")):
-        if str(module.relative_to(copy)) in EXCEPTIONS:
-            continue
         text, count = _hoisted(module.read_text())
         if count:
             module.write_text(text)
@@ -61,3 +64,57 @@ def test_every_lazy_import_hoisted_the_package_still_imports(tmp_path: Path) -> 
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_stage_composes_with_the_pipeline_class_that_registered() -> None:
+    """``stage | x`` builds the class rxstream.pipeline registered, not one stage.py imports."""
+    assert _Composition.made is rxstream.Pipeline
+
+
+def test_stage_composition_before_the_pipeline_registered_says_so(
+    ctx: rxstream.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no Pipeline registered, ``|`` on a stage names the missing module."""
+    a, b = ctx.source(range(2), name="a"), ctx.pipe(lambda x: x, name="b")
+    monkeypatch.setattr(_Composition, "made", None)
+    with pytest.raises(
+        StageBuildError, match=r"^stage \| x builds a Pipeline, and rxstream\.pipeline was not"
+    ):
+        a | b
+    with pytest.raises(StageBuildError, match=r"rxstream\.pipeline was not imported"):
+        [a] | b
+
+
+def test_a_started_run_gets_its_boundaries_from_what_ranks_provided(
+    ctx: rxstream.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipeline.start() makes its boundaries with the factory rxstream.ranks provided."""
+    made: list[RingBoundaries] = []
+    provided = _crossings._Provided.boundaries
+    assert provided is not None
+
+    def recording(*, cuda_api: object, spec: object) -> _crossings.BoundaryFactory:
+        factory = provided(cuda_api=cuda_api, spec=spec)
+        assert isinstance(factory, RingBoundaries)
+        made.append(factory)
+        return factory
+
+    monkeypatch.setattr(_crossings._Provided, "boundaries", recording)
+    pipeline = ctx.source(range(3), name="src") | ctx.pipe(lambda x: x, name="b", rank=1)
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    assert len(made) == 1
+
+
+def test_lease_and_boundaries_before_ranks_provided_them_say_so(
+    ctx: rxstream.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing provided, ctx.lease and a run's boundaries name rxstream.ranks."""
+    monkeypatch.setattr(_crossings._Provided, "lease", None)
+    monkeypatch.setattr(_crossings._Provided, "boundaries", None)
+    with pytest.raises(
+        PipelineStateError, match=r"^no ctx\.lease was provided: rxstream\.ranks provides"
+    ):
+        ctx.lease((2,), "float32")
+    with pytest.raises(PipelineStateError, match=r"^no boundary factory for a run was provided"):
+        (ctx.source(range(2)) | ctx.pipe(lambda x: x)).start()

@@ -380,3 +380,35 @@ def test_wait_idle_returns_once_every_fed_item_has_left(ctx: rxstream.Context) -
         assert (stats["out"].items_out, stats["slow"].inbox_depth) == (3, 0)
     finally:
         pipeline.stop()
+
+
+def test_wait_idle_waits_for_the_frames_a_pace_holds(ctx: rxstream.Context) -> None:
+    """wait_idle() returns only once a pace has released every frame it buffered for its ticks."""
+    pipeline = ctx.input("pointer") | ctx.pace(5, name="pace") | ctx.stream("out")
+    pipeline.start()
+    try:
+        for i in range(4):
+            pipeline.feed("pointer", i)
+        assert wait_idle(pipeline, 30)
+        transport = ctx.transport
+        assert isinstance(transport, MemoryTransport)
+        shown = [item.payload for item in transport.items("out") if not item.metadata.idle]
+        assert shown == [0, 1, 2, 3]
+        assert pipeline.statistics()["pace"].dropped == {}
+    finally:
+        pipeline.stop()
+
+
+def test_wait_idle_waits_for_a_timed_window_to_close(ctx: rxstream.Context) -> None:
+    """wait_idle() returns only once a timed window holding items has closed and emitted them."""
+    pipeline = ctx.input("pointer") | ctx.window(ms=300, name="window") | ctx.stream("out")
+    pipeline.start()
+    try:
+        for i in range(2):
+            pipeline.feed("pointer", i)
+        assert wait_idle(pipeline, 30)
+        transport = ctx.transport
+        assert isinstance(transport, MemoryTransport)
+        assert [item.payload for item in transport.items("out")] == [[0, 1]]
+    finally:
+        pipeline.stop()

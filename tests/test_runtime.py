@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import rxstream
+from rxstream.runtime._run import DoneEvent
 from rxstream.transport import MemoryTransport
 
 
@@ -157,3 +158,30 @@ def test_every_stage_stamps_in_and_out(ctx: rxstream.Context) -> None:
     assert hops == ["source.in", "source.out", "a.in", "a.out"]
     times = [t for _, t in item.metadata.timeline]
     assert times == sorted(times)
+
+
+def test_done_calls_each_callback_once_whoever_sets_it() -> None:
+    """A run's done, set by anyone (a rank's stop sets it from outside), calls on_done's once."""
+    done = DoneEvent()
+    calls: list[str] = []
+    done.on_done(lambda: calls.append("before"))
+    setter = threading.Thread(target=done.set)
+    setter.start()
+    setter.join()
+    done.set()
+    done.on_done(lambda: calls.append("after"))
+    assert calls == ["before", "after"]
+    assert done.wait(0)
+
+
+def test_a_finished_run_calls_a_late_on_done_at_once(ctx: rxstream.Context) -> None:
+    """A run's done is a DoneEvent: a callback given after the run ended is called at once."""
+    pipeline = ctx.source(range(3), name="src") | ctx.stream("out")
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    run = pipeline._run
+    assert run is not None
+    assert isinstance(run.done, DoneEvent)
+    called = threading.Event()
+    run.on_done(called.set)
+    assert called.is_set()

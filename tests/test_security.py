@@ -38,6 +38,7 @@ from rxstream.transport._guard import (
     Refused,
     SampledLog,
     TokenBucket,
+    is_loopback,
     parse_message,
     wire,
 )
@@ -294,6 +295,35 @@ def test_gate_with_remote_hosts() -> None:
     assert gate.refuse(host="10.0.0.1:8765", origin="http://10.0.0.1:8765", token=None) is None
     assert gate.refuse(host="BOX.lan:8765", origin=None, token=None) is None
     assert "Host" in (gate.refuse(host="evil.example:8765", origin=None, token=None) or "")
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.3.2.1", True),
+        ("::1", True),
+        ("localhost", True),
+        ("10.0.0.1", False),
+        ("::", False),
+        ("localhost.evil.example", False),
+        ("example.com", False),
+    ],
+)
+def test_one_loopback_rule_for_the_bound_host_and_the_host_header(
+    host: str, loopback: bool
+) -> None:
+    """is_loopback decides both what WebTransport binds without allow_remote and what Host the
+    gate admits without it."""
+    assert is_loopback(host) is loopback
+    header = f"[{host}]:8765" if ":" in host else f"{host}:8765"
+    admitted = Gate(host="127.0.0.1", token=None).refuse(host=header, origin=None, token=None)
+    assert (admitted is None) is loopback
+    if loopback:
+        assert WebTransport(host=host, port=0).host == host
+    else:
+        with pytest.raises(ValueError, match=r"^host must be a loopback address"):
+            WebTransport(host=host, port=0)
 
 
 # --- one message ---------------------------------------------------------------------------

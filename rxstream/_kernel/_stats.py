@@ -76,6 +76,7 @@ class StageCounters:
         "copies",
         "cutovers",
         "failed_pulls",
+        "held",
         "items_in",
         "items_out",
         "kind",
@@ -101,6 +102,10 @@ class StageCounters:
         self.copies = 0
         self._drops: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.held = 0
+        """Items the stage holds until one of its timers releases them: a ``pace`` buffer's
+        frames (until their ticks), a timed ``window``'s open window (until it closes). One
+        writer (the stage's thread); read by ``testing.wait_idle``, which waits for them."""
 
     def drop(self, reason: str, count: int = 1) -> None:
         """Count ``count`` items dropped for ``reason``."""

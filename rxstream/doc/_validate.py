@@ -28,7 +28,8 @@ import typing
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from rxstream._exceptions import ArgumentTypeError, DocValidationError
+from rxstream._exceptions import ArgumentTypeError, DocValidationError, shown
+from rxstream._util import lone_surrogate
 
 __all__ = ["Validator", "defaults_from_schema", "make_validator"]
 
@@ -66,13 +67,6 @@ def defaults_from_schema(name: str, schema: object) -> dict[str, Any]:
     return dataclasses.asdict(instance)
 
 
-def _shown(value: Any) -> str:
-    """``repr(value)``, but an int too long to print (or to read) by its size."""
-    if isinstance(value, int) and value.bit_length() > 256:
-        return f"an int of {value.bit_length()} bits"
-    return repr(value)
-
-
 def _dotted(name: str, path: tuple[str, ...]) -> str:
     return ".".join((name, *path))
 
@@ -81,18 +75,17 @@ def check_value(name: str, path: tuple[str, ...], value: Any, *, finite: bool = 
     """Refuse a string that is not valid Unicode, or a float that is not finite (unless
     ``finite`` is false), anywhere in ``value`` (sections, lists and dicts included)."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as exc:
+        at = lone_surrogate(value)
+        if at is not None:
             raise DocValidationError(
                 f"{_dotted(name, path)} must be valid Unicode (no lone surrogate), "
-                f"got {_shown(value)} ({exc.reason} at index {exc.start})"
-            ) from None
+                f"got {shown(value)} (surrogates not allowed at index {at})"
+            )
     elif isinstance(value, float):
         if finite and not math.isfinite(value):
             raise DocValidationError(
                 f"{_dotted(name, path)} must be a finite number (declare "
-                f'metadata={{"finite": False}} to allow it), got {_shown(value)}'
+                f'metadata={{"finite": False}} to allow it), got {shown(value)}'
             )
     elif isinstance(value, Mapping):
         for key, inner in value.items():
@@ -128,13 +121,13 @@ def _check_shape(
             keys = ", ".join(sorted(defaults))
             raise DocValidationError(
                 f"{_dotted(name, here)} is not a field of the doc (fields there: {keys}), "
-                f"got {_shown(value)}"
+                f"got {shown(value)}"
             )
         default = defaults.get(key)
         if isinstance(default, Mapping):
             if not isinstance(value, Mapping):
                 raise DocValidationError(
-                    f"{_dotted(name, here)} is a section and takes a mapping, got {_shown(value)}"
+                    f"{_dotted(name, here)} is a section and takes a mapping, got {shown(value)}"
                 )
             section = merged.get(key)
             _check_shape(name, default, value, section if isinstance(section, dict) else {}, here)
@@ -142,7 +135,7 @@ def _check_shape(
         if key in defaults and default is not None and not _same_kind(value, default):
             raise DocValidationError(
                 f"{_dotted(name, here)} must be {_a(type(default).__name__)} like its default "
-                f"{default!r}, got {_shown(value)}"
+                f"{default!r}, got {shown(value)}"
             )
         # a default that is not finite itself declares a field that takes any float
         finite = not (isinstance(default, float) and not math.isfinite(default))
@@ -168,7 +161,7 @@ def _check_dataclass(
         if key not in fields:
             raise DocValidationError(
                 f"{_dotted(name, (*path, key))} is not a field of {schema.__name__} "
-                f"(fields: {', '.join(sorted(fields))}), got {_shown(state[key])}"
+                f"(fields: {', '.join(sorted(fields))}), got {shown(state[key])}"
             )
     kwargs = {}
     for key, value in state.items():
@@ -178,14 +171,14 @@ def _check_dataclass(
             if not isinstance(value, Mapping):
                 raise DocValidationError(
                     f"{_dotted(name, here)} is a section ({hint.__name__}) and takes a mapping, "
-                    f"got {_shown(value)}"
+                    f"got {shown(value)}"
                 )
             section = value if isinstance(value, MutableMapping) else dict(value)
             kwargs[key] = _check_dataclass(name, hint, section, here)
             continue
         if not _matches(value, hint):
             raise DocValidationError(
-                f"{_dotted(name, here)} must be {_describe(hint)}, got {_shown(value)}"
+                f"{_dotted(name, here)} must be {_describe(hint)}, got {shown(value)}"
             )
         check_value(name, here, value, finite=fields[key].metadata.get("finite", True))
         if _is_float(hint) and isinstance(value, int) and not isinstance(value, bool):

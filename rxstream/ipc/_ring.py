@@ -11,7 +11,9 @@ offset (a ``bytes`` item is stored as is, unpickled). ``put`` copies every buffe
 free slot and writes the slot's index (4 bytes) into the *ready* pipe; ``get`` reads an
 index, unframes in place (arrays and tensors are views of the slot) and, once every view is
 gone, writes the index into the *free* pipe. The pipes carry indices, never payloads; a close
-writes a mark into both to wake any side.
+writes a mark into both to wake any side. Before ``get`` sleeps in the pipe's ``read`` it
+watches the header's item count for a few µs (``spin_us``, :mod:`rxstream.ipc._wake`): an item
+committed meanwhile is read without a wake-up.
 
 The two traps of DESIGN §6:
 
@@ -56,6 +58,7 @@ from rxstream._exceptions import (
 )
 from rxstream.ipc import _lease
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
+from rxstream.ipc._wake import DEFAULT_SPIN_US, check_spin_us, spin
 
 __all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
@@ -73,6 +76,7 @@ _MAGIC = int.from_bytes(b"RXSRING1", "little")
 _W_MAGIC, _W_SLOTS, _W_SLOT_BYTES, _W_CLOSED = 0, 1, 2, 3
 _W_PRODUCER, _W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
 _W_ITEMS, _W_BYTES, _W_PUT_WAIT_NS, _W_GET_WAIT_NS = 6, 7, 8, 9
+_W_SPIN_NS = 15  # how long the consumer spins before it sleeps (rxstream.ipc._wake)
 _WORDS = 16
 # slot states: written (and maybe leased) until the consumer hands the slot back
 _FREE, _READY = 0, 1
@@ -237,16 +241,28 @@ class ShmRing:
         self._final: RingStatistics | None = None
         self._unlinked = False
         self._read_size = _INDEX.size * (handle.slots + 8)
+        self._seen = 0  # indices the consumer read out of the ready pipe (see _wake.spin)
+        self._spin_ns = 0  # the consumer's, read from the header when it claims its role
 
     # --- making and opening -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, *, slots: int = 8, slot_bytes: int = 8 << 20, name: str | None = None) -> Self:
+    def create(
+        cls,
+        *,
+        slots: int = 8,
+        slot_bytes: int = 8 << 20,
+        name: str | None = None,
+        spin_us: float = DEFAULT_SPIN_US,
+    ) -> Self:
         """A new ring of ``slots`` slots of ``slot_bytes`` each; this process owns it.
 
-        ``name`` names the segment (default: ``rxs_<pid>_`` and random hex).
+        ``name`` names the segment (default: ``rxs_<pid>_`` and random hex). ``spin_us``: how
+        long the consumer watches for the next item before it sleeps (0 to 1000 µs; 0: it
+        sleeps at once), see :mod:`rxstream.ipc._wake`.
         """
         _check_geometry(slots, slot_bytes)
+        check_spin_us(spin_us)
         name = name or f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
         size = _align(_WORDS * 8 + slots) + slots * _align(slot_bytes)
         segment = _Segment(name=name, create=True, size=size)
@@ -270,6 +286,7 @@ class ShmRing:
         words = ring._words
         words[_W_SLOTS] = slots
         words[_W_SLOT_BYTES] = slot_bytes
+        words[_W_SPIN_NS] = round(spin_us * 1000)
         words[_W_MAGIC] = _MAGIC
         return ring
 
@@ -514,11 +531,14 @@ class ShmRing:
             raise RingClosed(f"ring {self._name!r} is closed and drained")
         started = _perf()
         try:
+            # awake when the producer commits: the read below finds the index, no wake-up
+            spin(self._words, _W_ITEMS, self._seen, _W_CLOSED, self._spin_ns)
             while True:
                 if timeout is not None and not _readable(self._ready_poll, started, timeout):
                     raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
                 if self._read_indices(self._ready_r, pending):
                     self._peer_closed = True
+                self._seen += len(pending)  # it was empty: these are the indices just read
                 if self._closed:
                     raise RingClosed(f"ring {self._name!r} is closed")
                 if pending:
@@ -716,6 +736,7 @@ class ShmRing:
                 self._producer = _get_ident()
             else:
                 self._get_wait_ns = words[_W_GET_WAIT_NS]
+                self._spin_ns = words[_W_SPIN_NS]
                 self._consumer = _get_ident()
 
     def _let_go_if_idle(self) -> None:

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 from rxstream._kernel._stats import StageCounters
 from rxstream.item import now
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
-from rxstream.topology._samples import SampleCheck, check_sample, compile_schema, shown
+from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
 __all__ = ["InputFeed", "InputSample"]
 
@@ -153,13 +153,13 @@ class InputFeed:
 
     def _at_ms(self, at_ms: Any) -> int:
         if isinstance(at_ms, bool) or not isinstance(at_ms, int | float):
-            raise InvalidSample(self.name, "at_ms", "must be a number of ms or None", shown(at_ms))
+            raise InvalidSample(self.name, "at_ms", "must be a number of ms or None", at_ms)
         if not abs(at_ms) <= _MAX_AT_MS:  # NaN too; an int of any size compares exactly
             raise InvalidSample(
                 self.name,
                 "at_ms",
                 f"must be a finite number of ms within ±{_MAX_AT_MS:.0f}",
-                shown(at_ms),
+                at_ms,
             )
         return int(at_ms)
 
@@ -182,7 +182,7 @@ class InputFeed:
             or not 0 <= size <= _MAX_SIZE  # NaN fails too; an int of any size compares exactly
         ):
             raise InvalidSample(
-                self.name, "item_size(sample)", "must be a finite number >= 0", shown(size)
+                self.name, "item_size(sample)", "must be a finite number >= 0", size
             )
         return float(size)
 

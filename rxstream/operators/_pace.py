@@ -140,6 +140,7 @@ class _Pacer:
         if self.buffer:
             self.shell.counters.drop("stopped", len(self.buffer))
             self.buffer.clear()
+            self.shell.counters.held = 0
 
     def on_next(self, item: PipelineItem) -> None:
         self.shell.counters.items_in += 1
@@ -149,6 +150,7 @@ class _Pacer:
         if len(buffer) > self.capacity and not self.throttle:
             buffer.popleft()
             self.shell.counters.drop("latest")
+        self.shell.counters.held = len(buffer)
         if self.throttle and len(buffer) >= self.capacity:
             self.sched.set_accepting(False)
         if self.anchor is None:
@@ -195,6 +197,7 @@ class _Pacer:
         if self.buffer:
             released = now()
             item, arrived, at = self.buffer.popleft()
+            shell.counters.held = len(self.buffer)
             self.sched.set_accepting(True)
             metadata = evolve_metadata(item.metadata, pts=pts, idle=False)
             out = shell.emit(item.payload, _with_stamps(metadata, self.stamps(arrived, released)))

@@ -15,14 +15,14 @@ waited for its window to close is its hold, not compute (:mod:`rxstream.operator
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, PipelineMetadata, merge_metadata, now
+from rxstream.item import PipelineItem, _newest, merge_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.typing import ItemStream, Operator
@@ -58,6 +58,7 @@ def window_operator(
                 arrived = arrivals[_newest(metadatas)]
                 window.clear()
                 arrivals.clear()
+                shell.counters.held = 0
                 opened[0] += 1
                 timer.disposable = None
                 metadata = merge_metadata(metadatas, stamps(arrived, released))
@@ -71,10 +72,12 @@ def window_operator(
                 arrivals.append(now())
                 shell.counters.items_in += 1
                 window.append(item)
-                if span is not None and len(window) == 1:
-                    timer.disposable = shell.scheduler.schedule_relative(
-                        span, on_timeout, opened[0]
-                    )
+                if span is not None:  # held until the window's timer closes it at the latest
+                    shell.counters.held = len(window)
+                    if len(window) == 1:
+                        timer.disposable = shell.scheduler.schedule_relative(
+                            span, on_timeout, opened[0]
+                        )
                 if count is not None and len(window) >= count:
                     flush()
                 elif until is not None:
@@ -83,6 +86,7 @@ def window_operator(
                     except Exception as exc:  # the user's predicate: the stage's error policy
                         window.pop()
                         arrivals.pop()
+                        shell.counters.held = len(window) if span is not None else 0
                         shell.failed(observer, item, exc)
                         return
                     if closes:
@@ -96,6 +100,7 @@ def window_operator(
                 if window:  # items of an open window when the run ends
                     shell.counters.drop("stopped", len(window))
                     window.clear()
+                    shell.counters.held = 0
 
             upstream = attach(source, on_next, observer.on_error, on_completed, scheduler)
             return CompositeDisposable(upstream, timer, Disposable(on_dispose))
@@ -103,13 +108,3 @@ def window_operator(
         return one_input(subscribe)
 
     return build
-
-
-def _newest(metadatas: Sequence[PipelineMetadata]) -> int:
-    """The index of the input whose timeline :func:`merge_metadata` keeps (its newest tick)."""
-    newest = len(metadatas) - 1
-    best: PipelineMetadata | None = None
-    for index, md in enumerate(metadatas):
-        if md.input_seq and (best is None or md.input_at_ms >= best.input_at_ms):
-            best, newest = md, index
-    return newest

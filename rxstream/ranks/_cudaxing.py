@@ -153,14 +153,14 @@ class CudaCrossing:
             CudaImporter,
             CudaSlotRef,
             CudaTensorRef,
-            _view,
         )
+        from rxstream.ipc._cudaapi import view_of
 
         self._tensor = torch.Tensor
         self._torch_device = torch.device
         self._refs = (CudaTensorRef, CudaSlotRef, LocalRef)
         self._slot_ref = CudaSlotRef
-        self._view = _view
+        self._view = view_of
         self._api = api
         self._local = local
         self._spec = spec or RingSpec()
@@ -384,12 +384,12 @@ class CudaCrossing:
 
 
 def _contiguous(size: Sequence[int]) -> tuple[int, ...]:
-    from rxstream.ipc._cuda import _contiguous as contiguous
+    from rxstream.ipc._cudaapi import contiguous
 
     return contiguous(size)
 
 
 def _nbytes(size: Sequence[int], dtype: Any) -> int:
-    from rxstream.ipc._cuda import _nbytes as nbytes
+    from rxstream.ipc._cudaapi import nbytes
 
     return nbytes(size, dtype)

@@ -66,6 +66,7 @@ from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_ru
 from rxstream.ranks._replicate import replicate
 from rxstream.ranks._watch import Watch, stopped_by
 from rxstream.runtime._aio import AsyncBridge
+from rxstream.runtime._run import DoneEvent
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import Transport
 
@@ -468,7 +469,7 @@ class _RankRun:
         self, ctx: Context, run: ThreadedRun, ranks: Ranks, egress: Egress, frames: int | None
     ) -> None:
         self.run = run
-        self.done = threading.Event()
+        self.done = DoneEvent()
         self.stopped = False
         self._ctx = ctx
         self._frames = frames
@@ -477,7 +478,6 @@ class _RankRun:
         self.watch = Watch(run, ranks, egress, None, closing=self._closing)
         self._replicas: list[Any] = []
         self._thread: threading.Thread | None = None
-        self._callbacks: list[Callable[[], None]] = []
         self._lock = threading.Lock()
 
     def start(self) -> None:
@@ -492,22 +492,11 @@ class _RankRun:
         except BaseException as exc:  # a rank's error is the run's already; anything else too
             self.run.fail(exc)
         finally:
-            self._finish()
-
-    def _finish(self) -> None:
-        self.done.set()
-        with self._lock:
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()
+            self.done.set()
 
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from any thread) once every rank ended or the run failed."""
-        with self._lock:
-            if not self.done.is_set():
-                self._callbacks.append(callback)
-                return
-        callback()
+        self.done.on_done(callback)
 
     def stop(self) -> None:
         """Stop every rank, collect its statistics, join it and unlink the rings; idempotent."""
@@ -521,7 +510,7 @@ class _RankRun:
         for subscription in self._replicas:
             subscription.dispose()
         self._ranks.close()
-        self._finish()
+        self.done.set()
 
 
 def _replicate(ctx: Context, conns: Mapping[int, Connection]) -> list[Any]:

@@ -4,20 +4,36 @@ A :class:`~rxstream.runtime._run.Run` wires a boundary wherever consecutive stag
 different ranks, but it does not know rings, ``torch.distributed`` or CUDA: it asks its
 :class:`BoundaryFactory` for the edge by name and uses the :class:`RankBoundary` it gets.
 ``rxstream.ranks`` makes the factories (``RingBoundaries``, ``LinkBoundaries``).
+
+The layers above the runtime that start runs (``Pipeline.start()``) and serve a stage's
+``ctx.lease`` must not import ``rxstream.ranks``, which imports them (its launches make a
+``Context`` and run its ``Pipeline``). So the ranks package *provides* what they need here, once,
+when it is imported (``rxstream/ranks/__init__.py``, which ``import rxstream`` always runs):
+:func:`provide` takes the in-process boundary factory and the lease, and
+:func:`in_process_boundaries` and :func:`lease` hand them on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from reactivex import abc
 
+from rxstream._exceptions import PipelineStateError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._stats import StageCounters
 from rxstream.typing import ItemStream
 
-__all__ = ["BoundaryFactory", "RankBoundary"]
+__all__ = [
+    "BoundaryFactory",
+    "InProcessBoundaries",
+    "Lease",
+    "RankBoundary",
+    "in_process_boundaries",
+    "lease",
+    "provide",
+]
 
 
 class _Closes(Protocol):
@@ -79,3 +95,58 @@ class BoundaryFactory(Protocol):
     def close(self) -> None:
         """Let go of what it made (unlink the rings it owns); after the run stopped."""
         ...
+
+
+class InProcessBoundaries(Protocol):
+    """Makes the boundary factory of a run whose ranks all run in this process."""
+
+    def __call__(self, *, cuda_api: Any, spec: Any) -> BoundaryFactory:
+        """A factory for ``Pipeline.start()``: ``cuda_api`` and the ring ``spec`` of its
+        context (``Environment.cuda_api``, ``Environment.ring_spec``)."""
+        ...
+
+
+class Lease(Protocol):
+    """``ctx.lease``: an empty buffer (a tensor, an array) for the calling stage's output."""
+
+    def __call__(self, shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+        """A view of a free slot of the boundary the stage's output crosses, else a new buffer
+        (see ``Environment.lease``)."""
+        ...
+
+
+class _Provided:
+    """What :mod:`rxstream.ranks` provided (``None``: nothing yet)."""
+
+    boundaries: InProcessBoundaries | None = None
+    lease: Lease | None = None
+
+
+def provide(*, boundaries: InProcessBoundaries, lease: Lease) -> None:
+    """Register the ranks' in-process boundary factory and lease (``rxstream.ranks`` does, at
+    import; a second call replaces them)."""
+    _Provided.boundaries = boundaries
+    _Provided.lease = lease
+
+
+def _missing(what: str) -> PipelineStateError:
+    return PipelineStateError(
+        f"no {what} was provided: rxstream.ranks provides it when imported, and it was not "
+        "(import rxstream imports it)"
+    )
+
+
+def in_process_boundaries(*, cuda_api: Any, spec: Any) -> BoundaryFactory:
+    """The boundary factory of a run whose ranks all run in this process."""
+    make = _Provided.boundaries
+    if make is None:
+        raise _missing("boundary factory for a run")
+    return make(cuda_api=cuda_api, spec=spec)
+
+
+def lease(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
+    """``ctx.lease``: an empty buffer for the calling stage's output (see :class:`Lease`)."""
+    provided = _Provided.lease
+    if provided is None:
+        raise _missing("ctx.lease")
+    return provided(shape, dtype, device)

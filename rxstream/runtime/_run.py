@@ -46,9 +46,35 @@ from rxstream.topology._edges import (
 )
 from rxstream.typing import ItemStream
 
-__all__ = ["Run"]
+__all__ = ["DoneEvent", "Run"]
 
 _log = structlog.get_logger("rxstream")
+
+
+class DoneEvent(threading.Event):
+    """A run's ``done``: once set, it calls each callback given to :meth:`on_done` once, on the
+    thread that set it (one given after: at once, on the caller's). ``Run`` and the launch's
+    rank run (``ranks/_launch.py``) both end on it; a rank's stop sets it from outside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._callbacks_lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        super().set()
+        with self._callbacks_lock:
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def on_done(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from any thread) once this is set."""
+        with self._callbacks_lock:
+            if not self.is_set():
+                self._callbacks.append(callback)
+                return
+        callback()
 
 
 class Run(ABC):
@@ -80,7 +106,7 @@ class Run(ABC):
         self.generations = generations
         self.timing = timing
         self.error: BaseException | None = None
-        self.done = threading.Event()
+        self.done = DoneEvent()
         self._bridge = bridge
         self.collect = collect
         """What the ends keep: ``"items"``, ``"payloads"`` or nothing (``None``); a driven
@@ -88,7 +114,6 @@ class Run(ABC):
         self._lock = threading.Lock()
         self._halted = False
         self._completed = 0
-        self._done_callbacks: list[Callable[[], None]] = []
         self.tails = tuple(t for t in plan.tails if t in self.local)
         self._ends = len(self.tails)  # local tails, plus one per boundary writer (added later)
         self.outputs: dict[Node, list[Any]] = {tail: [] for tail in self.tails}
@@ -270,7 +295,7 @@ class Run(ABC):
             self._completed += 1
             finished = self._completed == self._ends
         if finished:
-            self._finish()
+            self.done.set()
 
     def _source_stream(self, node: Node) -> ItemStream:
         def subscribe(
@@ -313,22 +338,11 @@ class Run(ABC):
             if not isinstance(error, PipelineError):
                 _log.error("pipeline_failed", error=repr(error))
             self.halt()
-            self._finish()
-
-    def _finish(self) -> None:
-        self.done.set()
-        with self._lock:
-            callbacks, self._done_callbacks = self._done_callbacks, []
-        for callback in callbacks:
-            callback()
+            self.done.set()
 
     def on_done(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from any thread) once the run has completed or failed."""
-        with self._lock:
-            if not self.done.is_set():
-                self._done_callbacks.append(callback)
-                return
-        callback()
+        self.done.on_done(callback)
 
     def raise_error(self) -> None:
         """Raise the run's error, if it had one."""

@@ -98,7 +98,7 @@ class ThreadedRun(Run):
             if self.error is not None:  # wiring failed: nothing to pump
                 return
             if not self._ends:  # no stage runs here (a rank the app places nothing on): done
-                self._finish()
+                self.done.set()
             self._start_sources()
 
     def _start_sources(self) -> None:
@@ -177,12 +177,15 @@ class ThreadedRun(Run):
     def idle(self) -> bool:
         """Whether nothing moves here, checked from the sources down: every source ended or,
         for a ``ctx.input``, waits for a sample with none queued; every stage thread waits
-        for work (see ``StageThread.idle``). Then every item taken in has left or was dropped,
-        and the statistics count it. A source that keeps producing keeps the run busy."""
+        for work (see ``StageThread.idle``) and its stage holds no item for a timer to release
+        (``StageCounters.held``: a ``pace``'s buffered frames, a timed ``window``'s open one).
+        Then every item taken in has left or was dropped (or waits in a window for more items
+        to close it), and the statistics count it. A source that keeps producing keeps the run
+        busy."""
         for node in self.local:
             thread = self.threads.get(node)
             if thread is not None:
-                if not thread.idle:
+                if not thread.idle or self.shells[node].counters.held:
                     return False
                 continue
             pump = self._source_threads.get(node)

@@ -26,10 +26,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
-from rxstream._exceptions import StageBuildError
+from rxstream._exceptions import StageBuildError, shown
+from rxstream._util import lone_surrogate
 from rxstream.topology._limits import NO_VALUE, InvalidSample
 
-__all__ = ["Field", "SampleCheck", "check_sample", "compile_schema", "shown"]
+__all__ = ["Field", "SampleCheck", "check_sample", "compile_schema"]
 
 SampleCheck = Callable[[Any], None]
 """A compiled schema: raises :class:`_Bad` for a sample that does not fit."""
@@ -67,7 +68,7 @@ def check_sample(stream: str, check: SampleCheck, sample: Any) -> None:
     try:
         check(sample)
     except _Bad as bad:
-        where = "sample" + "".join(f"[{step!r}]" for step in bad.path)
+        where = "sample" + "".join(f"[{shown(step)}]" for step in bad.path)
         raise InvalidSample(stream, where, bad.rule, bad.value) from None
 
 
@@ -121,21 +122,18 @@ def _field_check(spec: Field) -> SampleCheck:
         else:
             fits = isinstance(value, kind)
         if not fits:
-            raise _Bad((), rule, shown(value))
+            raise _Bad((), rule, value)
         if finite and isinstance(value, float) and not math.isfinite(value):
-            raise _Bad((), "must be a finite number", shown(value))
+            raise _Bad((), "must be a finite number", value)
         if numeric:
             if low is not None and not value >= low:
-                raise _Bad((), f"must be >= {low:g}", shown(value))
+                raise _Bad((), f"must be >= {low:g}", value)
             if high is not None and not value <= high:
-                raise _Bad((), f"must be <= {high:g}", shown(value))
-        if isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise _Bad((), "must be valid Unicode (no lone surrogate)", shown(value)) from None
+                raise _Bad((), f"must be <= {high:g}", value)
+        if isinstance(value, str) and lone_surrogate(value) is not None:
+            raise _Bad((), "must be valid Unicode (no lone surrogate)", value)
         if max_len is not None and len(value) > max_len:
-            raise _Bad((), f"must be at most {max_len} long", shown(value))
+            raise _Bad((), f"must be at most {max_len} long", value)
 
     return check
 
@@ -146,7 +144,7 @@ def _choice_check(choices: tuple[Any, ...]) -> SampleCheck:
     def check(value: Any) -> None:
         # a bool is not the choice 1 (nor 0 the choice False)
         if not any(type(value) is type(c) and value == c for c in choices):
-            raise _Bad((), rule, shown(value))
+            raise _Bad((), rule, value)
 
     return check
 
@@ -156,7 +154,7 @@ def _tuple_check(items: list[SampleCheck]) -> SampleCheck:
 
     def check(value: Any) -> None:
         if not isinstance(value, tuple | list) or len(value) != count:
-            raise _Bad((), f"must be a sequence of {count}", shown(value))
+            raise _Bad((), f"must be a sequence of {count}", value)
         for index, (item, inner) in enumerate(zip(items, value, strict=True)):
             _inside(index, item, inner)
 
@@ -168,10 +166,10 @@ def _dict_check(fields: dict[Any, SampleCheck]) -> SampleCheck:
 
     def check(value: Any) -> None:
         if not isinstance(value, Mapping):
-            raise _Bad((), f"must be a mapping with keys {keys}", shown(value))
+            raise _Bad((), f"must be a mapping with keys {keys}", value)
         for key in value:
             if key not in fields:
-                raise _Bad((shown(key),), f"is not a key of the sample (keys: {keys})", NO_VALUE)
+                raise _Bad((key,), f"is not a key of the sample (keys: {keys})", NO_VALUE)
         for key, item in fields.items():
             if key not in value:
                 raise _Bad((key,), "is missing", NO_VALUE)
@@ -183,7 +181,7 @@ def _dict_check(fields: dict[Any, SampleCheck]) -> SampleCheck:
 def _list_check(element: SampleCheck) -> SampleCheck:
     def check(value: Any) -> None:
         if not isinstance(value, tuple | list):
-            raise _Bad((), "must be a list", shown(value))
+            raise _Bad((), "must be a list", value)
         for index, inner in enumerate(value):
             _inside(index, element, inner)
 
@@ -197,25 +195,11 @@ def _validator_check(validator: Callable[[Any], Any]) -> SampleCheck:
         try:
             verdict = validator(value)
         except (ValueError, TypeError) as exc:
-            raise _Bad((), f"is refused by {label}: {exc}", shown(value)) from None
+            raise _Bad((), f"is refused by {label}: {exc}", value) from None
         if verdict is False:
-            raise _Bad((), f"is refused by {label}", shown(value))
+            raise _Bad((), f"is refused by {label}", value)
 
     return check
-
-
-def shown(value: Any) -> Any:
-    """``value``, or for a long one its type and size (an error names it, never floods)."""
-    if isinstance(value, str | bytes | list | tuple | dict) and len(value) > 40:
-        return _Summary(f"<{type(value).__name__} of {len(value)}>")
-    if isinstance(value, int) and value.bit_length() > 64:
-        return _Summary(f"<int of {value.bit_length()} bits>")
-    return value
-
-
-class _Summary(str):
-    def __repr__(self) -> str:
-        return str(self)
 
 
 def _a(noun: str) -> str:

@@ -30,7 +30,8 @@ from typing import Any
 
 import structlog
 
-from rxstream._exceptions import ArgumentError
+from rxstream._exceptions import ArgumentError, shown
+from rxstream._util import lone_surrogate
 
 __all__ = [
     "MAX_DROPPED_IDS",
@@ -43,6 +44,7 @@ __all__ = [
     "SessionLimits",
     "TokenBucket",
     "check_token",
+    "is_loopback",
     "new_token",
     "parse_message",
     "shown",
@@ -64,12 +66,6 @@ class Refused(Exception):
         self.code = code
         self.ident = ident
         """The refused message's ``id``, when it could be read before the refusal."""
-
-
-def shown(value: Any, limit: int = 60) -> str:
-    """``repr(value)``, cut to ``limit`` characters (an error message never echoes a flood)."""
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 5]}…{text[-4:]}"
 
 
 # --- limits -------------------------------------------------------------------------------
@@ -177,6 +173,24 @@ def _split_host(header: str) -> str | None:
     return host if port.isdigit() else None
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost`` or a loopback address."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _is_address(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 class Gate:
     """The checks every handshake passes: Host, Origin and the token.
 
@@ -232,13 +246,9 @@ class Gate:
         return None
 
     def _host_allowed(self, name: str) -> bool:
-        if name in ("localhost", self.host) or name in self.allowed_hosts:
+        if name == self.host or name in self.allowed_hosts or is_loopback(name):
             return True
-        try:
-            address = ipaddress.ip_address(name)
-        except ValueError:
-            return False
-        return self.allow_remote or address.is_loopback
+        return self.allow_remote and _is_address(name)
 
 
 # --- one message --------------------------------------------------------------------------
@@ -340,15 +350,12 @@ def _check_string(text: str, path: str, limits: SessionLimits) -> None:
             f"a string must be at most {limits.max_string_chars} characters, got "
             f"{len(text)} at {path}",
         )
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise Refused(
-                "malformed",
-                f"strings must be valid Unicode, got a lone surrogate "
-                f"{text[exc.start]!r} at {path}",
-            ) from None
+    at = lone_surrogate(text)
+    if at is not None:
+        raise Refused(
+            "malformed",
+            f"strings must be valid Unicode, got a lone surrogate {text[at]!r} at {path}",
+        )
 
 
 # --- what the server says -----------------------------------------------------------------

@@ -34,14 +34,9 @@ session waits for its page — and turns false ``grace_s`` after the last page l
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import ipaddress
-import math
-import struct
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from importlib import resources
 from typing import Any
@@ -49,105 +44,44 @@ from typing import Any
 import structlog
 from aiohttp import WSMsgType, web
 
-from rxstream._exceptions import ArgumentError, DocValidationError
+from rxstream._exceptions import ArgumentError
 from rxstream.doc import controls
 from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
-from rxstream.timing._client import ClockOffset
-from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
 from rxstream.transport._guard import (
     ClientGuard,
     Gate,
-    Outbox,
     SampledLog,
     SessionLimits,
     check_token,
+    is_loopback,
     new_token,
-    parse_message,
     shown,
     wire,
 )
-from rxstream.transport._guard import Refused as _Refused
-from rxstream.transport._photon import PhotonJoin, Shown, log_photon
+from rxstream.transport._photon import PhotonJoin, log_photon
+from rxstream.transport._webclient import (
+    PAGE_HEADERS,
+    PINGS_S,
+    Client,
+    input_of,
+    pack,
+    pack_unit,
+    peer_port,
+)
+from rxstream.transport._webmessages import MESSAGE_TYPES, RATED, PageMessages
 
 __all__ = ["MESSAGE_TYPES", "WebTransport"]
 
 _log = structlog.get_logger("rxstream.web")
 
-MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
-"""The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
-returning the ack's fields (or raising ``_Refused``), listed here and in
-``WebTransport._handlers``, and in ``_RATED`` if it needs a rate of its own."""
-
-_RATED = {
-    "steer": "steers",
-    "set": "sets",
-    "input": "inputs",
-    "keyframe": "keyframes",
-    "shown": "reports",
-    "pong": "reports",
-}
-"""Message types with a rate of their own (a :class:`SessionLimits` field)."""
-
-_FRAME = b"F"
 _START_S = 10.0
-_PINGS_S = (0.05,) * 8 + (2.0,)
-"""The pauses between clock pings: a burst of 8, 50 ms apart, on attach, then one every 2 s
-(the estimate keeps the shortest round trip of the last 16)."""
-_VIDEO_PATHS = ("webcodecs", "jpeg", "mse", "raw")
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-class _Client:
-    """One attached page: what it can play and what waits to be sent to it."""
-
-    def __init__(self, ws: web.WebSocketResponse, frames: int, guard: ClientGuard) -> None:
-        self.ws = ws
-        self.guard = guard
-        self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
-        self.frames: deque[bytes] = deque()
-        self.texts = Outbox(guard.limits.queued_texts)
-        self.max_frames = frames
-        self.ready = asyncio.Event()
-        self.dropped = 0
-        self.live: set[str] = set()
-        """h264 streams this page is decoding: it had the init segment and a keyframe since
-        it joined (or since its last dropped fragment)."""
-        self.clock = ClockOffset()
-        """This page's ``performance.now()`` against the server's monotonic clock."""
-        self.ping_due = False
-        self.pings: deque[float] = deque(maxlen=16)
-        """The times (server ms) of the pings sent lately: a pong must answer one of them."""
-        self.number = 0
-
-    def push_frame(self, stream: str, codec: str, data: bytes) -> None:
-        if len(self.frames) >= self.max_frames:
-            self.frames.popleft()
-            self.dropped += 1
-            if codec == "h264":  # a gap in the fragments: wait for the next keyframe
-                self.live.discard(stream)
-                return
-        self.frames.append(data)
-        self.ready.set()
-
-    def push_text(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> None:
-        if not self.texts.push(text, kind, ident, key):  # reported to the page once it reads
-            self.guard.log.warning("web_texts_dropped", kind=kind, queued=len(self.texts))
-        self.ready.set()
-
-
-class WebTransport(Transport):
+class WebTransport(PageMessages, Transport):
     """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
@@ -177,7 +111,7 @@ class WebTransport(Transport):
         limits: SessionLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
     ) -> None:
-        if not _is_loopback(host) and not allow_remote:
+        if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
                 f"host must be a loopback address (127.0.0.1, ::1, localhost) unless "
                 f"allow_remote=True (--allow-remote), got {host!r}"
@@ -201,7 +135,7 @@ class WebTransport(Transport):
             host=host, token=self.token, allow_remote=allow_remote, allowed_hosts=allowed_hosts
         )
         self._handshakes = SampledLog(self.limits.log_every_s)
-        self._handlers: dict[str, Callable[[_Client, dict[str, Any]], dict[str, Any]]] = {
+        self._handlers: dict[str, Callable[[Client, dict[str, Any]], dict[str, Any]]] = {
             "hello": self._on_hello,
             "input": self._on_input,
             "set": self._on_set,
@@ -219,7 +153,7 @@ class WebTransport(Transport):
         self.jpeg_quality = jpeg_quality
         self.fps = fps
         self._session = Session()
-        self._clients: set[_Client] = set()
+        self._clients: set[Client] = set()
         self._lock = threading.Lock()
         self._ever_attached = False
         self._left_at = 0.0
@@ -304,7 +238,7 @@ class WebTransport(Transport):
             "generation": md.prompt_generation,
             "cutover": md.cutover,
             "idle": md.idle,
-            "input": _input_of(md.timeline),
+            "input": input_of(md.timeline),
         }
         self._photon.sent(stream, seq, md.timeline)
         payloads: dict[str, bytes] = {}
@@ -315,7 +249,7 @@ class WebTransport(Transport):
             if chosen not in payloads:
                 made = self._encoder(stream, chosen)
                 payloads[chosen] = made.encode(frame)
-                packed[chosen] = _pack({**header, "codec": chosen}, payloads[chosen])
+                packed[chosen] = pack({**header, "codec": chosen}, payloads[chosen])
                 if isinstance(made, H264Fragments):
                     h264 = made
             data = packed[chosen]
@@ -328,12 +262,12 @@ class WebTransport(Transport):
                 joining = True
             if h264 is not None and chosen == "h264" and "h264-au" in client.accept:
                 if "h264-au" not in packed:  # WebCodecs: the access unit alone
-                    packed["h264-au"] = _pack_unit(header, h264)
+                    packed["h264-au"] = pack_unit(header, h264)
                 data = packed["h264-au"]
             elif h264 is not None and joining:
                 init = h264.init_segment or b""
                 body = payloads[chosen]
-                data = _pack(
+                data = pack(
                     {
                         **header,
                         "codec": chosen,
@@ -501,7 +435,7 @@ class WebTransport(Transport):
         if reason is not None:
             return web.Response(status=403, text=f"403 Forbidden: {reason}\n")
         text = resources.files("rxstream.transport").joinpath("static/index.html").read_text()
-        return web.Response(text=text, content_type="text/html", headers=_PAGE_HEADERS)
+        return web.Response(text=text, content_type="text/html", headers=PAGE_HEADERS)
 
     @property
     def hard_message_bytes(self) -> int:
@@ -520,8 +454,8 @@ class WebTransport(Transport):
                 "attached already (SessionLimits.max_connections)\n",
             )
         ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes)
-        guard = ClientGuard(self.limits, f"{request.remote}:{_peer_port(request)}", _RATED)
-        client = _Client(ws, self.client_frames, guard)
+        guard = ClientGuard(self.limits, f"{request.remote}:{peer_port(request)}", RATED)
+        client = Client(ws, self.client_frames, guard)
         with self._lock:  # counted before prepare() yields, so the cap holds for a burst
             self._clients.add(client)
         writer: asyncio.Future[None] | None = None
@@ -559,7 +493,7 @@ class WebTransport(Transport):
                 self._left_at = time.monotonic()
         return ws
 
-    async def _write(self, client: _Client) -> None:
+    async def _write(self, client: Client) -> None:
         ws = client.ws
         with contextlib.suppress(ConnectionError, RuntimeError):
             while not ws.closed:
@@ -575,236 +509,14 @@ class WebTransport(Transport):
                 while client.frames:
                     await ws.send_bytes(client.frames.popleft())
 
-    async def _ping(self, client: _Client) -> None:
+    async def _ping(self, client: Client) -> None:
         """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
-        pauses = iter(_PINGS_S)
+        pauses = iter(PINGS_S)
         while True:
             client.ping_due = True
             client.ready.set()
-            await asyncio.sleep(next(pauses, _PINGS_S[-1]))
+            await asyncio.sleep(next(pauses, PINGS_S[-1]))
 
     def _photon_joined(self, record: TimingRecord, timing: ClientTiming, page: int) -> None:
         fields = log_photon(record, timing, page)
         self._broadcast_text(wire({"type": "photon", **fields}), "photon")
-
-    # --- messages from a page -------------------------------------------------------------
-
-    def _receive(self, client: _Client, text: str) -> bool:
-        """Answer one text message: an ack (when it has an ``id``) or an error. True: refused."""
-        ident: Any = None
-        kind: Any = None
-        try:
-            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-            if size > self.max_message_bytes:
-                raise _Refused(
-                    "oversized",
-                    f"a message must be at most {self.max_message_bytes} bytes, got {size}",
-                )
-            message = parse_message(text, self.limits)
-            if not isinstance(message, dict):
-                raise _Refused(
-                    "malformed", f"a message must be a JSON object, got {shown(message)}"
-                )
-            ident = message.get("id")
-            kind = message.get("type")
-            handler = self._handlers.get(kind) if isinstance(kind, str) else None
-            if handler is None:
-                raise _Refused(
-                    "unknown_type",
-                    f"type must be one of {', '.join(self._handlers)}, got {shown(kind)}",
-                )
-            client.guard.admit(kind)
-            reply = handler(client, message)
-            if ident is not None:
-                client.push_text(wire({"type": "ack", "id": ident, **reply}), "ack", ident)
-        except _Refused as refused:
-            ident = ident if refused.ident is None else refused.ident
-            self._error(client, ident, refused.code, str(refused))
-            return True
-        except Exception as exc:  # a handler's own bug: answered, logged, never fatal
-            client.guard.log.warning("web_handler_failed", type=shown(kind), exc_info=True)
-            detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            self._error(client, ident, "internal", f"{shown(kind)} failed: {detail}")
-            return True
-        return False
-
-    def _on_hello(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        accept = message.get("accept", [])
-        if not isinstance(accept, list) or not all(isinstance(c, str) for c in accept):
-            raise _Refused(
-                "malformed", f"hello.accept must be a list of codec names, got {accept!r}"
-            )
-        client.accept = frozenset(accept) | {"jpeg"}
-        return {}
-
-    def _on_input(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        stream = message.get("stream")
-        if not isinstance(stream, str):
-            raise _Refused("malformed", f"input.stream must be a string, got {stream!r}")
-        if "sample" not in message:
-            raise _Refused("malformed", "input.sample is missing")
-        at_ms = message.get("at_ms")
-        if at_ms is not None and (isinstance(at_ms, bool) or not isinstance(at_ms, int | float)):
-            raise _Refused(
-                "malformed", f"input.at_ms must be a number of ms or null, got {at_ms!r}"
-            )
-        if stream not in self._session.inputs:
-            raise _Refused(
-                "unknown_stream",
-                f"input.stream must be one of {', '.join(self._session.inputs) or 'none'}, "
-                f"got {stream!r}",
-            )
-        sample = message["sample"]
-        if isinstance(sample, list):
-            sample = tuple(sample)
-        try:
-            seq = self._session.feed(stream, sample, at_ms, client=client)
-        except SampleRefused as exc:
-            raise _Refused(exc.code, str(exc)) from exc
-        return {"input_seq": seq}
-
-    def _on_set(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        return self._write_doc(message, steer=False)
-
-    def _on_steer(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        return self._write_doc(message, steer=True)
-
-    def _write_doc(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
-        doc, changes = self._write_target(message)
-        try:
-            return {"version": doc.steer(changes) if steer else doc.set(changes)}
-        except DocValidationError as exc:
-            raise _Refused("schema", str(exc)) from exc
-
-    def _write_target(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        kind = message["type"]
-        name = message.get("doc", "control")
-        doc = self._session.docs.get(name) if isinstance(name, str) else None
-        if doc is None:
-            raise _Refused(
-                "unknown_doc",
-                f"{kind}.doc must be one of {', '.join(self._session.docs) or 'none'}, "
-                f"got {name!r}",
-            )
-        changes = message.get("changes")
-        if not isinstance(changes, dict):
-            raise _Refused("malformed", f"{kind}.changes must be a JSON object, got {changes!r}")
-        return doc, changes
-
-    def _error(self, client: _Client, ident: Any, code: str, error: str) -> None:
-        client.guard.refusal(code, error)
-        message = {"type": "error", "id": ident, "code": code, "error": error}
-        client.push_text(wire(message), "error", ident)
-
-    def _on_keyframe(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        stream = self._stream_of(message)
-        client.live.discard(stream)  # no delta frame until the keyframe
-        made = self._shared.get((stream, "h264"))
-        if isinstance(made, H264Fragments):
-            made.request_keyframe()
-        return {}
-
-    def _on_pong(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        sent = _number(message, "t")
-        if sent not in client.pings:
-            raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {shown(sent)}")
-        client.pings.remove(sent)
-        client.clock.add(sent, _number(message, "c"), time.monotonic() * 1e3)
-        return {}
-
-    def _on_shown(self, client: _Client, message: dict[str, Any]) -> dict[str, Any]:
-        stream = self._stream_of(message)
-        arrived, decoded, presented = (
-            _number(message, name) for name in ("arrived", "decoded", "presented")
-        )
-        if not arrived <= decoded <= presented:
-            raise _Refused(
-                "malformed",
-                f"shown times must be in order arrived <= decoded <= presented, got "
-                f"{arrived}, {decoded}, {presented}",
-            )
-        video = message.get("video", "")
-        if video not in _VIDEO_PATHS:
-            raise _Refused(
-                "malformed",
-                f"shown.video must be one of {', '.join(_VIDEO_PATHS)}, got {shown(video)}",
-            )
-        report = Shown(
-            stream=stream,
-            seq=_count(message, "seq"),
-            input_seq=_count(message, "input_seq"),
-            arrived=arrived,
-            decoded=decoded,
-            presented=presented,
-            event=None if message.get("event") is None else _number(message, "event"),
-            video=video,
-        )
-        joined = self._photon.shown(report, client.clock, client.number)
-        if joined is not None:
-            self._photon_joined(*joined, client.number)
-        return {}
-
-    def _stream_of(self, message: dict[str, Any]) -> str:
-        stream = message.get("stream")
-        if not isinstance(stream, str) or stream not in self._session.streams:
-            raise _Refused(
-                "unknown_stream",
-                f"{message['type']}.stream must be one of "
-                f"{', '.join(self._session.streams) or 'none'}, got {shown(stream)}",
-            )
-        return stream
-
-
-def _input_of(timeline: tuple[tuple[str, float], ...]) -> str:
-    """The input stream an item's timeline started at (``input.recv``, then ``<name>.in``)."""
-    if len(timeline) > 1 and timeline[0][0] == "input.recv":
-        return timeline[1][0].removesuffix(".in")
-    return ""
-
-
-def _number(message: dict[str, Any], name: str) -> float:
-    value = message.get(name)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _Refused(
-            "malformed", f"{message['type']}.{name} must be a finite number, got {shown(value)}"
-        )
-    return float(value)
-
-
-def _count(message: dict[str, Any], name: str) -> int:
-    value = message.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _Refused(
-            "malformed", f"{message['type']}.{name} must be an int >= 0, got {shown(value)}"
-        )
-    return value
-
-
-_PAGE_HEADERS = {
-    "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Content-Security-Policy": "frame-ancestors 'none'",
-}
-"""The page's URL holds the token: never cached, never sent as a referrer, never framed."""
-
-
-def _peer_port(request: web.Request) -> int | str:
-    peer = request.transport.get_extra_info("peername") if request.transport else None
-    return peer[1] if isinstance(peer, tuple) and len(peer) > 1 else "?"
-
-
-def _pack(header: dict[str, Any], data: bytes) -> bytes:
-    head = wire(header).encode()
-    return _FRAME + struct.pack(">I", len(head)) + head + data
-
-
-def _pack_unit(header: dict[str, Any], h264: H264Fragments) -> bytes:
-    """A frame for a WebCodecs page: the access unit; a keyframe carries the decoder config."""
-    unit: dict[str, Any] = {**header, "codec": "h264", "format": "avc", "key": h264.keyframe}
-    if h264.keyframe:
-        unit["config"] = {
-            "codec": h264.codec_string,
-            "description": base64.b64encode(h264.avcc or b"").decode(),
-        }
-    return _pack(unit, h264.access_unit)

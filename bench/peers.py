@@ -1,0 +1,444 @@
+"""rxstream side by side with the peers a user would otherwise pick, in one run, as ratios.
+
+Every figure is a ratio to the peer's, measured in the same run, repetition by repetition
+(see ../shared/PERFORMANCE.md: absolute times on the shared 2-core machines drift 2-3x from
+one hour to the next, ratios much less). Each peer is optional: one that is missing is
+skipped, saying why.
+
+In one process, the chain of bench/hop.py (a source thread and 4 pass-through stage threads):
+
+- rxstream: ``ctx.source | ctx.pipe(noop) x4``, run threaded (bench/hop.py's ``RxsChain``,
+  its latency and throughput measures).
+- GStreamer: ``appsrc ! (queue ! identity) x4 ! appsink``, C elements, a thread per queue,
+  run by Debian's ``/usr/bin/python3`` (``python3-gst-1.0``) in a child process that
+  bench/_gst_chain.py describes, driven command by command from here.
+
+Measures: hop latency with one item in flight (round trip / 6 hops, median), and throughput
+with a backlog (``--items`` items, queues of capacity 2 and 256).
+
+Across processes (this process the producer, one consumer process; by default the producer
+pinned to CPU 0 and every consumer to CPU 1, as bench/ipc.py does; ``--placement os`` leaves
+it to the scheduler). Every consumer touches the item (first and last element) and answers
+one small reply the same way the item came, so every row is a round trip through the
+transport under test, both ways:
+
+- rxstream ring: ``ShmRing.put`` / ``get`` (4 slots of 8 MiB, a rank boundary's default
+  ``RingSpec``), read in place; the reply through a second ring.
+- rxstream boundary: the same rings carrying what a rank boundary carries (a
+  ``PipelineItem`` with three stamps, a ``Boundary``'s sender and receiver).
+- rxstream ring, no spin (1 KB only, ``spin_us=0``): what the consumer's bounded spin before
+  it sleeps buys (rxstream/ipc/_wake.py).
+- ``multiprocessing.Pipe`` ``send_bytes`` / ``recv_bytes`` round trip (1 KB only): the floor.
+- Ray compiled graph (``ray.dag`` ``InputNode`` → an actor's method,
+  ``experimental_compile()``), the actor pinned like the consumers. Its channel readers spin
+  while idle, so the graph is compiled before its rows and torn down after them in every
+  repetition: it does not steal the CPU from the other rows.
+
+Payloads: a 1080x1920x3 uint8 frame (6.2 MB), latency (one in flight) and throughput (3 in
+flight, the window Ray's compiled graph takes by default); and 1 KB of bytes, latency, back to
+back and sparse (2 ms between a reply and the next item: rxstream's consumers have slept by
+then, the spin cannot help; Ray's readers still spin, burning their CPU while idle). Last, the
+CPU the ring's consumer process and Ray's actor use while nobody sends them anything (0.5 s,
+Ray's graph compiled, from ``/proc/<pid>/stat``).
+
+The far ends (consumer processes, the Ray actor) are in bench/_peer_ends.py.
+
+Run ``python bench/peers.py`` (1-1.5 minutes) or ``python bench/peers.py --quick`` (a smoke
+run whose ratios are indicative only). Ray is in the ``bench`` extra
+(``pip install -e .[bench]``), GStreamer is Debian's ``python3-gst-1.0``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# `python bench/peers.py` from a checkout where the package is not installed: the repo root
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
+from _report import revision, spread, verdict
+from hop import RxsChain, latency, throughput
+
+import rxstream
+
+GST_PYTHON = "/usr/bin/python3"
+GST_CHAIN = Path(__file__).resolve().parent / "_gst_chain.py"
+IDLE_S = 0.5
+"""How long the idle rows watch the consumers' CPU use, nothing sent (Ray's graph open)."""
+GAP_S = 0.002
+"""The sparse 1 KB rows' pause between a reply and the next item: far beyond any spin."""
+WINDOW = 3
+"""Frames in flight in the throughput rows (Ray's compiled graph takes this many at once)."""
+FRAME, SMALL = "6.2 MB frame", "1 KB"
+RING, BOUNDARY, NO_SPIN, PIPE, RAY = "ring", "boundary", "ring, no spin", "Pipe", "Ray"
+_perf = time.perf_counter
+
+
+def make_payload(name: str) -> Any:
+    if name == FRAME:
+        return np.arange(1080 * 1920 * 3, dtype=np.uint8).reshape(1080, 1920, 3)
+    return bytes(range(256)) * 4
+
+
+# --- in one process: GStreamer in its own interpreter ----------------------------------------
+
+
+class GstChain:
+    """The GStreamer leg: a ``/usr/bin/python3`` child that measures on command."""
+
+    def __init__(self) -> None:
+        self.process = subprocess.Popen(
+            [GST_PYTHON, str(GST_CHAIN)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            self.version = str(self._answer()["ready"])
+        except BaseException:
+            self.process.kill()
+            self.process.communicate()
+            raise
+
+    def _answer(self) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            assert self.process.stderr is not None
+            raise RuntimeError(f"the GStreamer leg ended: {self.process.stderr.read()[-2000:]}")
+        answer: dict[str, Any] = json.loads(line)
+        return answer
+
+    def ask(self, command: str) -> float:
+        assert self.process.stdin is not None
+        self.process.stdin.write(command + "\n")
+        self.process.stdin.flush()
+        answer = self._answer()
+        return float(answer.get("p50", answer.get("items_s", "nan")))
+
+    def close(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+        self.process.wait(30)
+
+
+def gst_or_why() -> tuple[GstChain | None, str]:
+    """The GStreamer leg, or why there is none."""
+    if shutil.which(GST_PYTHON) is None:
+        return None, f"no {GST_PYTHON} (Debian's python3-gst-1.0 is built for it)"
+    try:
+        return GstChain(), ""
+    except (OSError, RuntimeError, ValueError) as exc:
+        return None, f"GStreamer leg failed to start ({str(exc).strip().splitlines()[-1]})"
+
+
+# --- measuring ------------------------------------------------------------------------------
+
+
+def round_trips(put: Put, ack: Ack, payload: Any, trips: int, gap_s: float = 0.0) -> float:
+    """Median seconds from a put to its reply, one in flight (after a tenth as warm-up); with
+    ``gap_s``, that long between a reply and the next put (a sparse stream)."""
+    warm = max(3, trips // 10)
+    samples = []
+    for index in range(warm + trips):
+        started = _perf()
+        ack(put(payload))
+        if index >= warm:
+            samples.append(_perf() - started)
+        if gap_s:
+            time.sleep(gap_s)
+    return statistics.median(samples)
+
+
+def windowed(put: Put, ack: Ack, payload: Any, items: int) -> float:
+    """Items per second with ``WINDOW`` in flight: a put, and a reply taken once it is full."""
+    waiting: list[Any] = []
+    started = _perf()
+    for _ in range(items):
+        waiting.append(put(payload))
+        if len(waiting) >= WINDOW:
+            ack(waiting.pop(0))
+    for sent in waiting:
+        ack(sent)
+    return items / (_perf() - started)
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds process ``pid`` has used (user and system, every thread)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu(pids: Sequence[int], seconds: float) -> list[float]:
+    """The share of a core each process used over ``seconds`` in which nobody sent it a thing."""
+    before = [cpu_s(pid) for pid in pids]
+    time.sleep(seconds)
+    return [(cpu_s(pid) - was) / seconds for pid, was in zip(pids, before, strict=True)]
+
+
+def memcpy_latency(payload: np.ndarray[Any, Any], trips: int) -> float:
+    """Median seconds of one ``numpy.copyto`` of ``payload`` into a warm buffer."""
+    target = np.empty_like(payload)
+    np.copyto(target, payload)
+    samples = []
+    for _ in range(trips):
+        started = _perf()
+        np.copyto(target, payload)
+        samples.append(_perf() - started)
+    return statistics.median(samples)
+
+
+Plan = dict[str, int]
+QUICK: Plan = {"reps": 2, "hop_trips": 100, "items": 2_000, "frame_trips": 20,
+               "frame_items": 30, "small_trips": 300}  # fmt: skip
+FULL: Plan = {"reps": 5, "hop_trips": 1_000, "items": 20_000, "frame_trips": 200,
+              "frame_items": 300, "small_trips": 2_000}  # fmt: skip
+Got = dict[tuple[str, str], list[float]]
+
+
+Add = Callable[[tuple[str, str], float], None]
+
+
+def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
+    """The in-process chain's rows: rxstream's, then GStreamer's, one after the other."""
+    gc.collect()
+    add(("hop", "rxstream"), statistics.median(latency(RxsChain, plan["hop_trips"])))
+    if gst is not None:
+        add(("hop", "GStreamer"), gst.ask(f"latency {plan['hop_trips']}"))
+    for capacity in (2, 256):
+        gc.collect()
+        add((f"tput {capacity}", "rxstream"), throughput(RxsChain, plan["items"], capacity))
+        if gst is not None:
+            add(
+                (f"tput {capacity}", "GStreamer"), gst.ask(f"throughput {plan['items']} {capacity}")
+            )
+
+
+def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sparse: bool) -> None:
+    """One transport's rows across processes: frames (latency, throughput), 1 KB, sparse 1 KB."""
+    if frames:
+        frame = make_payload(FRAME)
+        add(("frame lat", name), round_trips(put, ack, frame, plan["frame_trips"]))
+        add(("frame tput", name), windowed(put, ack, frame, plan["frame_items"]))
+    small = make_payload(SMALL)
+    add(("small lat", name), round_trips(put, ack, small, plan["small_trips"]))
+    if sparse:
+        trips = max(20, plan["small_trips"] // 10)
+        add(("sparse lat", name), round_trips(put, ack, small, trips, GAP_S))
+
+
+def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
+            ray: RayPeer | None) -> Got:  # fmt: skip
+    """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded)."""
+    got: Got = {}
+    peers: dict[str, RingPeer | PipePeer] = {
+        RING: RingPeer(boundary=False),
+        BOUNDARY: RingPeer(boundary=True),
+        NO_SPIN: RingPeer(boundary=False, spin_us=0),
+        PIPE: PipePeer(),
+    }
+    os.environ[CONSUMER_CPU] = "" if cpus is None else str(cpus[1])
+    try:
+        for peer in peers.values():
+            peer.start()
+        for rep in range(plan["reps"] + 1):
+
+            def add(key: tuple[str, str], value: float, rep: int = rep) -> None:
+                if rep:
+                    got.setdefault(key, []).append(value)
+
+            pin(None)  # in one process: every thread anywhere, as GStreamer's child
+            in_process(add, plan, gst)
+            pin(None if cpus is None else cpus[0])  # across: this process on one CPU
+            gc.collect()
+            gc.disable()
+            try:
+                add(
+                    ("frame lat", "memcpy"),
+                    memcpy_latency(make_payload(FRAME), plan["frame_trips"]),
+                )
+                for name, peer in peers.items():
+                    frames, sparse = name in (RING, BOUNDARY), name in (RING, PIPE)
+                    across(add, plan, name, peer.put, peer.ack, frames, sparse)
+                if ray is not None:
+                    ray.open()  # torn down after its rows: its readers spin while idle
+                    try:
+                        across(add, plan, RAY, ray.put, ray.ack, frames=True, sparse=True)
+                        ring_pid = peers[RING].process.pid
+                        assert ring_pid is not None
+                        idle = idle_cpu([ring_pid, ray.pid], IDLE_S)
+                        add(("idle cpu", RING), idle[0])
+                        add(("idle cpu", RAY), idle[1])
+                    finally:
+                        ray.close()
+            finally:
+                gc.enable()
+    finally:
+        for peer in peers.values():
+            peer.close()
+    return got
+
+
+# --- the table ----------------------------------------------------------------------------
+
+
+def rows(got: Got, skipped: dict[str, str]) -> list[str]:
+    """The markdown table: medians [min-max], the ratio of each repetition's pair, verdicts."""
+    lines = [
+        "| measure | rxstream | median [min-max] | against | median [min-max] "
+        "| ratio median [min-max] | target | result |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    us, k = 1e6, 1e-3
+
+    def row(measure: str, key: str, variant: str, against: str, scale: float, target: str,
+            check: Callable[[float], bool] | None) -> None:  # fmt: skip
+        mine, theirs = got.get((key, variant)), got.get((key, against))
+        if mine is None or theirs is None:
+            return
+        mine, theirs = [v * scale for v in mine], [v * scale for v in theirs]
+        ratios, result = verdict(mine, theirs, check)
+        lines.append(
+            f"| {measure} | {variant} | {spread(mine)} | {against} | {spread(theirs)} "
+            f"| {spread(ratios, 2, 'x')} | {target} | {result} |"
+        )
+
+    row(
+        "in-process hop latency, 1 in flight (µs/hop)",
+        "hop",
+        "rxstream",
+        "GStreamer",
+        us,
+        "—",
+        None,
+    )
+    for capacity in (2, 256):
+        row(
+            f"in-process throughput, backlog, capacity {capacity} (k items/s)",
+            f"tput {capacity}",
+            "rxstream",
+            "GStreamer",
+            k,
+            "≥ 1.0x",
+            lambda r: r >= 1.0,
+        )
+    for name in (RING, BOUNDARY):
+        row("6.2 MB frame across processes, latency (µs)", "frame lat", name, RAY, us, "—", None)
+        row(
+            "6.2 MB frame across processes, throughput (frames/s)",
+            "frame tput",
+            name,
+            RAY,
+            1.0,
+            "≥ 5x",
+            lambda r: r >= 5.0,
+        )
+    for name in (RING, BOUNDARY):
+        row("6.2 MB frame, latency / one memcpy (µs)", "frame lat", name, "memcpy", us, "—", None)
+    for name in (RING, BOUNDARY):
+        row(
+            "1 KB across processes, latency (µs)",
+            "small lat",
+            name,
+            RAY,
+            us,
+            "≤ 1.0x",
+            lambda r: r <= 1.0,
+        )
+    for name in (RING, BOUNDARY):
+        row(
+            "1 KB across processes, latency (µs)",
+            "small lat",
+            name,
+            PIPE,
+            us,
+            "≤ 1.2x",
+            lambda r: r <= 1.2,
+        )
+    row("1 KB across processes, latency (µs)", "small lat", NO_SPIN, PIPE, us, "—", None)
+    row("1 KB across processes, latency (µs)", "small lat", RAY, PIPE, us, "—", None)
+    sparse = f"1 KB across processes, {GAP_S * 1e3:g} ms apart, latency (µs)"
+    row(sparse, "sparse lat", RING, RAY, us, "—", None)
+    row(sparse, "sparse lat", RING, PIPE, us, "—", None)
+    row("idle consumer, nothing sent (% of a core)", "idle cpu", RING, RAY, 100.0, "—", None)
+    lines.append("")
+    lines += [f"- {peer} skipped: {why}" for peer, why in skipped.items()]
+    return lines  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="rxstream vs GStreamer and Ray, as ratios")
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
+    parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
+    parser.add_argument(
+        "--placement",
+        choices=("cross", "os"),
+        default="cross",
+        help="cross: across processes, this one on CPU 0 and the consumers on CPU 1 "
+        "(default); os: the scheduler places them",
+    )
+    parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
+    parser.add_argument("--no-gstreamer", action="store_true", help="leave GStreamer out")
+    args = parser.parse_args(argv)
+    plan = dict(QUICK if args.quick else FULL)
+    if args.reps:
+        plan["reps"] = args.reps
+    skipped: dict[str, str] = {}
+    gst, why = (None, "--no-gstreamer") if args.no_gstreamer else gst_or_why()
+    if gst is None:
+        skipped["GStreamer"] = why
+    ray_module, why = (None, "--no-ray") if args.no_ray else ray_or_why()
+    cpus = (0, 1) if args.placement == "cross" and (os.cpu_count() or 1) >= 2 else None
+    ray = None
+    if ray_module is None:
+        skipped["Ray"] = why
+    else:
+        ray = RayPeer(ray_module, None if cpus is None else cpus[1])
+    began = _perf()
+    try:
+        got = measure(plan, cpus, gst, ray)
+    finally:
+        if gst is not None:
+            gst.close()
+        if ray_module is not None:
+            ray_module.shutdown()
+    took = _perf() - began
+    command = " ".join(["python bench/peers.py", *(sys.argv[1:] if argv is None else argv)])
+    versions = [f"rxstream {rxstream.__version__} at {revision()}"]
+    if gst is not None:
+        versions.append(gst.version)
+    if ray_module is not None:
+        versions.append(f"Ray {ray_module.__version__}")
+    print(
+        f"# {command}: {plan['reps']} repetitions (after one warm-up), interleaved; "
+        f"in-process {plan['hop_trips']} round trips, {plan['items']} items; frames "
+        f"{plan['frame_trips']} round trips, {plan['frame_items']} items ({WINDOW} in "
+        f"flight); 1 KB {plan['small_trips']} round trips; took {took:.0f} s"
+    )
+    print(
+        f"# {time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
+        f"{', '.join(versions)}, {os.cpu_count()} CPUs; placement {args.placement}"
+    )
+    print()
+    print("\n".join(rows(got, skipped)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The ``rxstream`` command (also ``python -m rxstream``).
+
+- ``rxstream run APP`` runs an app — ``build(ctx)`` on ``--ranks N`` rank processes (SPMD,
+  see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process (rank 0) — headless or
+  serving a web page (``--serve``), optionally writing the egress to an MP4 (``--out``) and
+  the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
+- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
+  exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
+- ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]``
+  summarises a timing log per hop (count, p50/p95/p99 of queue-wait and compute), end to end,
+  and names the slowest inputs; malformed lines are summarised in one line, the self test's
+  records are left out; a log with nothing to summarise is a one-line error (exit 1).
+- ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
+  and client streams, checks its walk-driving connections and, with ``--config``, validates
+  the serving config against it; exits 1 listing every problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+from rxstream.cli._run import run
+from rxstream.timing import TimingLog, format_summary, load, plot, summarize
+from rxstream.timing._analysis import describe_malformed
+
+__all__ = ["main"]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command == "timing":
+        return _timing(args)
+    import structlog
+
+    logging = structlog.get_config()  # a run configures the logs; a caller's stay theirs
+    try:
+        if args.command == "run":
+            return run(args)
+        if args.command == "test":
+            return _test(args)
+        return _topology(args)
+    finally:
+        structlog.configure(**logging)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rxstream", description="rxstream tools")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run an app, headless or serving a web page")
+    run.add_argument("app", help="path/to/app.py[:func] or module[:func]")
+    run.add_argument("--ranks", type=_count, default=1, help="rank processes (default 1)")
+    run.add_argument("--frames", type=_count, help="stop after this many egressed frames")
+    run.add_argument("--timeout", type=_seconds, help="stop after this many seconds")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="initial desired state of the control doc (KEY dotted, VALUE typed by the doc); "
+        "repeatable",
+    )
+    run.add_argument("--config", metavar="YAML", help="a serving config: checked, then applied")
+    run.add_argument("--serve", action="store_true", help="serve the session on a web page")
+    run.add_argument("--host", help="the page's address (default 127.0.0.1)")
+    run.add_argument("--port", type=int, help="the page's port (default 8765; 0: any free one)")
+    run.add_argument(
+        "--allow-remote", action="store_true", help="let --host be a non-loopback address"
+    )
+    run.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without the per-run token (needs --insecure: anyone who reaches the port "
+        "may then watch and steer)",
+    )
+    run.add_argument(
+        "--insecure", action="store_true", help="confirm --no-token (a warning is printed)"
+    )
+    run.add_argument("--out", metavar="MP4", help="also write the egress to this MP4 (h264)")
+    run.add_argument("--out-stream", metavar="NAME", help="the stream --out writes")
+    run.add_argument(
+        "--log",
+        "--timing-log",
+        dest="log",
+        metavar="JSONL",
+        help="write the timing log here (started afresh; --timing-log under torchrun, whose "
+        "own parser takes --log for its --log-dir)",
+    )
+    test = commands.add_parser("test", help="run an app's self test under the CPU harness")
+    test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
+    test.add_argument(
+        "--timeout", type=_seconds, default=60.0, help="fail after this many seconds (60)"
+    )
+    timing = commands.add_parser("timing", help="summarise a [timing:<stream>] log")
+    timing.add_argument("log", help="a JSON-lines log written by rxstream")
+    timing.add_argument("--plot", metavar="PNG", help="also draw per-hop bars and the CDF")
+    timing.add_argument("--json", action="store_true", help="print the summary as JSON")
+    timing.add_argument("--stream", help="only this stream's records")
+    timing.add_argument(
+        "--include-self-test",
+        action="store_true",
+        help="keep the records of the app's self test (left out by default)",
+    )
+    topology = commands.add_parser("topology", help="print an app's partition topology")
+    topology.add_argument("app", help="path/to/app.py[:build] or module:build")
+    topology.add_argument(
+        "--config", metavar="YAML", help="a serving config: validated, its limits shown applied"
+    )
+    topology.add_argument(
+        "--ranks", type=_count, default=1, help="build as `run --ranks N` would (default 1)"
+    )
+    return parser
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an int >= 1, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+# --- rxstream test ------------------------------------------------------------------------------
+
+TRACEBACK_LINES = 20
+"""How much of a failing self test's traceback ``rxstream test`` shows (its last lines)."""
+
+
+def _test(args: argparse.Namespace) -> int:
+    from rxstream._exceptions import SelfTestError
+    from rxstream.ranks._app import load_app
+    from rxstream.ranks._selftest import run_self_test
+
+    try:
+        load_app(args.app)  # a missing file, a syntax error, no build/main: one line, as `run`
+    except Exception as exc:
+        print(f"rxstream test: {exc}", file=sys.stderr)
+        return 1
+    try:
+        passed = run_self_test(args.app, timeout=args.timeout)
+    except SelfTestError as exc:
+        print(f"rxstream test: {args.app}: {exc}", file=sys.stderr)
+        _print_tail(exc.__cause__ or exc)
+        return 1
+    except Exception as exc:
+        print(f"rxstream test: {args.app} failed outside its self test: {exc}", file=sys.stderr)
+        _print_tail(exc)
+        return 1
+    if passed is None:
+        print(
+            f"rxstream test: {args.app} has no self test (a `with ctx.self_test():` block)",
+            file=sys.stderr,
+        )
+        return 2
+    if not passed:
+        print(f"rxstream test: {args.app}: self test failed (the app caught it)", file=sys.stderr)
+        return 1
+    print(f"rxstream test: {args.app}: self test passed")
+    return 0
+
+
+def _print_tail(exc: BaseException) -> None:
+    lines = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).splitlines()
+    shown = lines[-TRACEBACK_LINES:]
+    if len(lines) > len(shown):
+        shown.insert(0, "  …")
+    print("\n".join(shown), file=sys.stderr)
+
+
+# --- rxstream timing, rxstream topology ---------------------------------------------------------
+
+
+def _timing(args: argparse.Namespace) -> int:
+    try:
+        log = load(args.log, include_self_test=args.include_self_test)
+    except OSError as exc:
+        print(f"rxstream timing: cannot read {args.log}: {exc.strerror}", file=sys.stderr)
+        return 2
+    problem = _no_records(args, log)
+    if problem is not None:  # one line, and no table of nan nor an empty plot
+        print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
+        return 1
+    if args.stream is not None:
+        kept = tuple(r for r in log.records if r.stream == args.stream)
+        log = replace(log, records=kept)
+    summary = summarize(log)
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        print(format_summary(summary))
+        if log.self_tests:
+            print(
+                f"left out: {log.self_tests} self-test record{'s' * (log.self_tests != 1)} "
+                "(--include-self-test keeps them)"
+            )
+    if args.plot:
+        try:
+            plot(summary, log.records, args.plot)
+        except OSError as exc:
+            print(f"rxstream timing: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
+            return 2
+        if not args.json:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
+    """Why ``log`` has nothing to summarise (for ``--stream``: of that stream), or ``None``."""
+    streams = sorted({record.stream for record in log.records})
+    if args.stream is not None and args.stream in streams:
+        return None
+    if args.stream is None and streams:
+        return None
+    why = [describe_malformed(log.malformed)] if log.malformed else []
+    if log.self_tests:
+        why.append(f"{log.self_tests} self-test record(s) left out: --include-self-test keeps them")
+    if streams:
+        found = f"no records of stream {args.stream!r}; its streams are: {', '.join(streams)}"
+    elif log.malformed or log.other_events or log.self_tests:
+        found = "no timing records"
+        if log.other_events:
+            why.insert(0, f"{log.other_events} other log event(s)")
+    else:
+        found = "no timing records (the file is empty)"
+    return "; ".join([found, *why])
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from rxstream.context import Context
+    from rxstream.ranks._app import load_app
+    from rxstream.topology import (
+        DeploymentError,
+        client_stream_limits,
+        find_client_streams,
+        format_topology,
+        load_serving_config,
+        model_of,
+        validate_deployment,
+    )
+
+    def fail(message: str, status: int) -> int:
+        print(f"rxstream topology: {message}", file=sys.stderr)
+        return status
+
+    try:
+        config = None if args.config is None else load_serving_config(args.config)
+    except OSError as exc:
+        return fail(f"cannot read {args.config}: {exc.strerror}", 2)
+    except DeploymentError as exc:
+        return fail(str(exc), 1)
+    try:
+        app = load_app(args.app)
+        app.check_ranks(args.ranks)
+        pipeline = app(Context(world=args.ranks))
+    except Exception as exc:
+        return fail(str(exc), 1)
+    try:
+        model = model_of(pipeline)
+        streams = find_client_streams(model)
+    except Exception as exc:
+        return fail(str(exc), 1)
+    try:
+        validate_deployment(model.topology, config)  # every problem listed
+    except DeploymentError as exc:
+        print(format_topology(model, streams))
+        print(format_layout(pipeline, args.ranks))
+        return fail(str(exc), 1)
+    limits = None if config is None else client_stream_limits(model.topology, config)
+    print(format_topology(model, streams, limits))
+    print(format_layout(pipeline, args.ranks))
+    print("checks: ok" if args.config is None else f"checks: ok (serving config {args.config})")
+    return 0
+
+
+def format_layout(pipeline: Any, ranks: int) -> str:
+    """Which stages each of ``ranks`` rank processes runs ("no stages" for an idle rank)."""
+    plan = pipeline.plan
+    world = max(ranks, plan.world)
+    lines = [f"layout on {world} rank(s):"]
+    for rank in range(world):
+        names = [plan.names[node] for node in plan.nodes if plan.ranks[node] == rank]
+        lines.append(f"  rank {rank}: {', '.join(names) if names else 'no stages'}")
+    return "\n".join(lines)

@@ -1,0 +1,314 @@
+"""``rxstream run APP``: the app on its ranks, headless or serving a web page, stopped by
+SIGINT, SIGTERM or SIGHUP; a status line on a terminal; per-rank statistics at the end."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from rxstream.runtime import StageStatistics
+
+__all__ = ["INTERRUPTED", "run"]
+
+INTERRUPTED = 130
+"""The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
+SIGHUP 129 (128 + the signal's number)."""
+
+
+def run(args: argparse.Namespace) -> int:
+    """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal)."""
+    from rxstream.ranks._torchrun import torchrun_env
+
+    with _StopSignals(enabled=torchrun_env() is None) as signals:
+        return _run_app(args, signals)
+
+
+def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
+    from rxstream._exceptions import SettingError
+    from rxstream._settings import split_setting
+    from rxstream.ranks._app import load_app
+    from rxstream.ranks._launch import launch
+    from rxstream.ranks._torchrun import torchrun_env
+    from rxstream.topology import DeploymentError, load_serving_config
+
+    def fail(message: str, status: int) -> int:
+        print(f"rxstream run: {message}", file=sys.stderr)
+        return status
+
+    try:
+        for text in args.set:
+            split_setting(text)
+    except SettingError as exc:
+        return fail(str(exc), 2)
+    if not args.serve and (args.host is not None or args.port is not None or args.allow_remote):
+        return fail("--host, --port and --allow-remote go with --serve", 2)
+    if args.no_token != args.insecure:
+        return fail(
+            "--no-token and --insecure go together: without the token any process that reaches "
+            "the port (any machine, with --allow-remote) may watch and steer the session",
+            2,
+        )
+    if args.no_token and not args.serve:
+        return fail("--no-token goes with --serve", 2)
+    if args.out_stream is not None and args.out is None:
+        return fail("--out-stream names the stream --out writes: give --out too", 2)
+    serving = None
+    if args.config is not None:
+        try:
+            serving = load_serving_config(args.config)
+        except OSError as exc:
+            return fail(f"cannot read {args.config}: {exc.strerror}", 2)
+        except DeploymentError as exc:
+            return fail(str(exc), 2)
+    for flag, path in (("--out", args.out), ("--log", args.log)):
+        problem = None if path is None else _prepare_output(flag, path)
+        if problem is not None:
+            return fail(problem, 2)
+    if args.serve and args.port not in (None, 0):
+        problem = _port_taken(args.host or "127.0.0.1", args.port)
+        if problem is not None:
+            return fail(problem, 2)
+    try:
+        app = load_app(args.app)
+    except Exception as exc:
+        return fail(str(exc), 1)
+    try:
+        app.check_ranks(args.ranks)
+    except ValueError as exc:
+        return fail(str(exc), 2)
+    transport: Any = None
+    if args.serve:
+        from rxstream.transport import WebTransport
+
+        host = "127.0.0.1" if args.host is None else args.host
+        port = 8765 if args.port is None else args.port
+        try:
+            transport = WebTransport(
+                host=host, port=port, allow_remote=args.allow_remote, token=not args.no_token
+            )
+        except ValueError as exc:
+            return fail(str(exc), 2)
+        if args.no_token:
+            print(
+                "rxstream run: warning: serving without a token (--no-token --insecure): any "
+                "process that reaches the port may watch and steer this session",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def opened() -> None:
+        where = f"serving {transport.url}" if transport is not None else "headless"
+        job = torchrun_env()
+        ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
+        print(
+            f"rxstream run: {args.app} on {ranks}, {where}; Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
+    try:
+        result = launch(
+            args.app,
+            args.ranks,
+            frames=args.frames,
+            timeout=args.timeout,
+            settings=args.set,
+            serving=serving,
+            transport=transport,
+            out=args.out,
+            out_stream=args.out_stream,
+            log=args.log,
+            on_open=opened,
+            on_status=status,
+            quiet=True,
+            stop=signals.event,
+        )
+    except KeyboardInterrupt:
+        _clear(status)
+        return fail("interrupted, stopped", INTERRUPTED)
+    except (SettingError, DeploymentError) as exc:
+        _clear(status)
+        return fail(str(exc), 2)
+    except Exception as exc:
+        _clear(status)
+        if signals.signum is not None:  # what the stop left behind it: said, then the stop
+            fail(str(exc), 1)
+            return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
+        return fail(str(exc), 1)
+    _clear(status)
+    job = torchrun_env()
+    if job is not None and job.rank != 0:
+        return 0  # under torchrun, rank 0 alone prints the summary of every rank
+    from rxstream.runtime import format_statistics
+
+    print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
+    if args.out is not None:
+        print(f"video: {args.out}")
+    if args.log is not None:
+        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+    for rank in range(result.ranks):
+        stats = result.statistics.get(rank, {})
+        print(f"\nrank {rank}")
+        print(format_statistics(stats) if stats else "no stages")
+    if signals.signum is not None:
+        sys.stdout.flush()
+        return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
+    return 0
+
+
+class _StopSignals:
+    """SIGINT, SIGTERM and SIGHUP while ``rxstream run`` runs (what a terminal, docker,
+    systemd and Kubernetes send).
+
+    The first one sets :attr:`event`, the launch's ``stop``: the run ends as at its
+    ``--timeout`` — every rank stops, the file is finished, the statistics are printed — and
+    the exit status is 128 + the signal's number (130, 143, 129). A second one forces: every
+    rank process is killed (SIGKILL) and this process exits at once with 128 + its number (the
+    rings have no names left by then; the MP4 keeps its complete fragments). Installed only on
+    the main thread, not under torchrun (which stops its workers with SIGTERM itself), and not
+    for a signal this process inherited as ignored (``nohup`` ignores SIGHUP, a background job
+    of a non-interactive shell SIGINT).
+    """
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, *, enabled: bool = True) -> None:
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self._enabled = enabled and threading.current_thread() is threading.main_thread()
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def name(self) -> str:
+        """The first signal's name (``SIGTERM``)."""
+        return "" if self.signum is None else signal.Signals(self.signum).name
+
+    def __enter__(self) -> _StopSignals:
+        if self._enabled:
+            for signum in self.SIGNALS:
+                if signal.getsignal(signum) is signal.SIG_IGN:
+                    continue  # ignored by whoever started us (nohup, a background job): it stays
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        if self.signum is None:
+            self.signum = signum
+            self.event.set()
+            _say(f"\nrxstream run: {name}: stopping (the same again forces an exit)\n")
+            return
+        from rxstream.ranks._common import kill_ranks
+
+        kill_ranks()
+        _say(f"rxstream run: {name} again: forced exit, rank processes killed\n")
+        os._exit(128 + signum)
+
+
+def _say(text: str) -> None:
+    """Write to stderr from a signal handler (``print`` may be in the middle of a write)."""
+    with contextlib.suppress(OSError):
+        os.write(sys.stderr.fileno(), text.encode())
+
+
+def _prepare_output(flag: str, path: str) -> str | None:
+    """Check an output file's place before anything runs: ``None`` when it can be written.
+
+    A missing folder is created, and the command says so; a folder that is a file, or a path
+    that is a folder, is refused."""
+    target = Path(path)
+    if target.is_dir():
+        return f"{flag} {path} is a folder; give a file name"
+    folder = target.parent
+    for above in (folder, *folder.parents):
+        if above.exists() and not above.is_dir():
+            return f"{flag} {path}: {above} is a file, not a folder"
+    if not folder.exists():
+        try:
+            folder.mkdir(parents=True)
+        except OSError as exc:
+            return f"{flag} {path}: cannot create the folder {folder}: {exc.strerror}"
+        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
+    if not os.access(folder, os.W_OK):
+        return f"{flag} {path}: the folder {folder} is not writable"
+    return None
+
+
+def _port_taken(host: str, port: int) -> str | None:
+    """``None`` when ``--serve`` can listen on ``host:port``, else why not (before the run)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        return f"--host {host}: cannot resolve it: {exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            return f"--port {port}: cannot listen on {host}:{port}: {exc.strerror}"
+    return None
+
+
+class _StatusLine:
+    """One line on a terminal, rewritten in place: each stage's fps, inbox depth and drops."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._started = time.monotonic()
+        self._last: dict[tuple[int, str], tuple[float, int]] = {}
+        self.shown = False
+
+    def __call__(self, statistics: Mapping[int, Mapping[str, StageStatistics]]) -> None:
+        now = time.monotonic()
+        parts = []
+        for rank, stages in sorted(statistics.items()):
+            for index, (name, stats) in enumerate(stages.items()):
+                since, before = self._last.get((rank, name), (self._started, 0))
+                self._last[(rank, name)] = (now, stats.items_out)
+                fps = (stats.items_out - before) / max(now - since, 1e-9)
+                part = f"{name} {fps:.1f} fps" if fps < 10 else f"{name} {fps:.0f} fps"
+                if stats.inbox_capacity:
+                    part += f" q{stats.inbox_depth}/{stats.inbox_capacity}"
+                if stats.dropped_total:
+                    part += f" drop {stats.dropped_total}"
+                if index == 0 and len(statistics) > 1:
+                    part = f"[rank {rank}] {part}"
+                parts.append(part)
+        line = " | ".join(parts)
+        width = max(shutil.get_terminal_size((120, 24)).columns - 1, 20)
+        if len(line) > width:
+            line = line[: width - 1] + "…"
+        self._stream.write(f"\r{line}\x1b[K")
+        self._stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        """Erase the line (before anything else is printed)."""
+        if self.shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+            self.shown = False
+
+
+def _clear(status: _StatusLine | None) -> None:
+    if status is not None:
+        status.clear()
