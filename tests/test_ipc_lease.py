@@ -24,6 +24,7 @@ import rxstream
 from rxstream.ipc import RingClosed, RingHandle, ShmRing
 from rxstream.ranks._boundary import Boundary
 from rxstream.ranks._lease import lease as stage_lease
+from rxstream.ranks._lease import offer, withdraw
 from rxstream.transport import MemoryTransport
 
 PREFIX = f"rxs_lease{os.getpid()}_"
@@ -301,6 +302,36 @@ def test_stage_lease_outside_a_boundary_is_a_new_array() -> None:
         stage_lease((2,), np.uint8, device="cuda")
     with pytest.raises(TypeError, match=r"dtype must be a numpy or torch dtype.*'nope'"):
         stage_lease((2,), "nope")
+
+
+def test_stage_lease_from_a_closed_or_foreign_ring_is_a_new_array(
+    pair: tuple[ShmRing, ShmRing],
+) -> None:
+    """A ring offered to this thread that closed since (a boundary never closed by its run),
+    or whose producer is another thread, leases nothing: the stage gets a new array."""
+    producer, _ = pair
+    other = threading.Thread(target=producer.put, args=(b"x",))
+    other.start()
+    other.join()  # that thread is the ring's producer now
+    offer(producer)
+    try:
+        array = stage_lease((4,), np.uint8)
+        assert type(array) is np.ndarray
+        assert not segment_start(producer) <= int(array.ctypes.data) < segment_end(producer)
+        producer.close()
+        assert type(stage_lease((4,), np.uint8)) is np.ndarray
+    finally:
+        withdraw(producer)
+
+
+def segment_start(ring: ShmRing) -> int:
+    """Where ``ring``'s segment starts in this process."""
+    return int(ring._array.ctypes.data)
+
+
+def segment_end(ring: ShmRing) -> int:
+    """Where ``ring``'s segment ends in this process."""
+    return int(ring._array.ctypes.data) + int(ring._array.size)
 
 
 def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:

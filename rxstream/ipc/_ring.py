@@ -385,8 +385,13 @@ class ShmRing:
         slot is free (backpressure), ``TimeoutError`` after ``timeout`` seconds. The producer
         leases: the caller becomes the producer as with ``put``.
         """
+        if self._closed:
+            return None
         if self._producer != _get_ident():
-            self._claim(_PRODUCER)
+            try:
+                self._claim(_PRODUCER)
+            except RingClosed:  # closed meanwhile, from another thread
+                return None
         self._putting = True  # as put: close() lets go of the fds and mapping only after it
         try:
             if self._closed:

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
-from rxstream.ipc import ShmRing
+from rxstream.ipc import RingConflict, ShmRing
 
 __all__ = ["lease", "offer", "withdraw"]
 
-_rings: dict[int, ShmRing] = {}
-"""Per thread (``threading.get_ident``): the ring whose slots that thread's stage leases."""
+_rings: weakref.WeakValueDictionary[int, ShmRing] = weakref.WeakValueDictionary()
+"""Per thread (``threading.get_ident``): the ring whose slots that thread's stage leases (a
+ring nobody else holds any more is forgotten; a closed one leases nothing)."""
 _numpy_dtypes: dict[Any, np.dtype[Any] | None] = {}
 """Per torch dtype: the numpy dtype a leased array has (``None``: a tensor of it cannot)."""
 
@@ -62,8 +64,7 @@ def lease(shape: Sequence[int], dtype: Any, device: Any = None) -> Any:
                 f"dtype must be a numpy or torch dtype, got {dtype!r} ({type(dtype).__name__})"
             ) from exc
         size = tuple(int(n) for n in shape)
-        ring = _rings.get(threading.get_ident())
-        leased = None if ring is None else ring.lease(size, kind)
+        leased = _ring_lease(_rings.get(threading.get_ident()), size, kind)
         return leased if leased is not None else np.empty(size, kind)
     from rxstream.ranks import _cudaxing
 
@@ -96,8 +97,21 @@ def _tensor_lease(torch: Any, ring: ShmRing, shape: Sequence[int], dtype: Any) -
         _numpy_dtypes[dtype] = kind
     if kind is None:
         return None
-    array = ring.lease(tuple(int(n) for n in shape), kind)
+    array = _ring_lease(ring, tuple(int(n) for n in shape), kind)
     if array is None:
         return None
     tensor = torch.from_numpy(array)
     return tensor if tensor.dtype == dtype else tensor.view(dtype)
+
+
+def _ring_lease(
+    ring: ShmRing | None, size: tuple[int, ...], kind: np.dtype[Any]
+) -> np.ndarray[Any, Any] | None:
+    """An array over a free slot of ``ring``, or ``None``: no ring, no room, closed, or this
+    thread is not the ring's producer (a thread id reused after a boundary's thread ended)."""
+    if ring is None:
+        return None
+    try:
+        return ring.lease(size, kind)
+    except RingConflict:
+        return None
