@@ -155,6 +155,26 @@ def test_a_slot_is_not_reused_while_a_producer_view_lives(pair: tuple[ShmRing, S
     assert leased_slot in seen  # back in use
 
 
+def test_all_leased_counts_the_slots_the_producer_keeps(pair: tuple[ShmRing, ShmRing]) -> None:
+    """A lease put in place and kept by the producer counts for ``all_leased``: a consumer
+    holding the rest then sees every slot leased (a boundary's reader copies out), and does
+    not once the producer let go."""
+    producer, consumer = pair
+    kept = producer.lease((100,), np.uint8)
+    assert kept is not None
+    producer.put(kept)
+    first = consumer.get()
+    del first
+    gc.collect()  # the consumer handed it back; the producer's view keeps it
+    producer.put(np.ones(100))
+    second = consumer.get()
+    assert consumer.all_leased  # one slot the consumer holds, one the producer keeps
+    del kept
+    gc.collect()
+    assert not consumer.all_leased
+    del second
+
+
 def test_a_slot_is_not_reused_while_a_consumer_view_lives(pair: tuple[ShmRing, ShmRing]) -> None:
     """A frame the consumer holds keeps its slot: the next leases are elsewhere, and a lease
     waits (backpressure) while the one other slot is in flight."""

@@ -32,10 +32,12 @@ from rxstream._exceptions import RingClosed
 if TYPE_CHECKING:
     from rxstream.ipc._ring import ShmRing
 
-__all__ = ["HEAD_ROOM", "W_COPIES", "W_ZERO_COPY", "Lessor"]
+__all__ = ["HEAD_ROOM", "W_COPIES", "W_HELD", "W_ZERO_COPY", "Lessor"]
 
-W_ZERO_COPY, W_COPIES = 10, 11
-"""The ring header's words for the items put in place and the items copied in."""
+W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
+"""The ring header's words for the items put in place, the items copied in, and the slots
+put in place whose leases still have views in the producer (``ShmRing.all_leased`` counts
+them: the consumer cannot have those back)."""
 
 HEAD_ROOM = 4096
 """The bytes a lease leaves before its array in the slot: the slot's table and the item's
@@ -67,6 +69,8 @@ class Lessor:
         """The slots whose leased arrays (or views of them) live in this process."""
         self.pending = 0
         """Leases not put yet: ``put`` looks for its buffers in them only then."""
+        self.held = 0
+        """Leases put whose views live here (the ring's ``W_HELD`` word)."""
 
     def lease(
         self, shape: Sequence[int], dtype: Any, timeout: float | None
@@ -120,6 +124,9 @@ class Lessor:
                 self.pending -= 1
             if ring._released:
                 return
+            if lease.sent:
+                self.held -= 1
+                ring._words[W_HELD] = self.held
             if lease.sent and not lease.returned:  # the consumer's hand-back frees it
                 return
             ring._states[slot] = 0
@@ -174,6 +181,8 @@ class Lessor:
         with ring._lock:
             lease.sent = True
             self.pending -= 1
+            self.held += 1
+            ring._words[W_HELD] = self.held
         ring._zero_copy += 1
         ring._words[W_ZERO_COPY] = ring._zero_copy
         ring._commit(slot, lease.at + lease.nbytes)

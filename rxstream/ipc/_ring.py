@@ -86,7 +86,7 @@ _CLOSE_MARK = 0xFFFF_FFFF
 _CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
 _SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
 _COUNTS = struct.Struct("<qq")  # the words items, bytes
-_W_ZERO_COPY, _W_COPIES = _lease.W_ZERO_COPY, _lease.W_COPIES  # the producer's lease counters
+_W_ZERO_COPY, _W_COPIES, _W_HELD = _lease.W_ZERO_COPY, _lease.W_COPIES, _lease.W_HELD
 _RAW_BYTES = (1 << 64) - 1  # n_buffers of a ``bytes`` item, stored as is instead of pickled
 _BIG_COPY = 1 << 16
 """Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
@@ -658,9 +658,14 @@ class ShmRing:
         """Whether every slot is leased to views of items this side got (the consumer's).
 
         Then the producer waits until one of those views goes. Slots written and waiting for
-        ``get`` do not count: a full ring whose consumer keeps up is not leased. A cheap read.
+        ``get`` do not count: a full ring whose consumer keeps up is not leased. Slots the
+        producer put in place from a lease whose views it still holds do (the consumer cannot
+        have them back either). A cheap read.
         """
-        return self._leased >= self._slots
+        try:
+            return self._leased + self._words[_W_HELD] >= self._slots
+        except ValueError:  # the mapping was let go: released memoryview
+            return self._leased >= self._slots
 
     def statistics(self) -> RingStatistics:
         """The ring's counters now (after this side closed: as they were at its close)."""
