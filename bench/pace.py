@@ -110,11 +110,11 @@ def late_first_render(delay: float) -> None:
     render = demo.render
 
     def first(
-        t: float, pointer: list[tuple[float, float]], prompt: str, spot: float
+        t: float, pointer: list[tuple[float, float]], prompt: str, spot: float, out: torch.Tensor
     ) -> torch.Tensor:
         demo.render = render
         time.sleep(delay)
-        return render(t, pointer, prompt, spot)
+        return render(t, pointer, prompt, spot, out)
 
     demo.render = first
 

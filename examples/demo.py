@@ -82,8 +82,11 @@ YS = torch.linspace(0, 1, HEIGHT).view(HEIGHT, 1)
 XS = torch.linspace(0, 1, WIDTH).view(1, WIDTH)
 
 
-def render(t: float, pointer: list[tuple[float, float]], prompt: str, spot: float) -> torch.Tensor:
-    """A CHW float frame: a drifting pattern in the prompt's colours, lit at the pointer."""
+def render(
+    t: float, pointer: list[tuple[float, float]], prompt: str, spot: float, out: torch.Tensor
+) -> torch.Tensor:
+    """A CHW float frame, made in ``out``: a drifting pattern in the prompt's colours, lit at
+    the pointer."""
     hue = (zlib.crc32(prompt.encode()) % 360) / 360.0
     wave = 0.5 + 0.5 * torch.sin(6.28 * (XS + YS / 2 + t))
     x, y = pointer[-1] if pointer else (0.5, 0.5)
@@ -92,7 +95,8 @@ def render(t: float, pointer: list[tuple[float, float]], prompt: str, spot: floa
         (0.5 + 0.5 * torch.cos(6.28 * (wave + hue + offset))) * 0.8 + light
         for offset in (0.0, 1 / 3, 2 / 3)
     ]
-    return torch.stack(channels) + 0.03 * torch.randn(3, HEIGHT, WIDTH)
+    torch.stack(channels, out=out)
+    return out.add_(torch.randn(3, HEIGHT, WIDTH), alpha=0.03)
 
 
 class Decoder:
@@ -160,7 +164,11 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
         del pointer[:-1]
         ticks = sum(1 for sample in window if sample is None)
         phase[0] += doc.desired.speed.value * ticks / 24.0
-        return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value)
+        # made in ctx.lease's tensor: where render's output crosses to another rank, a slot of
+        # that boundary's ring, sent without a copy; here (decode runs on render's rank) and
+        # under drive(), a new tensor
+        out = ctx.lease((3, HEIGHT, WIDTH), torch.float32, device="cpu")
+        return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value, out)
 
     def make_decoder(d: Snapshot) -> rxstream.Stage:
         return ctx.pipe(Decoder(d.vae.model.value), name="decode")

@@ -4,7 +4,8 @@
 of the rank boundary's CUDA slot pool (``ctx.lease``), so crossing to rank 1 costs a
 notification, not a copy; ``decode`` turns it into uint8 RGB on rank 1's GPU; the frame
 leaves the GPU only at the sink's door (``present``). Without CUDA the same code runs on the
-CPU (``ctx.lease`` then gives a plain tensor, and frames cross through the shared-memory ring).
+CPU (``ctx.lease`` then gives a CPU tensor over a slot of the shared-memory ring the frames
+cross, and they cross without a copy there too).
 
 Timing on a GPU: a kernel launch returns before the kernel ran, so a stage's ``.out`` stamp
 would time the launch, not the work. ``on_gpu`` records a CUDA event before and after the

@@ -96,15 +96,19 @@ class Environment:
         self._ring_spec = spec
 
     def lease(self, shape: Sequence[int], dtype: Any, *, device: Any = None) -> Any:
-        """An empty tensor for the calling stage to produce its output into.
+        """An empty array or tensor for the calling stage to produce its output into.
 
-        Called from a stage whose output crosses a rank boundary with a CUDA slot pool, it is
-        a view of a free slot (it waits while every slot is in flight): fill it and return it
-        (or a view of it), and the boundary sends only the slot's index, with no copy. Anywhere
-        else (no boundary, the pool not made yet, a CPU run, ``drive``) it is a new tensor on
-        ``device`` (default: ``cuda`` when available, else the CPU), so the same stage code
-        runs everywhere. Keep no reference to it once returned: the slot is reused once the
-        consumer is done and no view of the lease lives. See docs/ranks.md.
+        Called from a stage whose output crosses a rank boundary with a CUDA slot pool (a
+        torch ``dtype``), it is a view of a free slot (it waits while every slot is in
+        flight): fill it and return it (or a view of it), and the boundary sends only the
+        slot's index, with no copy. From a CPU stage whose output crosses a shared-memory ring
+        (a numpy ``dtype``, or a torch one with ``device="cpu"`` or no CUDA here), it is a
+        numpy array or CPU tensor over a free slot of the ring, and the boundary sends only a
+        notification. Both from the stage's second item on. Anywhere else (no boundary, the
+        pool not made yet, ``drive``) it is a new array, or a tensor on ``device`` (default:
+        ``cuda`` when available, else the CPU), so the same stage code runs everywhere. Keep
+        no reference to it once returned: the slot is reused once the consumer is done and no
+        view of the lease lives. See docs/ranks.md.
         """
         return _crossings.lease(shape, dtype, device)
 

@@ -49,6 +49,11 @@ class StageStatistics:
     failed_pulls: int = 0
     """Pulls of a source that raised under ``on_error="skip"``: they made no item, so they
     are not drops (a failing stage's item is: dropped, reason ``error``)."""
+    zero_copy: int = 0
+    """Items this stage sent across a rank boundary's shared-memory ring in place: their
+    arrays were written into a slot leased with ``ctx.lease`` (docs/ranks.md)."""
+    copies: int = 0
+    """Items this stage sent across a shared-memory ring whose arrays were copied into a slot."""
 
     @property
     def dropped_total(self) -> int:
@@ -60,7 +65,7 @@ class StageCounters:
     """The live counters behind :class:`StageStatistics`.
 
     ``items_in``/``items_out``/``cutovers``/``wait_s``/``work_s``/``stalled_s``/``failed_pulls``
-    have one writer (the stage's thread);
+    and ``zero_copy``/``copies`` have one writer (the stage's thread);
     drops and ``blocked_s`` come from several threads and go through a lock.
     """
 
@@ -68,6 +73,7 @@ class StageCounters:
         "_drops",
         "_lock",
         "blocked_s",
+        "copies",
         "cutovers",
         "failed_pulls",
         "held",
@@ -78,6 +84,7 @@ class StageCounters:
         "stalled_s",
         "wait_s",
         "work_s",
+        "zero_copy",
     )
 
     def __init__(self, name: str, kind: str) -> None:
@@ -91,6 +98,8 @@ class StageCounters:
         self.blocked_s = 0.0
         self.stalled_s = 0.0
         self.failed_pulls = 0
+        self.zero_copy = 0
+        self.copies = 0
         self._drops: dict[str, int] = {}
         self._lock = threading.Lock()
         self.held = 0
@@ -127,11 +136,17 @@ class StageCounters:
             blocked_s=blocked,
             stalled_s=self.stalled_s,
             failed_pulls=self.failed_pulls,
+            zero_copy=self.zero_copy,
+            copies=self.copies,
         )
 
 
 def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
-    """A fixed-width table of per-stage statistics, one row per stage, upstream first."""
+    """A fixed-width table of per-stage statistics, one row per stage, upstream first.
+
+    Where a stage sent arrays across a shared-memory ring, a last column ``zero copy`` says how
+    many of them crossed in place, of all it sent with arrays (``zero_copy/(zero_copy+copies)``).
+    """
     header = (
         "stage",
         "kind",
@@ -144,7 +159,7 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
         "work s",
         "stalled s",
     )
-    rows = [header]
+    rows: list[tuple[str, ...]] = [header]
     for s in stats.values():
         drops = ", ".join(f"{k}={v}" for k, v in sorted(s.dropped.items())) or "-"
         depth = f"{s.inbox_depth}/{s.inbox_capacity}" if s.inbox_capacity else "-"
@@ -162,6 +177,12 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
                 f"{s.stalled_s:.3f}",
             )
         )
+    if any(s.zero_copy or s.copies for s in stats.values()):
+        sent = [s.zero_copy + s.copies for s in stats.values()]
+        rows = [rows[0] + ("zero copy",)] + [
+            (*row, f"{s.zero_copy}/{n}" if n else "-")
+            for row, s, n in zip(rows[1:], stats.values(), sent, strict=True)
+        ]
     return "\n".join(table(rows, left=2))
 
 

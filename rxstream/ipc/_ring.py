@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing import Pipe, resource_tracker
 from multiprocessing.connection import Connection
@@ -55,6 +56,7 @@ from rxstream._exceptions import (
     RingClosed,
     RingConflict,
 )
+from rxstream.ipc import _lease
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
 from rxstream.ipc._wake import DEFAULT_SPIN_US, check_spin_us, spin
 
@@ -84,6 +86,7 @@ _CLOSE_MARK = 0xFFFF_FFFF
 _CLOSE_MARK_BYTES = _INDEX.pack(_CLOSE_MARK)
 _SLOT_HEAD = struct.Struct("<QQ")  # header_len, n_buffers; then (offset, length) per buffer
 _COUNTS = struct.Struct("<qq")  # the words items, bytes
+_W_ZERO_COPY, _W_COPIES, _W_HELD = _lease.W_ZERO_COPY, _lease.W_COPIES, _lease.W_HELD
 _RAW_BYTES = (1 << 64) - 1  # n_buffers of a ``bytes`` item, stored as is instead of pickled
 _BIG_COPY = 1 << 16
 """Buffers from this size on are copied by numpy, which lets other threads run meanwhile."""
@@ -144,6 +147,10 @@ class RingStatistics:
     """Seconds ``put`` spent blocked for want of a free slot (backpressure)."""
     get_wait_s: float
     """Seconds ``get`` spent blocked for want of an item."""
+    zero_copy: int = 0
+    """Items put in place: their arrays were written into a slot leased with ``lease``."""
+    copies: int = 0
+    """Items whose arrays (out-of-band buffers) ``put`` copied into a slot."""
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,8 @@ class ShmRing:
         self._pending: deque[int] = deque()  # slots written, not yet taken by get
         self._items = self._bytes = self._put_wait_ns = 0  # the producer's counters
         self._get_wait_ns = 0  # the consumer's
+        self._lessor: _lease.Lessor | None = None  # the producer's leases, from its first lease
+        self._zero_copy = self._copies = 0  # the producer's: items put in place, copied in
         self._free_poll = select.poll()
         self._free_poll.register(self._free_r, select.POLLIN)
         self._ready_poll = select.poll()
@@ -349,6 +358,8 @@ class ShmRing:
                 raise self._too_large(end)
             free = self._free
             slot = free.pop() if free else self._wait_free(timeout)
+            if self._lessor is not None:
+                slot = self._lessor.vet(slot, timeout)
             base = self._start + slot * self._stride
             seg = self._seg
             _SLOT_HEAD.pack_into(seg, base, size, count)
@@ -360,9 +371,46 @@ class ShmRing:
             if self._closed:
                 self._let_go_if_idle()
 
+    def lease(
+        self, shape: Sequence[int], dtype: Any, timeout: float | None = None
+    ) -> np.ndarray[Any, Any] | None:
+        """An empty array of ``shape`` and ``dtype`` over a free slot, to fill and ``put``.
+
+        ``put`` of the array (or of an object holding it, or a view of it) writes only the
+        item's header next to it: no copy (counted in ``zero_copy``). The slot goes back once
+        no view of it lives on either side; a lease never put goes back when its last view
+        goes. ``None`` when the array does not fit a slot with room for a header
+        (``HEAD_ROOM``, 4 KiB), for an object dtype, when ``slots - 1`` are leased out already
+        (a copy always has a slot to wait for), or once the ring is closed. Blocks while no
+        slot is free (backpressure), ``TimeoutError`` after ``timeout`` seconds. The producer
+        leases: the caller becomes the producer as with ``put``.
+        """
+        if self._closed:
+            return None
+        if self._producer != _get_ident():
+            try:
+                self._claim(_PRODUCER)
+            except RingClosed:  # closed meanwhile, from another thread
+                return None
+        self._putting = True  # as put: close() lets go of the fds and mapping only after it
+        try:
+            if self._closed:
+                return None
+            lessor = self._lessor
+            if lessor is None:
+                lessor = self._lessor = _lease.Lessor(self)
+            return lessor.lease(shape, dtype, timeout)
+        finally:
+            self._putting = False
+            if self._closed:
+                self._let_go_if_idle()
+
     def _put_buffers(self, header: bytes, buffers: list[Buffer], timeout: float | None) -> None:
         """``put`` for an item with out-of-band buffers: each copied once, 64-byte aligned."""
         raws = [_raw(b) for b in buffers]
+        lessor = self._lessor
+        if lessor is not None and lessor.pending and lessor.put(header, raws):
+            return  # in place: written into a slot leased out, no copy
         count = len(raws)
         head_at = _SLOT_HEAD.size + 16 * count
         end = head_at + len(header)
@@ -382,6 +430,8 @@ class ShmRing:
         ):
             raise RingClosed(f"ring {self._name!r} is closed")
         slot = self._free.pop() if self._free else self._wait_free(timeout)
+        if lessor is not None:
+            slot = lessor.vet(slot, timeout)
         try:
             base = self._start + slot * self._stride
             seg = self._seg
@@ -397,6 +447,8 @@ class ShmRing:
         except BaseException:
             self._free.append(slot)
             raise
+        self._copies += 1
+        self._words[_W_COPIES] = self._copies
         self._commit(slot, end)
 
     def _commit(self, slot: int, size: int) -> None:
@@ -606,9 +658,14 @@ class ShmRing:
         """Whether every slot is leased to views of items this side got (the consumer's).
 
         Then the producer waits until one of those views goes. Slots written and waiting for
-        ``get`` do not count: a full ring whose consumer keeps up is not leased. A cheap read.
+        ``get`` do not count: a full ring whose consumer keeps up is not leased. Slots the
+        producer put in place from a lease whose views it still holds do (the consumer cannot
+        have them back either). A cheap read.
         """
-        return self._leased >= self._slots
+        try:
+            return self._leased + self._words[_W_HELD] >= self._slots
+        except ValueError:  # the mapping was let go: released memoryview
+            return self._leased >= self._slots
 
     def statistics(self) -> RingStatistics:
         """The ring's counters now (after this side closed: as they were at its close)."""
@@ -625,6 +682,8 @@ class ShmRing:
             slots_in_use=self._slots - bytes(self._states).count(_FREE),
             put_wait_s=words[_W_PUT_WAIT_NS] / 1e9,
             get_wait_s=words[_W_GET_WAIT_NS] / 1e9,
+            zero_copy=words[_W_ZERO_COPY],
+            copies=words[_W_COPIES],
         )
 
     def __enter__(self) -> Self:
@@ -683,6 +742,7 @@ class ShmRing:
                 self._free = [i for i in range(self._slots - 1, -1, -1) if states[i] == _FREE]
                 self._items, self._bytes = words[_W_ITEMS], words[_W_BYTES]
                 self._put_wait_ns = words[_W_PUT_WAIT_NS]
+                self._zero_copy, self._copies = words[_W_ZERO_COPY], words[_W_COPIES]
                 self._producer = _get_ident()
             else:
                 self._get_wait_ns = words[_W_GET_WAIT_NS]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rxstream.ranks._cudaxing import lease as _lease
 from rxstream.ranks._factory import RingBoundaries as _RingBoundaries
+from rxstream.ranks._lease import lease as _lease
 from rxstream.runtime._crossings import provide as _provide
 
 

@@ -14,6 +14,11 @@ that keeps items (a transport holding the last frames, a window) could lease eve
 stall the producer for good. When the reader takes an item while every slot is leased, it
 copies that item out of its slot (one copy, only then), and the ring keeps flowing.
 
+The writer's side can skip its copy too: at its first item it offers the ring to its thread
+(:mod:`rxstream.ranks._lease`), so the stage there can make its output in a slot with
+``ctx.lease``; the ring puts such an item in place, and the stage's counters say how many
+crossed in place (``zero_copy``) and how many were copied in (``copies``).
+
 What crosses a ring for an item (:func:`pack`) is ``(payload, the metadata's fields, the
 stamp chain)``: the base metadata's ten values in field order and the chain's links as they
 are, the boundary's stamp one more link. With a small plain payload (``bytes``, ``str``,
@@ -40,6 +45,7 @@ from reactivex.disposable import Disposable
 from rxstream._exceptions import FramingError, PayloadTooLarge, PipelineError, RingClosed
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._stats import StageCounters
+from rxstream.ipc import ShmRing
 from rxstream.ipc._framing import frame_array
 from rxstream.item import (
     Chain,
@@ -57,6 +63,7 @@ from rxstream.item import (
 from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
+from rxstream.ranks._lease import offer, withdraw
 from rxstream.typing import ItemStream
 
 __all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]
@@ -294,21 +301,30 @@ class Boundary:
         put = ring.put
         in_hop, timing, cuda = self._in_hop, self._timing, self.cuda
         portable = ring.portable  # across hosts: encode's form
+        shm = ring if isinstance(ring, ShmRing) else None  # counts zero copies and copies
+        lessor = [] if shm is None else [shm]  # offered to this thread at the first item
 
         def send(item: PipelineItem) -> None:
             started = now()
+            if lessor:  # the stage on this thread may lease the ring's slots from now on
+                offer(lessor.pop())
             payload = item.payload if cuda is None else cuda.export(item.payload)
             stamps = (in_hop, started) if timing else ()
             if portable:
                 wire = encode(_stamped(item, payload, stamps))
             else:
                 wire = pack(item, payload, stamps)
+            if shm is not None:
+                zero, copies = shm._zero_copy, shm._copies
             try:
                 waited = put(wire)
             except FramingError as exc:
                 if portable or not isinstance(exc.__cause__, RecursionError):
                     raise
                 waited = put(_flattened(wire))  # a chain deeper than pickle nests
+            if shm is not None:
+                counters.zero_copy += shm._zero_copy - zero
+                counters.copies += shm._copies - copies
             if waited:
                 counters.stalled_s += waited / 1e9
 
@@ -385,6 +401,8 @@ class Boundary:
     def close(self, timeout: float) -> bool:
         """Close the ring (waking both sides) and join the reader; whether it ended."""
         self.ring.close()
+        if isinstance(self.ring, ShmRing):
+            withdraw(self.ring)
         if self.cuda is not None:
             self.cuda.close()
         reader = self._reader

@@ -1,0 +1,189 @@
+"""The producer's side of a ring's zero copy: a slot leased out to be written in place.
+
+:meth:`ShmRing.lease <rxstream.ipc.ShmRing.lease>` takes a free slot and hands out a numpy
+array over the end of it; the producer fills it and puts it (as the item, or inside it).
+``put`` finds the array's memory in a leased slot of its own ring, writes the item's header
+(and any other, small, buffer) into the room before it, and commits that slot: the consumer's
+views are views of the very memory the producer wrote, and nothing is copied.
+
+A slot is reused only when no view of it lives on either side: the consumer's views hand it
+back as before (the free pipe), and while views of the lease live in the producer, ``put``
+sets a slot the consumer gave back aside (:meth:`Lessor.vet`) until the last of them goes; a
+lease that is never put (the stage dropped it, or failed) goes back to the free pipe when its
+last view goes. At most ``slots - 1`` slots are leased out at once (a further ``lease`` gets
+``None``), so the copy path always has a slot to wait for.
+
+This module is the ring's friend: it works on :class:`ShmRing`'s internals.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from rxstream._exceptions import RingClosed
+
+if TYPE_CHECKING:
+    from rxstream.ipc._ring import ShmRing
+
+__all__ = ["HEAD_ROOM", "W_COPIES", "W_HELD", "W_ZERO_COPY", "Lessor"]
+
+W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
+"""The ring header's words for the items put in place, the items copied in, and the slots
+put in place whose leases still have views in the producer (``ShmRing.all_leased`` counts
+them: the consumer cannot have those back)."""
+
+HEAD_ROOM = 4096
+"""The bytes a lease leaves before its array in the slot: the slot's table and the item's
+pickle header (a boundary's metadata and stamps take a few hundred)."""
+
+_ALIGN = 64
+_LEASED = 2  # the slot state of a slot leased out and not put yet (0 free, 1 written)
+
+
+class _Lease:
+    """One leased slot: where its array starts, how long it is, whether it was put."""
+
+    __slots__ = ("at", "nbytes", "returned", "sent")
+
+    def __init__(self, at: int, nbytes: int) -> None:
+        self.at = at
+        self.nbytes = nbytes
+        self.sent = False  # put: the consumer hands the slot back through the free pipe
+        self.returned = False  # the consumer handed it back while producer views lived
+
+
+class Lessor:
+    """The leases of one ring's producer; made by the ring's first ``lease``."""
+
+    def __init__(self, ring: ShmRing) -> None:
+        self._ring = ring
+        self._address = ring._array.ctypes.data + ring._start  # slot 0, in this mapping
+        self.slots: dict[int, _Lease] = {}
+        """The slots whose leased arrays (or views of them) live in this process."""
+        self.pending = 0
+        """Leases not put yet: ``put`` looks for its buffers in them only then."""
+        self.held = 0
+        """Leases put whose views live here (the ring's ``W_HELD`` word)."""
+
+    def lease(
+        self, shape: Sequence[int], dtype: Any, timeout: float | None
+    ) -> np.ndarray[Any, Any] | None:
+        """An array over a free slot, or ``None`` (it does not fit, or enough are leased)."""
+        ring = self._ring
+        kind = np.dtype(dtype)
+        size = tuple(int(n) for n in shape)
+        nbytes = math.prod(size) * kind.itemsize
+        at = (ring._slot_bytes - nbytes) & -_ALIGN
+        if kind.hasobject or at < HEAD_ROOM:
+            return None
+        with ring._lock:
+            if len(self.slots) >= ring._slots - 1:  # leave the copy path a slot
+                return None
+        try:
+            slot = self.vet(ring._free.pop() if ring._free else ring._wait_free(timeout), timeout)
+        except RingClosed:
+            return None
+        base = ring._start + slot * ring._stride
+        owner = ring._array[base : base + ring._stride]  # every view of the lease keeps it
+        with ring._lock:
+            self.slots[slot] = _Lease(at, nbytes)
+            self.pending += 1
+        ring._states[slot] = _LEASED
+        lease = weakref.finalize(owner, self._gone, slot)
+        lease.atexit = False
+        return np.frombuffer(owner.data[at : at + nbytes], kind).reshape(size)
+
+    def vet(self, slot: int, timeout: float | None) -> int:
+        """``slot``, taken from the free ones, or the next: not one whose lease lives here.
+
+        A slot the consumer handed back while views of its lease live here is set aside;
+        the last of those views hands it back again (:meth:`_gone`).
+        """
+        ring = self._ring
+        while True:
+            with ring._lock:
+                lease = self.slots.get(slot)
+                if lease is None:
+                    return slot
+                lease.returned = True
+            slot = ring._free.pop() if ring._free else ring._wait_free(timeout)
+
+    def _gone(self, slot: int) -> None:
+        """The last view of ``slot``'s lease is gone here (any thread)."""
+        ring = self._ring
+        with ring._lock:
+            lease = self.slots.pop(slot)
+            if not lease.sent:
+                self.pending -= 1
+            if ring._released:
+                return
+            if lease.sent:
+                self.held -= 1
+                ring._words[W_HELD] = self.held
+            if lease.sent and not lease.returned:  # the consumer's hand-back frees it
+                return
+            ring._states[slot] = 0
+            os.write(ring._free_w, ring._index_bytes[slot])
+
+    def put(self, header: bytes, raws: list[memoryview]) -> bool:
+        """Commit the item whose buffers lie in a lease not put yet, in place; whether it did.
+
+        Buffers outside that lease are copied into the room before it; an item that does not
+        fit there (or lies in no lease) is left to the copy path.
+        """
+        ring = self._ring
+        stride, address = ring._stride, self._address
+        slot = -1
+        places: list[int | None] = []
+        for raw in raws:
+            offset = np.frombuffer(raw, np.uint8).ctypes.data - address
+            within = offset % stride if 0 <= offset < stride * ring._slots else -1
+            lease = self.slots.get(offset // stride) if within >= 0 else None
+            if (
+                lease is not None
+                and not lease.sent
+                and slot in (-1, offset // stride)
+                and lease.at <= within
+                and within + raw.nbytes <= lease.at + lease.nbytes
+            ):
+                slot = offset // stride
+                places.append(within)
+            else:
+                places.append(None)
+        if slot < 0:
+            return False
+        lease = self.slots[slot]
+        count = len(raws)
+        head_at = 16 + 16 * count  # the slot's head, then the buffer table
+        end = head_at + len(header)
+        table: list[int] = []
+        for raw, place in zip(raws, places, strict=True):
+            if place is None:
+                place = (end + _ALIGN - 1) & -_ALIGN
+                end = place + raw.nbytes
+            table += (place, raw.nbytes)
+        if end > lease.at:
+            return False
+        base = ring._start + slot * stride
+        seg = ring._seg
+        struct.pack_into(f"<{2 + 2 * count}Q", seg, base, len(header), count, *table)
+        seg[base + head_at : base + head_at + len(header)] = header
+        for raw, place, k in zip(raws, places, range(0, 2 * count, 2), strict=True):
+            if place is None:
+                seg[base + table[k] : base + table[k] + raw.nbytes] = raw
+        with ring._lock:
+            lease.sent = True
+            self.pending -= 1
+            self.held += 1
+            ring._words[W_HELD] = self.held
+        ring._zero_copy += 1
+        ring._words[W_ZERO_COPY] = ring._zero_copy
+        ring._commit(slot, lease.at + lease.nbytes)
+        return True
