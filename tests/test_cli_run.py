@@ -365,7 +365,9 @@ def test_doc_writes_of_a_main_app_reach_its_stages_on_rank_1(
     assert tags[-1] == "during run"
     assert tags == sorted(tags)  # once read there, the new value stays
     assert {p["generation"] for p in payloads} == {1}  # rank 1 knows the steer before run()
-    assert result.statistics[1]["work"].dropped_total == 0
+    # no item dropped as stale (rank 1 knew the generation from the start); ticks main fed
+    # after the 20th may still sit in work's inbox when the run halts: those count `stopped`
+    assert set(result.statistics[1]["work"].dropped) <= {"stopped"}
     assert (result.ranks, result.egressed, sorted(result.statistics)) == (2, 20, [0, 1])
     assert not alive(payloads[0]["pid"])
 
