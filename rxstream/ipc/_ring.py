@@ -7,9 +7,9 @@ into a free slot and writes the slot's index (4 bytes) into the *ready* pipe; ``
 index, unframes in place (arrays and tensors are views of the slot) and, once every view is
 gone, writes the index into the *free* pipe. The pipes carry indices, never payloads; a close
 writes a mark into both to wake any side. Before ``get`` sleeps in the pipe's ``read`` it
-watches the header's item count for a few µs (``spin_us``, :mod:`rxstream.ipc._wake`): an item
-committed meanwhile is read without a wake-up. A producer that writes in place leases slots
-(:mod:`rxstream.ipc._lease`).
+watches the header's ``sent`` word for a few µs (``spin_us``, longer while items come close
+together, :mod:`rxstream.ipc._wake`): an item committed meanwhile is read without a wake-up.
+A producer that writes in place leases slots (:mod:`rxstream.ipc._lease`).
 """
 
 import contextlib
@@ -53,6 +53,7 @@ from rxstream.ipc._ringlayout import (
     W_MAGIC,
     W_PRODUCER,
     W_PUT_WAIT_NS,
+    W_SENT,
     W_SLOT_BYTES,
     W_SLOTS,
     W_SPIN_NS,
@@ -70,13 +71,14 @@ from rxstream.ipc._ringlayout import (
     too_large,
 )
 from rxstream.ipc._segment import Segment, tracker_id
-from rxstream.ipc._wake import DEFAULT_SPIN_US, check_spin_us, spin
+from rxstream.ipc._wake import DEFAULT_SPIN_US, check_spin_us, spin, spin_budget
 
 __all__ = ["RingHandle", "RingSpec", "RingStatistics", "ShmRing"]
 
 _PRODUCER, _CONSUMER = "producer", "consumer"
 _get_ident = threading.get_ident
 _perf = time.perf_counter
+_ns = time.perf_counter_ns
 
 
 class ShmRing:
@@ -146,6 +148,8 @@ class ShmRing:
         self._read_size = INDEX.size * (handle.slots + 8)
         self._seen = 0  # indices the consumer read out of the ready pipe (see _wake.spin)
         self._spin_ns = 0  # the consumer's, read from the header when it claims its role
+        self._arrived_ns = self._gap_ns = 0  # the consumer's: when the last wait ended, and
+        # the time between the last two (the producer's pace while the consumer keeps up)
 
     # --- making and opening -------------------------------------------------------------------
 
@@ -162,7 +166,8 @@ class ShmRing:
 
         ``name`` names the segment (default: ``rxs_<pid>_`` and random hex). ``spin_us``: how
         long the consumer watches for the next item before it sleeps (0 to 1000 µs; 0: it
-        sleeps at once), see :mod:`rxstream.ipc._wake`.
+        sleeps at once; while items come less than 1 ms apart, up to 1.5x their gap), see
+        :mod:`rxstream.ipc._wake`.
         """
         check_geometry(slots, slot_bytes)
         check_spin_us(spin_us)
@@ -361,6 +366,7 @@ class ShmRing:
         self._bytes += size
         COUNTS.pack_into(self._seg, W_ITEMS * 8, self._items, self._bytes)
         os.write(self._ready_w, self._index_bytes[slot])
+        self._words[W_SENT] = self._items  # after the write: a spinning consumer reads at once
 
     def _wait_free(self, timeout: float | None) -> int:
         """Block until the consumer hands a slot back; that slot."""
@@ -431,7 +437,8 @@ class ShmRing:
         started = _perf()
         try:
             # awake when the producer commits: the read below finds the index, no wake-up
-            spin(self._words, W_ITEMS, self._seen, W_CLOSED, self._spin_ns)
+            budget = spin_budget(self._spin_ns, self._gap_ns)
+            spin(self._words, W_SENT, self._seen, W_CLOSED, budget)
             while True:
                 if timeout is not None and not readable(self._ready_poll, started, timeout):
                     raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
@@ -441,6 +448,8 @@ class ShmRing:
                 if self._closed:
                     raise RingClosed(f"ring {self._name!r} is closed")
                 if pending:
+                    now = _ns()
+                    self._gap_ns, self._arrived_ns = now - self._arrived_ns, now
                     return
                 if self._peer_closed:
                     raise RingClosed(f"ring {self._name!r} is closed and drained")

@@ -50,6 +50,7 @@ __all__ = [
     "W_MAGIC",
     "W_PRODUCER",
     "W_PUT_WAIT_NS",
+    "W_SENT",
     "W_SLOTS",
     "W_SLOT_BYTES",
     "W_SPIN_NS",
@@ -80,6 +81,7 @@ MAGIC = int.from_bytes(b"RXSRING1", "little")
 W_MAGIC, W_SLOTS, W_SLOT_BYTES, W_CLOSED = 0, 1, 2, 3
 W_PRODUCER, W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
 W_ITEMS, W_BYTES, W_PUT_WAIT_NS, W_GET_WAIT_NS = 6, 7, 8, 9
+W_SENT = 13  # items told of: the ready pipe written (the consumer's spin watches it)
 W_SPIN_NS = 15  # how long the consumer spins before it sleeps (rxstream.ipc._wake)
 WORDS = 16
 # slot states: written (and maybe leased) until the consumer hands the slot back
