@@ -725,8 +725,8 @@ def test_process_with_its_own_resource_tracker_does_not_unlink_on_exit(ring_name
     with ShmRing.create(slots=1, slot_bytes=1024, name=ring_name) as ring:
         handle = ring.handle()
         code = (
-            "from rxstream.ipc._ring import _Segment\n"
-            f"segment = _Segment.attach({ring_name!r}, {handle.owner_pid}, {handle.tracker!r})\n"
+            "from rxstream.ipc._segment import Segment\n"
+            f"segment = Segment.attach({ring_name!r}, {handle.owner_pid}, {handle.tracker!r})\n"
             "assert bytes(segment.buf[:8]) == b'RXSRING1'\n"
             "segment.release()\n"
         )
