@@ -287,12 +287,27 @@ class RingTransport(Transport):
             self.ring.unlink()
 
 
-def _leasing(ring: ShmRing) -> Callable[[Any], None]:
-    """A put that ignores its payload but for its shape and dtype: it leases a slot of that
-    shape, renders into it (a stamp of the first and last element) and puts it."""
+Render = Callable[[np.ndarray[Any, Any], Any], None]
+"""``render(frame, payload)``: fill a leased ``frame`` shaped as the ``payload`` array."""
+
+
+def stamp_render() -> Render:
+    """This bench's render: a stamp of the first and last element (the payload unread)."""
+    stamp = itertools.count()
+
+    def render(frame: np.ndarray[Any, Any], _payload: Any) -> None:
+        flat = frame.reshape(-1)
+        flat[0] = flat[-1] = next(stamp) % 100
+
+    return render
+
+
+def leasing(ring: ShmRing, render: Render | None = None) -> Callable[[Any], None]:
+    """A put that leases a slot of its payload's shape and dtype, renders into it (by default
+    :func:`stamp_render`'s stamp) and puts it; a payload that is no array goes as it is."""
     put = ring.put
     lease = ring.lease
-    stamp = itertools.count()
+    fill = stamp_render() if render is None else render
 
     def put_leased(payload: Any) -> None:
         if not isinstance(payload, np.ndarray):  # a command
@@ -300,9 +315,26 @@ def _leasing(ring: ShmRing) -> Callable[[Any], None]:
             return
         frame = lease(payload.shape, payload.dtype)
         assert frame is not None, "the frame does not fit a slot"
-        flat = frame.reshape(-1)
-        flat[0] = flat[-1] = next(stamp) % 100
+        fill(frame, payload)
         put(frame)
+
+    return put_leased
+
+
+def leased_sender(ring: ShmRing, render: Render | None = None) -> Callable[[Any], None]:
+    """A ``Boundary``'s sender on ``ring`` whose every (array) payload is rendered into a
+    leased slot (by default :func:`stamp_render`'s stamp) and sent as a ``PipelineItem``:
+    what a stage that returns ``ctx.lease``'s array makes the boundary do."""
+    send = Boundary(HOP, ring).sender(StageCounters("b", "pipe"))
+    head = upstream_item()
+    lease = ring.lease
+    fill = stamp_render() if render is None else render
+
+    def put_leased(payload: Any) -> None:
+        frame = lease(payload.shape, payload.dtype)
+        assert frame is not None, "the frame does not fit a slot"
+        fill(frame, payload)
+        send(_stamped(head, frame, ()))
 
     return put_leased
 
@@ -313,7 +345,7 @@ class LeaseTransport(RingTransport):
     def __init__(self) -> None:
         self.ring = ShmRing.create(slots=8, slot_bytes=8 << 20)
         Transport.__init__(self, LEASE, SPAWN, ring_consumer, self.ring.handle())
-        self.put = _leasing(self.ring)
+        self.put = leasing(self.ring)
 
 
 class BoundaryTransport(RingTransport):
@@ -345,19 +377,7 @@ class BoundaryLeaseTransport(BoundaryTransport):
     def __init__(self) -> None:
         super().__init__()
         self.name = BOUNDARY_LEASE
-        send = Boundary(HOP, self.ring).sender(StageCounters("b", "pipe"))
-        head = upstream_item()
-        lease = self.ring.lease
-        stamp = itertools.count()
-
-        def put_leased(payload: Any) -> None:
-            frame = lease(payload.shape, payload.dtype)
-            assert frame is not None, "the frame does not fit a slot"
-            flat = frame.reshape(-1)
-            flat[0] = flat[-1] = next(stamp) % 100
-            send(_stamped(head, frame, ()))
-
-        self.put = put_leased
+        self.put = leased_sender(self.ring)
 
 
 class GlooTransport(Transport):

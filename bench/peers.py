@@ -26,6 +26,13 @@ transport under test, both ways:
   ``RingSpec``), read in place; the reply through a second ring.
 - rxstream boundary: the same rings carrying what a rank boundary carries (a
   ``PipelineItem`` with three stamps, a ``Boundary``'s sender and receiver).
+- rxstream ring, zero copy (frames only): per frame the producer leases a slot of the frame's
+  shape and dtype (``ShmRing.lease``), renders the frame into it and puts it: only the item's
+  header is written, the consumer reads the very slot the producer wrote (bench/ipc.py's
+  ``leasing``, with this bench's render).
+- rxstream boundary, zero copy (frames only): the same, the leased frame the payload of the
+  ``PipelineItem`` the boundary's sender sends (bench/ipc.py's ``leased_sender``): what a
+  stage that returns ``ctx.lease``'s array makes its boundary do.
 - rxstream ring, no spin (1 KB only, ``spin_us=0``): what the consumer's bounded spin before
   it sleeps buys (rxstream/ipc/_wake.py).
 - ``multiprocessing.Pipe`` ``send_bytes`` / ``recv_bytes`` round trip (1 KB only): the floor.
@@ -33,6 +40,23 @@ transport under test, both ways:
   ``experimental_compile()``), the actor pinned like the consumers. Its channel readers spin
   while idle, so the graph is compiled before its rows and torn down after them in every
   repetition: it does not steal the CPU from the other rows.
+- Ray compiled graph, rendered (frames only): the same graph, the producer rendering each
+  frame before ``execute`` takes it, as the zero-copy rows' producer does.
+
+Rendering, the zero-copy rows against "Ray, rendered": the same work on both sides, per
+frame, on the producer's thread, inside the clock (``--render``, see ``RENDERS``): by default
+``copy``, one whole-frame slice assignment (``numpy.copyto``) from a prepared 6.2 MB frame,
+every pixel written as a renderer writes them; ``fill``, every pixel set to one value
+(``ndarray.fill``, a memset: writes, no reads); ``stamp``, the first and last element only
+(bench/ipc.py's render: what the crossing alone costs, no frame made). The zero-copy
+producer renders into the leased shared-memory slot, which then crosses as it is; Ray's
+producer renders into one of ``WINDOW + 1`` frames of its own (allocated and touched once
+before the clock: a fresh allocation per frame would add page faults that are the
+allocator's, not Ray's), which ``execute`` then serialises into its channel, as Ray does
+with any frame a stage made. The copy rows ("ring", "boundary" against "Ray") are as before:
+the prepared frame handed over as it is (each transport copies it once into shared memory),
+for information; the "≥ 5x Ray's frame rate" verdict is the zero-copy rows' against
+"Ray, rendered".
 
 Payloads: a 1080x1920x3 uint8 frame (6.2 MB), latency (one in flight) and throughput (3 in
 flight, the window Ray's compiled graph takes by default); and 1 KB of bytes, latency, back to
@@ -52,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import os
 import platform
@@ -72,6 +97,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
 from _report import revision, spread, verdict
 from hop import RxsChain, latency, throughput
+from ipc import leased_sender, leasing
 
 import rxstream
 
@@ -85,6 +111,9 @@ WINDOW = 3
 """Frames in flight in the throughput rows (Ray's compiled graph takes this many at once)."""
 FRAME, SMALL = "6.2 MB frame", "1 KB"
 RING, BOUNDARY, NO_SPIN, PIPE, RAY = "ring", "boundary", "ring, no spin", "Pipe", "Ray"
+ZERO, BOUNDARY_ZERO, RAY_RENDERED = "ring, zero copy", "boundary, zero copy", "Ray, rendered"
+FRAMES_ONLY = (ZERO, BOUNDARY_ZERO)
+"""The peers that carry frames only (a lease is an array's)."""
 _perf = time.perf_counter
 
 
@@ -92,6 +121,50 @@ def make_payload(name: str) -> Any:
     if name == FRAME:
         return np.arange(1080 * 1920 * 3, dtype=np.uint8).reshape(1080, 1920, 3)
     return bytes(range(256)) * 4
+
+
+Render = Callable[[np.ndarray[Any, Any], np.ndarray[Any, Any]], None]
+"""``render(frame, prepared)``: make a frame in ``frame`` (the same work on both sides)."""
+
+
+def render_copy(frame: np.ndarray[Any, Any], prepared: np.ndarray[Any, Any]) -> None:
+    """Every pixel of ``frame`` written from ``prepared`` (a slice assignment)."""
+    np.copyto(frame, prepared)
+
+
+def render_fill(frame: np.ndarray[Any, Any], _prepared: np.ndarray[Any, Any]) -> None:
+    """Every pixel of ``frame`` set to one value (a memset)."""
+    frame.fill(7)
+
+
+def render_stamp(frame: np.ndarray[Any, Any], _prepared: np.ndarray[Any, Any]) -> None:
+    """The first and last element of ``frame`` set (no frame made: the crossing alone)."""
+    flat = frame.reshape(-1)
+    flat[0] = flat[-1] = 7
+
+
+RENDERS: dict[str, Render] = {"copy": render_copy, "fill": render_fill, "stamp": render_stamp}
+"""``--render``: how the producer of the zero-copy rows and of "Ray, rendered" makes a frame."""
+
+
+def zero_copy_peer(boundary: bool, render: Render) -> RingPeer:
+    """A ring (or boundary) peer whose producer renders each frame into a leased slot."""
+    peer = RingPeer(boundary=boundary)
+    peer.put = (leased_sender if boundary else leasing)(peer.ring, render)
+    return peer
+
+
+def rendering(put: Put, render: Render) -> Put:
+    """``put`` of a frame the producer renders first into one of ``WINDOW + 1`` frames of its
+    own, made and touched before the clock starts (Ray's side of the zero-copy rows)."""
+    turn = itertools.cycle([make_payload(FRAME) for _ in range(WINDOW + 1)])
+
+    def put_rendered(prepared: Any) -> Any:
+        frame = next(turn)
+        render(frame, prepared)
+        return put(frame)
+
+    return put_rendered
 
 
 # --- in one process: GStreamer in its own interpreter ----------------------------------------
@@ -231,30 +304,36 @@ def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
             )
 
 
-def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sparse: bool) -> None:
+def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sparse: bool,
+           small: bool = True) -> None:  # fmt: skip
     """One transport's rows across processes: frames (latency, throughput), 1 KB, sparse 1 KB."""
     if frames:
         frame = make_payload(FRAME)
         add(("frame lat", name), round_trips(put, ack, frame, plan["frame_trips"]))
         add(("frame tput", name), windowed(put, ack, frame, plan["frame_items"]))
-    small = make_payload(SMALL)
-    add(("small lat", name), round_trips(put, ack, small, plan["small_trips"]))
+    if not small:
+        return
+    small_payload = make_payload(SMALL)
+    add(("small lat", name), round_trips(put, ack, small_payload, plan["small_trips"]))
     if sparse:
         trips = max(20, plan["small_trips"] // 10)
-        add(("sparse lat", name), round_trips(put, ack, small, trips, GAP_S))
+        add(("sparse lat", name), round_trips(put, ack, small_payload, trips, GAP_S))
 
 
 def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
-            ray: RayPeer | None) -> Got:  # fmt: skip
+            ray: RayPeer | None, render: Render = render_copy) -> Got:  # fmt: skip
     """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded)."""
     got: Got = {}
     peers: dict[str, RingPeer | PipePeer] = {
         RING: RingPeer(boundary=False),
         BOUNDARY: RingPeer(boundary=True),
+        ZERO: zero_copy_peer(boundary=False, render=render),
+        BOUNDARY_ZERO: zero_copy_peer(boundary=True, render=render),
         NO_SPIN: RingPeer(boundary=False, spin_us=0),
         PIPE: PipePeer(),
     }
     os.environ[CONSUMER_CPU] = "" if cpus is None else str(cpus[1])
+    ray_rendered = None if ray is None else rendering(ray.put, render)
     try:
         for peer in peers.values():
             peer.start()
@@ -275,12 +354,21 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                     memcpy_latency(make_payload(FRAME), plan["frame_trips"]),
                 )
                 for name, peer in peers.items():
-                    frames, sparse = name in (RING, BOUNDARY), name in (RING, PIPE)
-                    across(add, plan, name, peer.put, peer.ack, frames, sparse)
+                    frames = name in (RING, BOUNDARY, *FRAMES_ONLY)
+                    small, sparse = name not in FRAMES_ONLY, name in (RING, PIPE)
+                    across(add, plan, name, peer.put, peer.ack, frames, sparse, small)
                 if ray is not None:
                     ray.open()  # torn down after its rows: its readers spin while idle
                     try:
-                        across(add, plan, RAY, ray.put, ray.ack, frames=True, sparse=True)
+                        assert ray_rendered is not None
+                        # the rendered rows first every other repetition: neither of the two
+                        # frame measures is always the first after the compile
+                        for rendered in (True, False) if rep % 2 else (False, True):
+                            if rendered:
+                                across(add, plan, RAY_RENDERED, ray_rendered, ray.ack,
+                                       frames=True, sparse=False, small=False)  # fmt: skip
+                            else:
+                                across(add, plan, RAY, ray.put, ray.ack, frames=True, sparse=True)
                         ring_pid = peers[RING].process.pid
                         assert ring_pid is not None
                         idle = idle_cpu([ring_pid, ray.pid], IDLE_S)
@@ -339,6 +427,19 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
             "≥ 1.0x",
             lambda r: r >= 1.0,
         )
+    rendered = "6.2 MB frame rendered, across processes"
+    for name in FRAMES_ONLY:
+        row(f"{rendered}, latency (µs)", "frame lat", name, RAY_RENDERED, us, "—", None)
+        row(
+            f"{rendered}, throughput (frames/s)",
+            "frame tput",
+            name,
+            RAY_RENDERED,
+            1.0,
+            "≥ 5x",
+            lambda r: r >= 5.0,
+        )
+    row(f"{rendered}, throughput (frames/s)", "frame tput", RAY_RENDERED, RAY, 1.0, "—", None)
     for name in (RING, BOUNDARY):
         row("6.2 MB frame across processes, latency (µs)", "frame lat", name, RAY, us, "—", None)
         row(
@@ -347,10 +448,10 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
             name,
             RAY,
             1.0,
-            "≥ 5x",
-            lambda r: r >= 5.0,
+            "—",
+            None,
         )
-    for name in (RING, BOUNDARY):
+    for name in (RING, BOUNDARY, *FRAMES_ONLY):
         row("6.2 MB frame, latency / one memcpy (µs)", "frame lat", name, "memcpy", us, "—", None)
     for name in (RING, BOUNDARY):
         row(
@@ -394,6 +495,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="cross: across processes, this one on CPU 0 and the consumers on CPU 1 "
         "(default); os: the scheduler places them",
     )
+    parser.add_argument(
+        "--render",
+        choices=sorted(RENDERS),
+        default="copy",
+        help="how the zero-copy rows' producer and Ray's rendered one make each frame: copy "
+        "from a prepared frame (default), fill (a memset), stamp (first and last element)",
+    )
     parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
     parser.add_argument("--no-gstreamer", action="store_true", help="leave GStreamer out")
     args = parser.parse_args(argv)
@@ -413,7 +521,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ray = RayPeer(ray_module, None if cpus is None else cpus[1])
     began = _perf()
     try:
-        got = measure(plan, cpus, gst, ray)
+        got = measure(plan, cpus, gst, ray, RENDERS[args.render])
     finally:
         if gst is not None:
             gst.close()
@@ -434,7 +542,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
-        f"{', '.join(versions)}, {os.cpu_count()} CPUs; placement {args.placement}"
+        f"{', '.join(versions)}, {os.cpu_count()} CPUs; placement {args.placement}; "
+        f"render {args.render}"
     )
     print()
     print("\n".join(rows(got, skipped)))
