@@ -11,15 +11,16 @@ import gc
 import logging
 import multiprocessing
 import os
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ipc import HOP, consumer_cpu, upstream_item  # one copy of each, bench/ipc.py's
+
 from rxstream._kernel._stats import StageCounters
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.ipc._wake import DEFAULT_SPIN_US
-from rxstream.item import PipelineItem, PipelineMetadata, _stamped
+from rxstream.item import _stamped
 from rxstream.ranks._boundary import Boundary
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -54,27 +55,6 @@ def pin(cpu: int | None) -> None:
             os.sched_setaffinity(int(task), cpus)
         except OSError:  # a thread that ended meanwhile
             continue
-
-
-def consumer_cpu() -> int | None:
-    """The CPU this run's consumers go to (from the environment the producer set)."""
-    value = os.environ.get(CONSUMER_CPU, "")
-    return int(value) if value else None
-
-
-# --- across processes: rxstream's consumers (spawned) ----------------------------------------
-
-
-HOP = "b>c"
-
-
-def upstream_item() -> PipelineItem:
-    """An item as it reaches a boundary: metadata and the stamps of three stages before it."""
-    t = time.monotonic()
-    head = PipelineItem(None, PipelineMetadata(pts=7, input_seq=3, input_at_ms=1))
-    for stage in ("src", "a", "b"):
-        head = _stamped(head, None, (f"{stage}.in", t, f"{stage}.out", t))
-    return head
 
 
 def ring_echo(data: RingHandle, back: RingHandle, boundary: bool) -> None:
