@@ -345,3 +345,63 @@ def test_a_stop_in_the_middle_of_a_batch_keeps_the_books(ctx: rxstream.Context) 
     stats = pipeline.statistics()["gate"]
     # 1, 2, 3 started from the batch; 4..8 had not: dropped, none waiting, none lost
     assert (stats.items_in, dict(stats.dropped), stats.inbox_depth) == (4, {"stopped": 5}, 0)
+
+
+class Interrupted(BaseException):
+    """Stands for a KeyboardInterrupt arriving while a producer waits for room."""
+
+
+def test_a_producer_interrupted_while_waiting_for_room_leaves_no_waiter(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A producer whose wait for room is interrupted leaves the queue of waiters: the slot
+    freed next goes to the producer still waiting, not to the one that left."""
+    from rxstream.runtime import _thread
+
+    real = threading.Lock
+    made = [0]
+
+    class InterruptedLock:
+        """The first waiter's lock: its blocking acquire raises, as a signal would."""
+
+        def __init__(self) -> None:
+            self.lock = real()
+            self.calls = 0
+
+        def acquire(self, *args: Any) -> bool:
+            self.calls += 1
+            if self.calls == 2:  # the first call takes it; the second is the wait
+                raise Interrupted
+            return self.lock.acquire(*args)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    def new_lock() -> Any:
+        made[0] += 1
+        return InterruptedLock() if made[0] == 1 else real()
+
+    monkeypatch.setattr(_thread, "_new_lock", new_lock)
+    stage = Stage(capacity=1)
+    stage.backlog(range(1, 2))  # item 0 parks the thread, item 1 fills the inbox
+    left: list[BaseException] = []
+
+    def interrupted_put() -> None:
+        try:
+            stage.put(2)
+        except Interrupted as exc:
+            left.append(exc)
+
+    first = threading.Thread(target=interrupted_put)
+    first.start()
+    first.join(WAIT_S)
+    assert len(left) == 1
+    assert not stage.thread._waiting
+    second = threading.Thread(target=stage.put, args=(3,))
+    second.start()
+    wait_until(lambda: len(stage.thread._waiting) == 1, "the second producer to wait")
+    stage.go.set()
+    second.join(WAIT_S)
+    assert not second.is_alive()  # the freed slot went to it
+    stage.finish()
+    assert stage.seen == [0, 1, 3]

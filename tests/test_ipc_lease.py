@@ -175,10 +175,21 @@ def test_all_leased_counts_the_slots_the_producer_keeps(pair: tuple[ShmRing, Shm
     del second
 
 
-def test_a_slot_is_not_reused_while_a_consumer_view_lives(pair: tuple[ShmRing, ShmRing]) -> None:
+def test_a_slot_is_not_reused_while_a_consumer_view_lives() -> None:
     """A frame the consumer holds keeps its slot: the next leases are elsewhere, and a lease
-    waits (backpressure) while the one other slot is in flight."""
-    producer, consumer = pair
+    waits (backpressure) while the other slots are in flight (3 slots: with the consumer
+    holding one and a lease out, one is left for the copy path)."""
+    producer = ShmRing.create(slots=3, slot_bytes=1 << 20, name=f"{PREFIX}{next(_names)}")
+    consumer = ShmRing.attach(producer.handle())
+    try:
+        _consumer_view_keeps_its_slot(producer, consumer)
+    finally:
+        consumer.close()
+        producer.close()
+        producer.unlink()
+
+
+def _consumer_view_keeps_its_slot(producer: ShmRing, consumer: ShmRing) -> None:
     first = producer.lease((1000,), np.float64)
     assert first is not None
     first[...] = 1.0
@@ -191,10 +202,12 @@ def test_a_slot_is_not_reused_while_a_consumer_view_lives(pair: tuple[ShmRing, S
     second[...] = 2.0
     producer.put(second)
     del second
+    producer.put(np.ones(1000))  # the third slot, copied
     with pytest.raises(TimeoutError):
-        producer.lease((1000,), np.float64, timeout=0.05)  # both slots in flight
-    other = consumer.get()
-    del other
+        producer.lease((1000,), np.float64, timeout=0.05)  # the other two in flight
+    for _ in range(2):
+        other = consumer.get()
+        del other
     gc.collect()
     third = producer.lease((1000,), np.float64, timeout=10)
     assert third is not None
@@ -202,9 +215,45 @@ def test_a_slot_is_not_reused_while_a_consumer_view_lives(pair: tuple[ShmRing, S
     assert float(held.sum()) == 1000.0  # still the first frame
 
 
+def test_a_lease_leaves_a_slot_the_consumer_does_not_hold(pair: tuple[ShmRing, ShmRing]) -> None:
+    """With the consumer keeping an item, leasing the one other slot would leave the copy
+    path none: the lease is refused (a plain array then, copied), and the copy goes through."""
+    producer, consumer = pair
+    producer.put(np.ones(1000))
+    kept = consumer.get()  # downstream keeps it: its slot stays the consumer's
+    assert producer.lease((1000,), np.float64) is None
+    producer.put(np.full(1000, 2.0), timeout=10)
+    second = consumer.get(timeout=10)
+    assert (float(kept.sum()), float(second.sum())) == (1000.0, 2000.0)
+
+
+def test_a_lease_not_put_yet_counts_for_the_consumers_copy_out(
+    pair: tuple[ShmRing, ShmRing],
+) -> None:
+    """A producer holding a lease not put yet sends another array first (copied into the
+    other slot): the consumer then sees every slot leased, so a boundary's reader copies that
+    item out, and the lease itself still crosses in place afterwards."""
+    producer, consumer = pair
+    leased = producer.lease((1000,), np.uint8)
+    assert leased is not None
+    leased[...] = 3
+    producer.put(np.full(1000, 2.0), timeout=10)  # e.g. a mask made apart: the copy path
+    got = consumer.get(timeout=10)
+    assert consumer.all_leased  # the reader must not keep this slot: no slot would be left
+    copied = np.array(got)  # what a boundary's reader does then
+    del got
+    gc.collect()
+    producer.put(leased, timeout=10)  # the lease itself, in place
+    again = consumer.get(timeout=10)
+    assert offset(consumer, again) == offset(producer, leased)
+    assert (float(copied.sum()), int(again.sum())) == (2000.0, 3000)
+    stats = producer.statistics()
+    assert (stats.zero_copy, stats.copies) == (1, 1)
+
+
 def test_a_lease_never_put_goes_back(pair: tuple[ShmRing, ShmRing]) -> None:
-    """A dropped lease frees its slot; leases beyond ``slots - 1`` and oversized ones are
-    refused (``None``), and a closed ring leases nothing."""
+    """A dropped lease frees its slot; a lease that would leave the copy path no slot and an
+    oversized one are refused (``None``), and a closed ring leases nothing."""
     producer, _ = pair
     leased = producer.lease((10,), np.float32)
     assert leased is not None

@@ -168,6 +168,32 @@ def test_consumer_budget_follows_the_gaps_between_items(monkeypatch: pytest.Monk
     assert budgets == [base, base, 300_000, 300_000, base]
 
 
+def test_a_wait_that_times_out_drops_the_backlogs_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After items 200 µs apart, a ``get`` that times out ends the stretched budget: the
+    waits that follow spin the ring's ``spin_us`` alone (an idle ring polled with a timeout
+    does not keep spinning as if a backlog were coming)."""
+    budgets: list[int] = []
+    now = [0]
+
+    def recording(w: memoryview, at: int, seen: int, closed: int, budget_ns: int) -> bool:
+        budgets.append(budget_ns)
+        return spin(w, at, seen, closed, budget_ns)
+
+    monkeypatch.setattr(_ring, "spin", recording)
+    monkeypatch.setattr(_ring, "_ns", lambda: now[0])
+    owner = ShmRing.create(slots=2, slot_bytes=4096, name=f"{PREFIX}t", spin_us=DEFAULT_SPIN_US)
+    with owner, ShmRing.attach(owner.handle()) as other:
+        for at_us in (5_000, 5_200, 5_400):
+            now[0] = at_us * 1000
+            owner.put(b"x")
+            assert other.get() == b"x"
+        for _ in range(2):
+            with pytest.raises(TimeoutError):
+                other.get(timeout=0.001)
+    base = DEFAULT_SPIN_US * 1000
+    assert budgets == [base, base, 300_000, 300_000, base]
+
+
 def test_the_sent_word_moves_only_once_the_index_is_in_the_pipe(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

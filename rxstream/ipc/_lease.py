@@ -10,8 +10,14 @@ A slot is reused only when no view of it lives on either side: the consumer's vi
 back as before (the free pipe), and while views of the lease live in the producer, ``put``
 sets a slot the consumer gave back aside (:meth:`Lessor.vet`) until the last of them goes; a
 lease that is never put (the stage dropped it, or failed) goes back to the free pipe when its
-last view goes. At most ``slots - 1`` slots are leased out at once (a further ``lease`` gets
-``None``), so the copy path always has a slot to wait for.
+last view goes.
+
+The copy path must always have a slot to wait for, one that neither side keeps: a lease is
+refused (``None``: the stage gets a plain array, its item is copied) when it would leave no
+slot outside the producer's leases and the consumer's held items (the ``W_TAKEN`` word), and
+the consumer copies an item out of its slot when keeping it would (``ShmRing.all_leased``
+counts the producer's leases, put or not, in ``W_HELD``). Each side writes its own word before
+it reads the other's, so of a lease and a ``get`` that cross, at least one sees the other.
 
 This module is the ring's friend: it works on :class:`ShmRing`'s internals.
 """
@@ -32,12 +38,15 @@ from rxstream._exceptions import RingClosed
 if TYPE_CHECKING:
     from rxstream.ipc._ring import ShmRing
 
-__all__ = ["HEAD_ROOM", "W_COPIES", "W_HELD", "W_ZERO_COPY", "Lessor"]
+__all__ = ["HEAD_ROOM", "W_COPIES", "W_HELD", "W_TAKEN", "W_ZERO_COPY", "Lessor"]
 
 W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
 """The ring header's words for the items put in place, the items copied in, and the slots
-put in place whose leases still have views in the producer (``ShmRing.all_leased`` counts
-them: the consumer cannot have those back)."""
+the producer holds leased: not put yet, or put with views of them alive in the producer
+(``ShmRing.all_leased`` counts them: the consumer cannot have those back)."""
+W_TAKEN = 14
+"""The ring header's word for the slots whose items' views the consumer holds (its
+``get``'s leases; a producer's ``lease`` reads it)."""
 
 HEAD_ROOM = 4096
 """The bytes a lease leaves before its array in the slot: the slot's table and the item's
@@ -69,8 +78,6 @@ class Lessor:
         """The slots whose leased arrays (or views of them) live in this process."""
         self.pending = 0
         """Leases not put yet: ``put`` looks for its buffers in them only then."""
-        self.held = 0
-        """Leases put whose views live here (the ring's ``W_HELD`` word)."""
 
     def lease(
         self, shape: Sequence[int], dtype: Any, timeout: float | None
@@ -83,12 +90,19 @@ class Lessor:
         at = (ring._slot_bytes - nbytes) & -_ALIGN
         if kind.hasobject or at < HEAD_ROOM:
             return None
+        words = ring._words
         with ring._lock:
-            if len(self.slots) >= ring._slots - 1:  # leave the copy path a slot
+            held = len(self.slots) + 1
+            words[W_HELD] = held  # first: a get crossing this lease sees it (module docstring)
+            if held + words[W_TAKEN] >= ring._slots:  # leave the copy path a slot
+                words[W_HELD] = held - 1
                 return None
         try:
             slot = self.vet(ring._free.pop() if ring._free else ring._wait_free(timeout), timeout)
         except RingClosed:
+            with ring._lock:
+                if not ring._released:
+                    words[W_HELD] = len(self.slots)
             return None
         base = ring._start + slot * ring._stride
         owner = ring._array[base : base + ring._stride]  # every view of the lease keeps it
@@ -124,9 +138,7 @@ class Lessor:
                 self.pending -= 1
             if ring._released:
                 return
-            if lease.sent:
-                self.held -= 1
-                ring._words[W_HELD] = self.held
+            ring._words[W_HELD] = len(self.slots)
             if lease.sent and not lease.returned:  # the consumer's hand-back frees it
                 return
             ring._states[slot] = 0
@@ -181,8 +193,6 @@ class Lessor:
         with ring._lock:
             lease.sent = True
             self.pending -= 1
-            self.held += 1
-            ring._words[W_HELD] = self.held
         ring._zero_copy += 1
         ring._words[W_ZERO_COPY] = ring._zero_copy
         ring._commit(slot, lease.at + lease.nbytes)

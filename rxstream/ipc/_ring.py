@@ -33,7 +33,7 @@ import numpy as np
 from rxstream._exceptions import PipelineStateError, RingClosed
 from rxstream.ipc import _lease
 from rxstream.ipc._framing import Buffer, Framed, frame, unframe
-from rxstream.ipc._lease import W_COPIES, W_HELD, W_ZERO_COPY
+from rxstream.ipc._lease import W_COPIES, W_HELD, W_TAKEN, W_ZERO_COPY
 from rxstream.ipc._ringlayout import (
     BIG_COPY,
     CLOSE_MARK_BYTES,
@@ -79,6 +79,7 @@ _PRODUCER, _CONSUMER = "producer", "consumer"
 _get_ident = threading.get_ident
 _perf = time.perf_counter
 _ns = time.perf_counter_ns
+_IDLE_GAP_NS = 1 << 62  # a gap no backlog has: spin_budget gives the ring's spin_us alone
 
 
 class ShmRing:
@@ -288,8 +289,9 @@ class ShmRing:
         item's header next to it: no copy (counted in ``zero_copy``). The slot goes back once
         no view of it lives on either side; a lease never put goes back when its last view
         goes. ``None`` when the array does not fit a slot with room for a header
-        (``HEAD_ROOM``, 4 KiB), for an object dtype, when ``slots - 1`` are leased out already
-        (a copy always has a slot to wait for), or once the ring is closed. Blocks while no
+        (``HEAD_ROOM``, 4 KiB), for an object dtype, when it would leave no slot outside this
+        producer's leases and the slots the consumer's views hold (a copy always has a slot to
+        wait for), or once this side closed the ring. Blocks while no
         slot is free (backpressure), ``TimeoutError`` after ``timeout`` seconds. The producer
         leases: the caller becomes the producer as with ``put``.
         """
@@ -441,6 +443,9 @@ class ShmRing:
             spin(self._words, W_SENT, self._seen, W_CLOSED, budget)
             while True:
                 if timeout is not None and not readable(self._ready_poll, started, timeout):
+                    # the items stopped coming: the next waits spin spin_us only, not the
+                    # backlog's stretched budget (a consumer polling an idle ring stays idle)
+                    self._gap_ns = _IDLE_GAP_NS
                     raise TimeoutError(f"no item came through ring {self._name!r} in {timeout} s")
                 if read_indices(self._ready_r, self._read_size, self._index_of, pending):
                     self._peer_closed = True
@@ -463,6 +468,7 @@ class ShmRing:
         owner = self._array[base : base + self._stride]  # every view of the slot keeps it
         with self._lock:
             self._leased += 1
+            self._words[W_TAKEN] = self._leased  # before all_leased reads the producer's
         lease = weakref.finalize(owner, self._release, slot)
         lease.atexit = False
         view = owner.data
@@ -476,6 +482,7 @@ class ShmRing:
             self._leased -= 1
             if self._released:  # this side closed: nobody waits for the slot
                 return
+            self._words[W_TAKEN] = self._leased
             self._states[slot] = FREE
             os.write(self._free_w, self._index_bytes[slot])
 
@@ -545,8 +552,8 @@ class ShmRing:
 
         Then the producer waits until one of those views goes. Slots written and waiting for
         ``get`` do not count: a full ring whose consumer keeps up is not leased. Slots the
-        producer put in place from a lease whose views it still holds do (the consumer cannot
-        have them back either). A cheap read.
+        producer holds leased do (not put yet, or put in place with views of them still
+        alive in the producer: the consumer cannot have them back either). A cheap read.
         """
         try:
             return self._leased + self._words[W_HELD] >= self._slots

@@ -15,9 +15,9 @@ index, so a spin that misses costs only its budget: nothing can be lost.
 
 The budget (:func:`spin_budget`) is the ring's ``spin_us``, stretched to 1.5x the time between
 the last two items the consumer waited for when that is short: a backlog of frames, each one
-copy apart, finds the consumer awake. It is bounded in microseconds, never milliseconds
-(``MAX_SPIN_US``): sparse items (an idle or a 24 fps ring) spin ``spin_us`` and no more, then
-sleep in ``read`` as before.
+copy apart, finds the consumer awake. It is bounded (``MAX_SPIN_US``, 1 ms: a few frames'
+copies, never a poll loop): sparse items (an idle or a 24 fps ring) spin ``spin_us`` and no
+more, then sleep in ``read`` as before; so does the wait after one that timed out.
 """
 
 import os

@@ -258,8 +258,14 @@ class StageThread(_ClockScheduler):
                     lock.release()
                     try:
                         waiter.acquire()  # released by whoever frees a slot, or by close
-                    finally:
+                    except BaseException:  # interrupted (Ctrl-C): leave no waiter behind
                         lock.acquire()
+                        try:
+                            waiting.remove(waiter)
+                        except ValueError:  # a slot was handed to it meanwhile: hand it on
+                            self._free_slot()
+                        raise
+                    lock.acquire()
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
                 owner: StageCounters | None = getattr(_stall, "counters", None)
