@@ -440,7 +440,9 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
 
 def test_leased_frames_cross_rank_processes_in_place() -> None:
     """``rxstream run --ranks 2``: rank 0's render leases its frames, rank 1 reads them whole,
-    and rank 0's table counts all but the first few as crossed in place."""
+    and rank 0's table counts frames crossed in place (not the first: the ring is offered with
+    it; and not while rank 1 holds every slot but the lease's: that lease is refused, the frame
+    copied, so the count depends on how far rank 1 lags)."""
     app = Path(__file__).resolve().parent / "apps" / "lease_app.py"
     done = subprocess.run(
         [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2", "--frames", "20"],
@@ -456,4 +458,4 @@ def test_leased_frames_cross_rank_processes_in_place() -> None:
     (render,) = [row.split() for row in rank0 if row.startswith("render ")]
     zero, sent = (int(n) for n in render[-1].split("/"))
     assert sent >= 20
-    assert sent - 3 <= zero < sent  # the first frame is copied (the ring is offered with it)
+    assert 1 <= zero < sent  # the first frame is copied (the ring is offered with it)
