@@ -22,6 +22,7 @@ import pytest
 
 import rxstream
 from rxstream.ipc import RingClosed, RingHandle, ShmRing
+from rxstream.ipc._lease import W_HELD
 from rxstream.ranks._boundary import Boundary
 from rxstream.ranks._lease import lease as stage_lease
 from rxstream.ranks._lease import offer, withdraw
@@ -205,6 +206,8 @@ def _consumer_view_keeps_its_slot(producer: ShmRing, consumer: ShmRing) -> None:
     producer.put(np.ones(1000))  # the third slot, copied
     with pytest.raises(TimeoutError):
         producer.lease((1000,), np.float64, timeout=0.05)  # the other two in flight
+    # the lease that timed out is not counted as the producer's (the consumer's copy-out)
+    assert producer._words[W_HELD] == len(cast(Any, producer._lessor).slots)
     for _ in range(2):
         other = consumer.get()
         del other

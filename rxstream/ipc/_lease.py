@@ -99,16 +99,19 @@ class Lessor:
                 return None
         try:
             slot = self.vet(ring._free.pop() if ring._free else ring._wait_free(timeout), timeout)
-        except RingClosed:
+        except BaseException as exc:  # closed, timed out: no lease, the count as it was
             with ring._lock:
                 if not ring._released:
                     words[W_HELD] = len(self.slots)
-            return None
+            if isinstance(exc, RingClosed):
+                return None
+            raise
         base = ring._start + slot * ring._stride
         owner = ring._array[base : base + ring._stride]  # every view of the lease keeps it
         with ring._lock:
             self.slots[slot] = _Lease(at, nbytes)
             self.pending += 1
+            words[W_HELD] = len(self.slots)  # a lease gone while this one waited rewrote it
         ring._states[slot] = _LEASED
         lease = weakref.finalize(owner, self._gone, slot)
         lease.atexit = False
