@@ -13,7 +13,6 @@ import json
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -47,19 +46,8 @@ if CHROMIUM is None:
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
-def load_demo() -> ModuleType:
-    """examples/demo.py as a module."""
-    spec = importlib.util.spec_from_file_location("rxstream_demo_app", ROOT / "examples/demo.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def load_bench() -> ModuleType:
-    """bench/photon.py as a module (its on-screen probe and pointer jumps)."""
+def _load_bench() -> ModuleType:
+    """bench/photon.py as a module: its on-screen probe, pointer jumps and harness helpers."""
     spec = importlib.util.spec_from_file_location("rxstream_photon_bench", ROOT / "bench/photon.py")
     assert spec is not None
     assert spec.loader is not None
@@ -69,15 +57,11 @@ def load_bench() -> ModuleType:
     return module
 
 
-def wait_for(check: Callable[[], Any], what: str, timeout: float = 20.0) -> Any:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+BENCH = _load_bench()
+load_demo: Callable[[], ModuleType] = BENCH.load_demo
+"""examples/demo.py as a module (the bench's loader: one copy)."""
+wait_for: Callable[..., Any] = BENCH.wait_for
+"""Poll a check until it returns something truthy; fail naming what (the bench's)."""
 
 
 class DemoSession:
@@ -209,7 +193,7 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
 def test_thirty_moves_photon_ms_matches_the_screen(browser: Any, tmp_path: Path) -> None:
     """30 pointer jumps, WebCodecs: each logged photon_ms is within 15 ms of the page's own,
     and the page's trace of each shown frame has every step, adding up to its report."""
-    bench = load_bench()
+    bench = BENCH
     log = tmp_path / "timing.jsonl"
     saved = structlog.get_config()
     configure_logging(log)
