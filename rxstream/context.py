@@ -36,6 +36,7 @@ from rxstream.operators._bind import bind_declaration, bind_operator
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_declaration
 from rxstream.pipeline import Pipeline, chain_stages
+from rxstream.runtime._fuse import check_fuse
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
@@ -158,23 +159,35 @@ class Context(Environment):
         on_error: OnError = "raise",
         items: bool = False,
         chunks: ChunkPolicyFactory | None = None,
+        fuse: bool = False,
     ) -> Stage:
         """A 1:1 stage, ``fn(payload) -> payload`` (``items=True``: the item itself).
 
         Under fan-in (``[a, b] | ctx.pipe(f)``) it combines the latest of each input and
         calls ``f(*payloads)``. An ``async def`` runs on the pipeline's event loop. ``chunks``
         (a chunk policy factory) gates each input, a connection from another rank, through a
-        stream buffer: ``fn`` gets chunks, lists of payloads.
+        stream buffer: ``fn`` gets chunks, lists of payloads. ``fuse=True`` (for light
+        functions) runs the stage on the thread of the stage before it, with no inbox and no
+        thread hop: its one upstream, on its rank, with no other consumer
+        (docs/concepts.md, "Fusing light stages").
         """
         _check_callable(fn, "pipe")
         check_chunks(chunks, name or _fn_name(fn, "pipe"))
+        check_fuse(
+            name or _fn_name(fn, "pipe"),
+            fuse,
+            fn=fn,
+            capacity=capacity,
+            policy=policy,
+            chunks=chunks,
+        )
         return self._stage(
             "pipe",
             name,
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
             target=fn,
-            options={"items": items, "chunks": chunks},
+            options={"items": items, "chunks": chunks, "fuse": fuse},
             inputs=(1, None),
             rank=rank,
             device=device,

@@ -54,6 +54,9 @@ class StageStatistics:
     arrays were written into a slot leased with ``ctx.lease`` (docs/ranks.md)."""
     copies: int = 0
     """Items this stage sent across a shared-memory ring whose arrays were copied into a slot."""
+    fused_into: str = ""
+    """The stage whose thread runs this one, for a pipe built with ``fuse=True`` in a threaded
+    run (no inbox, no thread of its own; its wait and work time are that thread's); else ``""``."""
 
     @property
     def dropped_total(self) -> int:
@@ -177,6 +180,11 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
                 f"{s.stalled_s:.3f}",
             )
         )
+    if any(s.fused_into for s in stats.values()):  # fuse=True: whose thread runs each
+        rows = [rows[0] + ("thread",)] + [
+            (*row, f"fused into {s.fused_into}" if s.fused_into else "own")
+            for row, s in zip(rows[1:], stats.values(), strict=True)
+        ]
     if any(s.zero_copy or s.copies for s in stats.values()):
         sent = [s.zero_copy + s.copies for s in stats.values()]
         rows = [rows[0] + ("zero copy",)] + [

@@ -1,22 +1,29 @@
-"""Fusing chains of 1:1 ``pipe`` stages for ``drive()``.
+"""Fusing chains of 1:1 ``pipe`` stages: always under ``drive()``, on request in threads.
 
 Under ``drive()`` a hop is a direct call, so a chain of single-input pipes needs no hop at
 all: one operator calls each stage's function in turn, with each stage's own counters,
 stamps (``<stage>.in``/``.out``), stale-generation check, flush reset and ``on_error``
 policy, and builds one item at the end instead of one per stage. The outputs are the ones
 the unfused chain gives; the only difference is that a stage's ``.in`` is the previous
-stage's ``.out`` (there is no queue between them to wait in). Threads never fuse: there
-every stage is its own thread.
+stage's ``.out`` (there is no queue between them to wait in).
+
+In a threaded run every stage is its own thread, except a pipe built with ``fuse=True``:
+it runs on the thread of the stage before it (:func:`threaded_chains`), through the same
+operator. :func:`check_fuse` and the plan's check (``runtime/_plan.py``) refuse what cannot
+fuse (docs/concepts.md, "Fusing light stages").
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._generations import Generations
+from rxstream._kernel._inbox import DEFAULT_CAPACITY
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, _stamped, now
 from rxstream.operators._core import attach
@@ -25,7 +32,59 @@ from rxstream.runtime._plan import Plan
 from rxstream.stage import Node
 from rxstream.typing import ItemStream
 
-__all__ = ["fusable_chains", "fused_chain"]
+__all__ = [
+    "check_fuse",
+    "fusable_chains",
+    "fused",
+    "fused_chain",
+    "fused_into",
+    "threaded_chains",
+]
+
+
+def check_fuse(
+    name: str, fuse: object, *, fn: object, capacity: int, policy: str, chunks: object
+) -> None:
+    """Refuse a ``ctx.pipe(..., fuse=True)`` whose own arguments cannot fuse: a fused stage
+    has no inbox (``capacity``/``policy`` other than the defaults), takes no chunks, and runs
+    no ``async def`` (it would block its upstream's thread on the event loop)."""
+    if not isinstance(fuse, bool):
+        raise ArgumentTypeError(f"fuse must be a bool, got {fuse!r} for stage {name!r}")
+    if not fuse:
+        return
+    rule = "a fused stage runs on its upstream's thread with no inbox"
+    if capacity != DEFAULT_CAPACITY:
+        raise StageBuildError(
+            f"stage {name!r}: capacity cannot be given with fuse=True ({rule}), "
+            f"got capacity={capacity!r}"
+        )
+    if policy != "block":
+        raise StageBuildError(
+            f"stage {name!r}: policy cannot be given with fuse=True ({rule}), got policy={policy!r}"
+        )
+    if chunks is not None:
+        raise StageBuildError(
+            f"stage {name!r}: chunks cannot be given with fuse=True (a chunked input crosses "
+            f"from another rank, a fused stage's upstream is on its own), got chunks={chunks!r}"
+        )
+    if inspect.iscoroutinefunction(fn):
+        raise StageBuildError(
+            f"stage {name!r}: an async def cannot be fused (fuse=True; it would block its "
+            f"upstream's thread on the event loop), got fn={fn!r}"
+        )
+
+
+def fused(node: Node) -> bool:
+    """Whether ``node`` was built with ``fuse=True``."""
+    return bool(node.stage.options.get("fuse"))
+
+
+def fused_into(node: Node) -> Node:
+    """The node whose thread runs ``node`` (itself when it is not fused): the first upstream
+    that is not fused."""
+    while fused(node):
+        node = node.inputs[0]
+    return node
 
 
 def _fusable(node: Node) -> bool:
@@ -57,6 +116,26 @@ def fusable_chains(plan: Plan) -> dict[Node, list[Node]]:
     for last, chain in current.items():
         if len(chain) > 1:
             chains[last] = chain
+    return chains
+
+
+def threaded_chains(plan: Plan) -> dict[Node, list[Node]]:
+    """The fused operators of a threaded run, by their last node (upstream first): each run of
+    consecutive ``fuse=True`` pipes, headed by their upstream when that is a fusable pipe too
+    (it keeps its inbox and thread; the chain runs on it). A fused ``items=True`` pipe is in
+    none: it runs on its upstream's thread through a direct port."""
+    chains: dict[Node, list[Node]] = {}
+    for node in plan.nodes:
+        if not (fused(node) and _fusable(node)):
+            continue
+        upstream = node.inputs[0]
+        chain = chains.pop(upstream, None)
+        if chain is None:
+            # the plan's check made ``node`` its upstream's one consumer, and not a tail's
+            chain = [upstream, node] if _fusable(upstream) and not fused(upstream) else [node]
+        else:
+            chain.append(node)
+        chains[node] = chain
     return chains
 
 

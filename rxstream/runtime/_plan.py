@@ -107,7 +107,38 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
         nodes=tuple(order), names=names, consumers=consumers, tails=tuple(tails), ranks=ranks
     )
     check_partitions(plan)  # walks and chunked connections sit where partitions meet
+    _check_fused(plan)
     return plan
+
+
+def _check_fused(plan: Plan) -> None:
+    """Refuse a ``fuse=True`` pipe that cannot run on its upstream's thread: fed by more than
+    one input, by a stage on another rank, or by one that also feeds another stage or ends
+    the pipeline (it would run on that thread beside the others, in no order)."""
+    tails = set(plan.tails)
+    for node in plan.nodes:
+        if not node.stage.options.get("fuse"):
+            continue
+        name = plan.names[node]
+        rule = "a fused stage runs on the thread of its one upstream"
+        if len(node.inputs) != 1:
+            raise StageBuildError(
+                f"stage {name!r} (fuse=True): {rule}, got {len(node.inputs)} inputs (fan-in: "
+                "give it its own thread, without fuse)"
+            )
+        upstream = node.inputs[0]
+        up = plan.names[upstream]
+        if plan.ranks[upstream] != plan.ranks[node]:
+            raise StageBuildError(
+                f"stage {name!r} (fuse=True): {rule}, on its rank, got rank={plan.ranks[node]} "
+                f"and upstream {up!r} on rank {plan.ranks[upstream]}"
+            )
+        consumers = plan.consumers.get(upstream, 0) + (upstream in tails)
+        if consumers > 1:
+            raise StageBuildError(
+                f"stage {name!r} (fuse=True): {rule}, its only consumer, got upstream {up!r} "
+                f"with {consumers} consumers (a fan-out or an end)"
+            )
 
 
 def _names(order: Sequence[Node]) -> dict[Node, str]:

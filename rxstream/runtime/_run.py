@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -140,6 +141,14 @@ class Run(ABC):
         """The chains of stages to fuse into one operator, by their last node (none here)."""
         return {}
 
+    def _chain_input(self, streams: dict[Node, ItemStream], head: Node) -> ItemStream:
+        """What a fused chain whose first stage is ``head`` runs on: its input's stream."""
+        return streams[head.inputs[0]]
+
+    def _fused_into(self, node: Node) -> str:
+        """The name of the stage whose thread runs ``node`` when it is fused there, else ``""``."""
+        return ""
+
     def _crosses(self, upstream: Node, node: Node) -> bool:
         """Whether the edge ``upstream`` → ``node`` crosses a rank boundary in this run."""
         return self.plan.ranks[upstream] != self.plan.ranks[node]
@@ -187,9 +196,8 @@ class Run(ABC):
                 chain = chains[node]
                 for member in chain:
                     self.shells[member].target_fn = member.stage.target
-                head = chain[0]
                 stream = fused_chain(  # it admits into each of its stages itself
-                    streams[head.inputs[0]],
+                    self._chain_input(streams, chain[0]),
                     [self.shells[member] for member in chain],
                     self.generations,
                 )
@@ -356,6 +364,8 @@ class Run(ABC):
         stats = {}
         for node in self.local:
             shell = self.shells[node]
-            capacity = 0 if node.stage.is_source else node.stage.inbox.capacity
-            stats[shell.name] = shell.counters.snapshot(self._depth(node), capacity)
+            owner = self._fused_into(node)  # a fused stage has no inbox
+            capacity = 0 if node.stage.is_source or owner else node.stage.inbox.capacity
+            snapshot = shell.counters.snapshot(self._depth(node), capacity)
+            stats[shell.name] = replace(snapshot, fused_into=owner) if owner else snapshot
         return stats

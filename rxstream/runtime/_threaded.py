@@ -1,25 +1,31 @@
-"""A threaded run: every stage on its own thread behind a bounded inbox, every source pumped
-by a thread of its own; rank boundaries cross to other processes (see :class:`ThreadedRun`)."""
+"""A threaded run: every stage on its own thread behind a bounded inbox (a ``fuse=True`` pipe on
+its upstream's), every source pumped by a thread of its own; rank boundaries cross to other
+processes (see :class:`ThreadedRun`)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
+from functools import partial
 
-from reactivex import abc
+from reactivex import Observable, abc
 
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem
+from rxstream.operators._core import attach
 from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import BoundaryFactory
+from rxstream.runtime._fuse import fused, fused_into, threaded_chains
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import InboxPort, Port
 from rxstream.runtime._run import Run
 from rxstream.runtime._thread import StageThread, _ClockScheduler, charge_stalls_to
 from rxstream.stage import Node
+from rxstream.typing import ItemStream
 
 __all__ = ["ThreadedRun"]
 
@@ -69,14 +75,30 @@ class ThreadedRun(Run):
     def _make_shell(self, node: Node) -> StageShell:
         shell = super()._make_shell(node)
         stage = node.stage
-        if not stage.is_source:
+        if fused(node):  # runs on its upstream's thread: made before it, in plan order
+            shell.scheduler = self.shells[node.inputs[0]].scheduler
+        elif not stage.is_source:
             thread = StageThread(shell.name, stage.inbox, shell.counters, shell.crashed)
             shell.scheduler = thread
             self.threads[node] = thread
         return shell
 
     def _port(self, node: Node) -> Port:
+        if fused(node):  # a fused ``items=True`` pipe: admitted in its upstream's call
+            return Port(self.shells[node])
         return InboxPort(self.shells[node], self.threads[node])
+
+    def _chains(self) -> Mapping[Node, list[Node]]:
+        return threaded_chains(self.plan)
+
+    def _chain_input(self, streams: dict[Node, ItemStream], head: Node) -> ItemStream:
+        stream = self._input(streams, head.inputs[0], head)
+        if fused(head):  # on its upstream's thread, as that one emits
+            return stream
+        return _onto(self.threads[head], stream)  # the head's inbox; the chain admits
+
+    def _fused_into(self, node: Node) -> str:
+        return self.plan.name_of(fused_into(node)) if fused(node) else ""
 
     def _depth(self, node: Node) -> int:
         thread = self.threads.get(node)
@@ -122,15 +144,18 @@ class ThreadedRun(Run):
             puller.open()
             while not self._halted:
                 started = perf()
+                stalled = counters.stalled_s
                 item = puller.pull()
                 waited = puller.take_waited()
                 counters.wait_s += waited
-                counters.work_s += perf() - started - waited
                 if item is None:
+                    counters.work_s += perf() - started - waited
                     observer.on_completed()
                     return
                 if item is not SKIPPED:
-                    observer.on_next(item)
+                    observer.on_next(item)  # with the stages fused into the source, if any
+                # a blocked hand-off downstream is stalled time, not work (as a stage's)
+                counters.work_s += perf() - started - waited - (counters.stalled_s - stalled)
         except BaseException as exc:
             self.fail(exc)
         finally:
@@ -195,6 +220,29 @@ class ThreadedRun(Run):
             if not (isinstance(feed, InputFeed) and feed.idle):
                 return False
         return True
+
+
+def _onto(thread: StageThread, upstream: ItemStream) -> ItemStream:
+    """``upstream`` handed into ``thread``'s inbox, delivered on it, not admitted: a fused
+    chain's first stage with an inbox of its own (the chain admits into each of its stages)."""
+
+    def subscribe(
+        observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
+    ) -> abc.DisposableBase:
+        put_control = thread.put_control
+        return attach(
+            upstream,
+            partial(thread.put, observer.on_next),
+            lambda error: put_control(observer.on_error, error),
+            lambda: put_control(_complete, observer),
+            scheduler,
+        )
+
+    return Observable(subscribe)
+
+
+def _complete(observer: abc.ObserverBase[PipelineItem]) -> None:
+    observer.on_completed()
 
 
 class _Placeholder(_ClockScheduler):
