@@ -15,6 +15,10 @@ The chain, the same on every side: a source thread and four stage threads (``src
   and one more hop that the hand-written chain does not have. On both sides the last stage's
   function is what signals the main thread (latency: puts the payload on a result queue;
   throughput: counts down and sets an Event), between that stage's two stamps.
+- rxstream, the opt-in fused shape: the same chain with ``p2``..``p4`` built with
+  ``fuse=True`` (docs/concepts.md, "Fusing light stages"): they run on ``p1``'s thread, which
+  keeps its inbox after the source; two threads instead of five. Its rows are labelled as
+  such: the hand-written chain they are compared with still has a thread per stage.
 - reactivex: ``from_iterable`` on the main thread, then four ``observe_on(EventLoopScheduler())``
   hops, each followed by an ``ops.map`` that does the same stamping (unbounded queues).
 
@@ -149,15 +153,21 @@ class HandChain:
 # --- the rxstream chain ---------------------------------------------------------------------
 
 
-def rxs_pipeline(source: object, last: Callable[[Any], Any], capacity: int) -> rxstream.Pipeline:
+def rxs_pipeline(
+    source: object, last: Callable[[Any], Any], capacity: int, *, fuse: bool = False
+) -> rxstream.Pipeline:
     """``ctx.source(source, name="src") | ctx.pipe(noop, name="p1", capacity=c) | ... p4``.
 
-    ``p4`` calls ``last`` instead of ``noop``.
+    ``p4`` calls ``last`` instead of ``noop``. ``fuse``: ``p2``..``p4`` are built with
+    ``fuse=True`` and run on ``p1``'s thread (``p1`` keeps its inbox after the source).
     """
     ctx = rxstream.Context()
     fns = [noop] * (len(STAGES) - 1) + [last]
     first, *rest = [
-        ctx.pipe(fn, name=name, capacity=capacity) for name, fn in zip(STAGES, fns, strict=True)
+        ctx.pipe(fn, name=name, fuse=True)
+        if fuse and index
+        else ctx.pipe(fn, name=name, capacity=capacity)
+        for index, (name, fn) in enumerate(zip(STAGES, fns, strict=True))
     ]
     pipeline = ctx.source(source, name="src") | first
     for stage in rest:
@@ -168,8 +178,10 @@ def rxs_pipeline(source: object, last: Callable[[Any], Any], capacity: int) -> r
 class RxsChain:
     """The rxstream chain over ``pull``, run threaded (``start()``/``wait()``)."""
 
+    fuse = False
+
     def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
-        self.pipeline = rxs_pipeline(lambda: pulled(pull), last, capacity)
+        self.pipeline = rxs_pipeline(lambda: pulled(pull), last, capacity, fuse=self.fuse)
 
     def start(self) -> None:
         self.pipeline.start()
@@ -178,6 +190,13 @@ class RxsChain:
         if not self.pipeline.wait(JOIN_S):
             self.pipeline.stop()
             raise RuntimeError("rxstream chain did not finish")
+
+
+class FusedChain(RxsChain):
+    """The opt-in fused shape: ``p2``..``p4`` with ``fuse=True``, on ``p1``'s thread (two
+    threads: ``src`` and ``p1``; the hand-written chain it is compared with keeps five)."""
+
+    fuse = True
 
 
 Chain = Callable[[Callable[[], Any], Callable[[Any], Any], int], HandChain | RxsChain]
@@ -371,14 +390,19 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
     def add(key: str, value: float) -> None:
         got.setdefault(key, []).append(value)
 
+    chains: tuple[tuple[str, Chain], ...] = (
+        ("rxs", RxsChain),
+        ("hand", HandChain),
+        ("fused", FusedChain),
+    )
     for _rep in range(reps):
-        for key, chain in (("rxs", RxsChain), ("hand", HandChain)):
+        for key, chain in chains:
             gc.collect()
             samples = latency(chain, trips)
             add(f"{key} p50", statistics.median(samples) * 1e6)
             add(f"{key} p99", p99(samples) * 1e6)
         for capacity in (2, big):
-            for key, chain in (("rxs", RxsChain), ("hand", HandChain)):
+            for key, chain in chains:
                 gc.collect()
                 cpu: list[float] = []
                 add(f"{key} {capacity}", throughput(chain, items, capacity, cpu=cpu) / 1e3)
@@ -418,6 +442,25 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
             Row(f"{backlog}, capacity {capacity}", "k items/s", got[f"rxs {capacity}"],
                 "reactivex observe_on(EventLoopScheduler()) x4, unbounded", got["observe_on"],
                 "≥ 3x" if target else "—", (lambda r: r >= 3.0) if target else None)
+        )  # fmt: skip
+    # the opt-in fused shape (issue 18): p2..p4 fuse=True onto p1's thread, against the same
+    # hand-written chain (a thread per stage) of the same repetitions
+    fused = "opt-in fused shape (p2..p4 fuse=True on p1's thread)"
+    rows.append(
+        Row(f"{fused}: hop latency, 1 in flight, median", "µs/hop", got["fused p50"], hand,
+            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25)
+    )  # fmt: skip
+    for capacity in (2, big):
+        rows.append(
+            Row(f"{fused}: {backlog}, capacity {capacity}", "k items/s",
+                got[f"fused {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
+                got[f"hand {capacity}"], "≥ 1.5x", lambda r: r >= 1.5)
+        )  # fmt: skip
+        rows.append(
+            Row(f"{fused}: CPU per item, all threads, {backlog}, capacity {capacity}",
+                "µs/item", got[f"fused {capacity} cpu"],
+                f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity} cpu"],
+                "—", None)
         )  # fmt: skip
     rows.append(
         Row(f"drive(frames={drive_items}), 4 pipes, all cost / 4", "ns/item/stage",
