@@ -9,6 +9,9 @@ In one process, the chain of bench/hop.py (a source thread and 4 pass-through st
 
 - rxstream: ``ctx.source | ctx.pipe(noop) x4``, run threaded (bench/hop.py's ``RxsChain``,
   its latency and throughput measures).
+- rxstream, fused (the opt-in shape): the same chain with ``p2``..``p4`` built with
+  ``fuse=True``, on ``p1``'s thread (bench/hop.py's ``FusedChain``); its rows are labelled
+  ``rxstream fused (opt-in)``: the GStreamer chain keeps a queue (a thread) per element.
 - GStreamer: ``appsrc ! (queue ! identity) x4 ! appsink``, C elements, a thread per queue,
   run by Debian's ``/usr/bin/python3`` (``python3-gst-1.0``) in a child process that
   bench/_gst_chain.py describes, driven command by command from here.
@@ -96,7 +99,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
 from _report import revision, spread, verdict
-from hop import RxsChain, latency, throughput
+from hop import FusedChain, RxsChain, latency, throughput
 from ipc import leased_sender, leasing
 
 import rxstream
@@ -111,6 +114,8 @@ WINDOW = 3
 """Frames in flight in the throughput rows (Ray's compiled graph takes this many at once)."""
 FRAME, SMALL = "6.2 MB frame", "1 KB"
 RING, BOUNDARY, NO_SPIN, PIPE, RAY = "ring", "boundary", "ring, no spin", "Pipe", "Ray"
+FUSED = "rxstream fused (opt-in)"
+"""The opt-in fused shape of the in-process chain (bench/hop.py's ``FusedChain``)."""
 ZERO, BOUNDARY_ZERO, RAY_RENDERED = "ring, zero copy", "boundary, zero copy", "Ray, rendered"
 FRAMES_ONLY = (ZERO, BOUNDARY_ZERO)
 """The peers that carry frames only (a lease is an array's)."""
@@ -295,9 +300,13 @@ def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
     add(("hop", "rxstream"), statistics.median(latency(RxsChain, plan["hop_trips"])))
     if gst is not None:
         add(("hop", "GStreamer"), gst.ask(f"latency {plan['hop_trips']}"))
+    gc.collect()
+    add(("hop", FUSED), statistics.median(latency(FusedChain, plan["hop_trips"])))
     for capacity in (2, 256):
         gc.collect()
         add((f"tput {capacity}", "rxstream"), throughput(RxsChain, plan["items"], capacity))
+        gc.collect()
+        add((f"tput {capacity}", FUSED), throughput(FusedChain, plan["items"], capacity))
         if gst is not None:
             add(
                 (f"tput {capacity}", "GStreamer"), gst.ask(f"throughput {plan['items']} {capacity}")
@@ -422,6 +431,19 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
             f"in-process throughput, backlog, capacity {capacity} (k items/s)",
             f"tput {capacity}",
             "rxstream",
+            "GStreamer",
+            k,
+            "≥ 1.0x",
+            lambda r: r >= 1.0,
+        )
+    # the opt-in fused shape (p2..p4 fuse=True on p1's thread) against the same GStreamer
+    # chain (a queue, so a thread, before every identity)
+    row("in-process hop latency, 1 in flight (µs/hop)", "hop", FUSED, "GStreamer", us, "—", None)
+    for capacity in (2, 256):
+        row(
+            f"in-process throughput, backlog, capacity {capacity} (k items/s)",
+            f"tput {capacity}",
+            FUSED,
             "GStreamer",
             k,
             "≥ 1.0x",
