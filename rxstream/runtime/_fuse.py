@@ -16,7 +16,7 @@ fuse (docs/concepts.md, "Fusing light stages").
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from reactivex import Observable, abc
@@ -143,13 +143,10 @@ def fused_chain(
     upstream: ItemStream, shells: Sequence[StageShell], generations: Generations
 ) -> ItemStream:
     """One operator running the pipes of ``shells`` in order (see the module docstring)."""
-    members: list[tuple[StageShell, Callable[..., Any]]] = [
-        (shell, caller(shell.target_fn, shell)) for shell in shells
-    ]
-    # what the per-item loop reads, looked up once
+    # what the per-item loop reads, looked up once: each member's function, counters, hops
     steps = [
-        (index, shell, call, shell.counters, shell.in_hop, shell.out_hop)
-        for index, (shell, call) in enumerate(members)
+        (index, caller(shell.target_fn, shell), shell.counters, shell.in_hop, shell.out_hop)
+        for index, shell in enumerate(shells)
     ]
     timing = shells[0].timing
 
@@ -158,6 +155,7 @@ def fused_chain(
     ) -> abc.DisposableBase:
         admissions = [shell.admission() for shell in shells]
         routine = admissions[0].routine
+        on_next_down = observer.on_next
 
         def admit(index: int, base: PipelineMetadata) -> bool:
             """The per-hop checks of member ``index`` and on; whether the item goes on."""
@@ -172,8 +170,8 @@ def fused_chain(
                 return
             payload = item.payload
             stamps: list[Any] = []  # flat: hop, t, hop, t…
-            started = now()
-            for index, shell, call, counters, in_hop, out_hop in steps:
+            started = now() if timing else 0.0  # one clock read a member: its .out, next .in
+            for index, call, counters, in_hop, out_hop in steps:
                 if generations.epoch != epoch:  # a function steered or flushed mid-chain
                     epoch = generations.epoch
                     if not admit(index, base):
@@ -182,7 +180,7 @@ def fused_chain(
                 try:
                     payload = call(payload)
                 except Exception as exc:
-                    shell.failed(observer, item, exc)
+                    shells[index].failed(observer, item, exc)
                     return
                 counters.items_out += 1
                 if isinstance(payload, PipelineItem):  # the function set the metadata itself
@@ -193,7 +191,7 @@ def fused_chain(
                     done = now()
                     stamps += (in_hop, started, out_hop, done)
                     started = done
-            observer.on_next(_stamped(item, payload, tuple(stamps)))
+            on_next_down(_stamped(item, payload, tuple(stamps)))
 
         return attach(upstream, on_next, observer.on_error, observer.on_completed, scheduler)
 
