@@ -160,7 +160,8 @@ def test_skip_in_a_fused_stage_drops_the_item_and_goes_on(
     assert (stats["g"].items_in, stats["g"].items_out) == (19, 19)
 
 
-def test_raise_in_a_fused_stage_ends_the_run_naming_it(ctx: rxstream.Context) -> None:
+@pytest.mark.parametrize("where", ["source", "pipe"])
+def test_raise_in_a_fused_stage_ends_the_run_naming_it(ctx: rxstream.Context, where: str) -> None:
     """on_error="raise" in a fused stage ends the run with a PipelineError naming that stage."""
 
     def fails_on_5(x: int) -> int:
@@ -170,7 +171,7 @@ def test_raise_in_a_fused_stage_ends_the_run_naming_it(ctx: rxstream.Context) ->
 
     pipeline = (
         ctx.source(range(1000), name="src")
-        | ctx.pipe(lambda x: x, name="a")
+        | ctx.pipe(lambda x: x, name="a", fuse=where == "source")
         | ctx.pipe(fails_on_5, name="f", fuse=True)
         | ctx.stream("out")
     )
