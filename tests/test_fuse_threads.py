@@ -296,6 +296,34 @@ def test_a_fused_items_pipe_gets_the_item_on_its_upstreams_thread(ctx: rxstream.
     assert pipeline.statistics()["n"].fused_into == "a"
 
 
+def test_a_chain_fused_after_a_ring_runs_on_the_reading_stages_thread(
+    ctx: rxstream.Context,
+) -> None:
+    """Fused after a stage whose input crosses ranks: on that stage's thread, hops intact."""
+    threads: set[str] = set()
+
+    def record(x: int) -> int:
+        threads.add(threading.current_thread().name)
+        return x + 1
+
+    pipeline = (
+        ctx.source(range(40), name="src")
+        | ctx.pipe(double, name="a")
+        | ctx.pipe(inc, name="b", rank=1)
+        | ctx.pipe(record, name="c", fuse=True)
+        | ctx.stream("out")
+    )
+    items = run(pipeline, ctx)
+    assert [i.payload for i in items] == [2 * x + 2 for x in range(40)]
+    assert hops(items[0]) == [
+        "src.in", "src.out", "a.in", "a.out", "a>b.in", "a>b.out", "b.in", "b.out",
+        "c.in", "c.out",
+    ]  # fmt: skip
+    assert threads == {"rxstream:b"}
+    assert pipeline.statistics()["c"].fused_into == "b"
+    pipeline.stop()
+
+
 async def slow_double(x: int) -> int:
     return 2 * x
 

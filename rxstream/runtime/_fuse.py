@@ -64,8 +64,8 @@ def check_fuse(
         )
     if chunks is not None:
         raise StageBuildError(
-            f"stage {name!r}: chunks cannot be given with fuse=True (a chunked input crosses "
-            f"from another rank, a fused stage's upstream is on its own), got chunks={chunks!r}"
+            f"stage {name!r}: chunks cannot be given with fuse=True (a chunked input comes "
+            f"from another rank; a fused stage's upstream is on its own), got chunks={chunks!r}"
         )
     if inspect.iscoroutinefunction(fn):
         raise StageBuildError(
