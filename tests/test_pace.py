@@ -9,11 +9,14 @@ private stage shell and clock, so it is not driven through ``reactivex.testing``
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +28,9 @@ from rxstream._kernel._shell import StageShell
 from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, pace_operator
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
-from rxstream.typing import PacePhase
+from rxstream.typing import PaceOverflow, PacePhase
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def frames(out: list[PipelineItem]) -> list[tuple[Any, int, bool]]:
@@ -231,7 +236,13 @@ class Tick:
     idle: bool
 
 
-def run_pace(arrivals: Sequence[float], *, phase: PacePhase = "lock") -> list[Tick]:
+def run_pace(
+    arrivals: Sequence[float],
+    *,
+    phase: PacePhase = "lock",
+    capacity: int = 2,
+    overflow: PaceOverflow = "throttle",
+) -> list[Tick]:
     """Frames 0, 1, ... arriving at ``arrivals`` into a 10 fps pace; every tick it emits."""
     clock = VirtualClock()
     shell = StageShell(
@@ -239,7 +250,7 @@ def run_pace(arrivals: Sequence[float], *, phase: PacePhase = "lock") -> list[Ti
     )
     subject: Subject[PipelineItem] = Subject()
     ticks: list[Tick] = []
-    stream = pace_operator(P, 1, 2, "throttle", phase)(shell)([subject])
+    stream = pace_operator(P, 1, capacity, overflow, phase)(shell)([subject])
 
     def record(item: PipelineItem) -> None:
         ticks.append(Tick(clock.clock(), item.payload, item.metadata.idle))
@@ -357,6 +368,25 @@ def test_lock_catches_up_after_a_frame_misses_its_tick() -> None:
     assert after[0] > 0.5 * P  # frame 51 waited behind the late frame
     assert max(after[15:]) < 0.02  # and the lock has caught up since
     assert min(periods(ticks)) >= (1 - SLEW) * P - 1e-9
+
+
+def test_the_demos_pace_skips_a_late_frame_instead_of_queueing_behind_it() -> None:
+    """The demo's pace (one slot, 'latest'): a late frame gives way to the next; no catch-up."""
+    spec = importlib.util.spec_from_file_location("demo_pace", ROOT / "examples" / "demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    demo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses
+    spec.loader.exec_module(demo)
+    arrivals = [k * P for k in range(100)]
+    arrivals[50:] = [t + 0.005 for t in arrivals[50:]]
+    arrivals[50] += 0.04  # misses its tick (one idle repeat); frame 51 comes before the next
+    ticks = run_pace(arrivals, capacity=demo.PACE_CAPACITY, overflow=demo.PACE_OVERFLOW)
+    assert [tick.frame for tick in ticks if tick.idle] == [49]
+    shown = [tick.frame for tick in ticks if not tick.idle]
+    assert shown == [*range(50), *range(51, 100)]  # frame 50 dropped, counted as 'latest'
+    after = holds(ticks, arrivals)[50:]
+    assert max(after) < 0.02  # frame 51 on: no frame waits behind a late one
+    assert all((1 - SLEW) * P - 1e-9 <= span <= (1 + SLEW) * P + 1e-9 for span in periods(ticks))
 
 
 def test_lock_waits_within_the_slew_for_a_late_frame() -> None:
