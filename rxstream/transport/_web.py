@@ -50,7 +50,7 @@ from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.transport._base import Session, Transport
-from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
+from rxstream.transport._codecs import Encoder, H264Fragments, encoder, preload, to_rgb24
 from rxstream.transport._guard import (
     ClientGuard,
     Gate,
@@ -210,6 +210,8 @@ class WebTransport(PageMessages, Transport):
 
     def open(self, session: Session) -> None:
         self._session = session
+        for codec in {*session.streams.values(), "jpeg"}:  # jpeg: any page's fallback
+            preload(codec)
         self._seq = dict.fromkeys(session.streams, 0)
         if self._thread is None:
             self._serve()
