@@ -7,11 +7,9 @@ chromium (Playwright) on one session, per video path: ``?video=webcodecs``, ``jp
 ``pointermove`` and without ``requestVideoFrameCallback``, which changes how the ``<video>``
 presents; what issue 14 measured). ``--rounds`` times each path gets a page of its own, in an
 order rotated each round, and jumps its share of ``--moves`` after ``--settle-s`` seconds (a
-page load stalls the shared cores, and the first h264 page starts libx264 (55-145 ms): the
-path that came first would pay it alone). On each page the pointer
-jumps between the four corners of a square over the picture, each jump waiting for the last
-to show. The page measures each jump
-on its own side: from the pointer event (``event.timeStamp``) to the first rendering update
+page load stalls the shared cores, and the path that came first would pay it alone). On each
+page the pointer jumps between the four corners of a square over the picture, each jump
+waiting for the last to show. The page measures each jump on its own side: from the pointer event (``event.timeStamp``) to the first rendering update
 (``requestAnimationFrame``) whose displayed pixels show the light at the new spot (read back
 from the canvas, or from the ``<video>`` element drawn into a canvas). Beside it: the server's
 ``total_ms`` of the same inputs and the ``photon_ms`` the session logged for them (the page's
