@@ -10,6 +10,7 @@ import math
 import struct
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 import structlog
@@ -399,3 +400,19 @@ def test_access_units_decode_with_their_description() -> None:
     assert means[0] < 10
     assert abs(means[1] - 128) < 10
     assert means[2] > 245
+
+
+def test_the_session_declines_permessage_deflate_that_a_browser_offers() -> None:
+    """A browser offers deflate; the socket declines it (frames are compressed codecs already)."""
+
+    async def check(url: str) -> int:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(
+                url.replace("http", "ws", 1).replace("/?", "/ws?", 1), compress=15
+            ) as ws,
+        ):
+            return ws.compress
+
+    with Session() as running:
+        assert asyncio.run(check(running.web.url)) == 0

@@ -455,7 +455,10 @@ class WebTransport(PageMessages, Transport):
                 text=f"503 Service Unavailable: {self.limits.max_connections} connections are "
                 "attached already (SessionLimits.max_connections)\n",
             )
-        ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes)
+        # No permessage-deflate: frames are JPEG or h264 already (raw would be deflated in an
+        # executor thread), and deflating each message cost both ends ~0.15 ms of a frame's way
+        # to the screen for nothing (docs/decisions.md).
+        ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes, compress=False)
         guard = ClientGuard(self.limits, f"{request.remote}:{peer_port(request)}", RATED)
         client = Client(ws, self.client_frames, guard)
         with self._lock:  # counted before prepare() yields, so the cap holds for a burst
