@@ -509,10 +509,13 @@ class WebTransport(PageMessages, Transport):
                     sent = time.monotonic() * 1e3
                     client.pings.append(sent)
                     await ws.send_str(wire({"type": "ping", "t": sent}))
-                while (text := client.texts.pop()) is not None:
-                    await ws.send_str(text)
+                # frames before texts: a frame's timing record is pushed just after the frame,
+                # and the page handles messages in order (the timing table's DOM work would
+                # come between the frame's arrival and its decode)
                 while client.frames:
                     await ws.send_bytes(client.frames.popleft())
+                while (text := client.texts.pop()) is not None:
+                    await ws.send_str(text)
 
     async def _ping(self, client: Client) -> None:
         """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
