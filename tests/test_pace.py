@@ -154,6 +154,30 @@ def test_overflow_latest_drops_the_oldest_and_counts_it(ctx: Context) -> None:
     assert (stats.items_in, stats.items_out) == (8, 5)
 
 
+def test_a_frame_that_displaces_one_under_latest_carries_its_input(ctx: Context) -> None:
+    """'latest' drops b for c: c is the first frame shown after b's input, so c carries it."""
+    fed = PipelineMetadata(
+        input_seq=7,
+        input_at_ms=100,
+        timeline=(("input.recv", 1.0), ("mouse.in", 1.5)),
+        cutover=True,
+        prompt_generation=1,
+    )
+
+    def frames() -> Iterator[PipelineItem]:
+        yield PipelineItem("a", PipelineMetadata())
+        yield PipelineItem("b", fed)  # displaced by c before its tick
+        yield PipelineItem("c", PipelineMetadata(prompt_generation=1, timeline=(("clock", 2.0),)))
+
+    pace = ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
+    out = drive_items(ctx.source(frames) | pace, 3, interval=0.03)  # 3: pull c too
+    assert [item.payload for item in out] == ["a", "c"]
+    shown = out[1].metadata
+    assert (shown.input_seq, shown.input_at_ms, shown.cutover) == (7, 100, True)
+    assert [hop for hop, _ in shown.timeline][:2] == ["input.recv", "mouse.in"]
+    assert shown.pts == 1
+
+
 def test_overflow_latest_respects_the_capacity(ctx: Context) -> None:
     """overflow='latest' with capacity=1 keeps only the newest frame between ticks."""
     pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
