@@ -7,17 +7,17 @@ chromium (Playwright) on one session, per video path: ``?video=webcodecs``, ``jp
 ``pointermove`` and without ``requestVideoFrameCallback``, which changes how the ``<video>``
 presents; what issue 14 measured). ``--rounds`` times each path gets a page of its own, in an
 order rotated each round, and jumps its share of ``--moves`` after ``--settle-s`` seconds (a
-page load stalls the shared cores; the pace drains the frames it queued meanwhile at 10 % of a
-period a tick, and the path that came first would pay it alone). On each page the pointer
-jumps between the four corners of a square over the picture, each jump waiting for the last
-to show. The page measures each jump
-on its own side: from the pointer event (``event.timeStamp``) to the first rendering update
-(``requestAnimationFrame``) whose displayed pixels show the light at the new spot (read back
-from the canvas, or from the ``<video>`` element drawn into a canvas). Beside it: the server's
-``total_ms`` of the same inputs and the ``photon_ms`` the session logged for them (the page's
+page load stalls the shared cores, and the path that came first would pay it alone). On each
+page the pointer jumps between the four corners of a square over the picture, each jump
+waiting for the last to show. The page measures each jump on its own side: from the pointer
+event (``event.timeStamp``) to the first rendering update (``requestAnimationFrame``) whose
+displayed pixels show the light at the new spot (read back from the canvas, or from the
+``<video>`` element drawn into a canvas). Beside it: the server's ``total_ms`` of the same
+inputs and the ``photon_ms`` the session logged for them (the page's
 report joined to the record, ``[photon:video]``), on screen minus ``total_ms`` move by move
 (the page's part, whatever the server's time did meanwhile), the p50s of the page's steps
-(``rxstream.trace``) and, on MSE, how far the ``<video>`` played behind its newest frame.
+(``rxstream.trace``), on MSE how far the ``<video>`` played behind its newest frame, and what
+each path's pages did with their frames (drawn, skipped late, keyframes asked for).
 
 Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, and <= 0.5x
 the MSE path's on-screen p50 (``mse-legacy``'s; today's ``mse`` beside it).
@@ -113,6 +113,14 @@ PROBE_JS = """
   requestAnimationFrame(tick);
 })();
 """
+
+
+COUNTS_JS = """({
+  received: window.rxstream.frames, drawn: window.rxstream.drawn,
+  skipped: window.rxstream.skipped, keyframe_requests: window.rxstream.keyframeRequests,
+  errors: window.rxstream.errors.length,
+})"""
+"""What a page did with the frames it received, over its whole visit (load and settle too)."""
 
 
 def chromium() -> str | None:
@@ -253,6 +261,7 @@ def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[s
     configure_logging(log)
     measured: dict[str, list[dict[str, Any]]] = {path: [] for path in PATHS}
     used: dict[str, str] = {}
+    frames: dict[str, dict[str, int]] = {path: {} for path in PATHS}
     with sync_playwright() as playwright, DemoServer() as server:
         browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
         page = browser.new_page(viewport={"width": 1200, "height": 800})
@@ -267,14 +276,21 @@ def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[s
                 page.wait_for_timeout(settle_s * 1000)  # the page load's stall drains
                 used[path] = page.evaluate("window.rxstream.showing")
                 batch = measure_moves(page, share)
+                if path != "mse-legacy":  # the old page sends no reports
+                    last = f"window.rxstream.photon['video#{batch[-1]['input_seq']}']"
+                    page.wait_for_function(f"{last} !== undefined", timeout=5_000)
                 traced(page, batch)
                 measured[path].extend(batch)
+                counts = page.evaluate(COUNTS_JS)
+                for key, value in counts.items():
+                    frames[path][key] = frames[path].get(key, 0) + value
         page.wait_for_timeout(500)  # the last reports come back
         page.close()
         browser.close()
     configure_logging()
     records = {r.input_seq: r for r in load(log, stream="video").records}
-    return {"moves": measured, "paths": used, "rows": _rows(measured, records)}
+    rows = _rows(measured, records)
+    return {"moves": measured, "paths": used, "rows": rows, "frames": frames}
 
 
 def _rows(
@@ -397,6 +413,14 @@ def main() -> None:
             f" ({wc['screen_p50'] / row['screen_p50']:.2f}x)"
         )
     print(f"paths the page used: {result['paths']}")
+    print(
+        "the pages' frames, all visits (received, drawn, skipped late, keyframe requests, "
+        "errors): "
+        + "; ".join(
+            f"{path} " + " ".join(str(count) for count in counts.values())
+            for path, counts in result["frames"].items()
+        )
+    )
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {revision()}")
 
 

@@ -7,9 +7,10 @@ pointer within a frame; ``render`` turns each window into the world's next torch
 drifting pattern in the prompt's colours (an inline read of the control doc), moving at
 ``speed``, lit where the pointer is with a spot of size ``spot``. A decoder bound to the doc
 with ``doc.bind`` turns frames into uint8 images and is rebuilt when ``vae.model`` changes;
-``pace`` holds 24 fps, its ticks locked to just after the frames arrive, and the ``video``
-stream egresses h264. With two ranks, ``render`` and ``decode`` run on rank 1 (the worker)
-and the session stays on rank 0.
+``pace`` holds 24 fps, its ticks locked to just after the frames arrive (it keeps the newest
+frame only: a late frame is skipped, never queued), and the ``video`` stream egresses h264.
+With two ranks, ``render`` and ``decode`` run on rank 1 (the worker) and the session stays on
+rank 0.
 
     rxstream run examples/demo.py --serve                 # open the printed URL, move the mouse
     rxstream run examples/demo.py --ranks 2 --serve       # the same on two rank processes
@@ -46,7 +47,7 @@ import torch
 
 import rxstream
 from rxstream.doc import Snapshot
-from rxstream.typing import PacePhase
+from rxstream.typing import PaceOverflow, PacePhase
 
 HEIGHT, WIDTH = 144, 256
 TORCH_THREADS = 1
@@ -138,6 +139,16 @@ def clock() -> Iterator[None]:
         yield None
 
 
+PACE_CAPACITY = 1
+PACE_OVERFLOW: PaceOverflow = "latest"
+"""The pace keeps one frame, the newest: a frame that comes after its tick (the pace then
+repeated the last one) gives way to the next when that one arrives first, and is dropped
+(counted, reason ``latest``). With the default (throttle, 2 slots) it would leave a period
+late and every frame after it would wait behind it until the lock's 10 %-a-tick slew caught
+up (about ten ticks): a ~5 ms hiccup upstream cost the next 0.4 s of inputs up to a period
+each (bench/photon.py's p95; docs/decisions.md)."""
+
+
 POINTER = (rxstream.Field(float, min=0, max=1), rxstream.Field(float, min=0, max=1))
 """What a pointer sample must be: ``(x, y)``, each in [0, 1] (the page sends ``[x, y]``)."""
 
@@ -179,7 +190,7 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
         | ctx.window(until=is_tick)  # one window per clock tick (see the module docstring)
         | ctx.pipe(world, name="render", rank=worker)
         | doc.bind(make_decoder, [doc.desired.vae.model], name="decode", rank=worker)
-        | ctx.pace(fps=24, phase=pace_phase)
+        | ctx.pace(fps=24, phase=pace_phase, overflow=PACE_OVERFLOW, capacity=PACE_CAPACITY)
         | ctx.stream("video", codec="h264")
     )
 

@@ -644,3 +644,23 @@ def test_transport_subclasses_are_transports() -> None:
     """FileTransport and Tee are Transports, so a Context takes them."""
     assert issubclass(FileTransport, Transport)
     assert issubclass(Tee, Transport)
+
+
+def test_a_web_session_imports_its_codecs_when_it_opens_not_at_the_first_frame() -> None:
+    """WebTransport.open preloads PyAV and Pillow's JPEG plugin, sparing the first frame's sink."""
+    script = """
+import sys
+from rxstream.transport import Session, WebTransport
+assert "av" not in sys.modules and "PIL.JpegImagePlugin" not in sys.modules
+web = WebTransport(port=0)
+web.open(Session(streams={"video": "h264"}))
+try:
+    print("loaded:", "av" in sys.modules, "PIL.JpegImagePlugin" in sys.modules)
+finally:
+    web.close()
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    loaded = [line for line in done.stdout.splitlines() if line.startswith("loaded:")]
+    assert loaded == ["loaded: True True"], done.stdout + done.stderr

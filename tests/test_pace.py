@@ -9,11 +9,14 @@ private stage shell and clock, so it is not driven through ``reactivex.testing``
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import random
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,7 +28,9 @@ from rxstream._kernel._shell import StageShell
 from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, pace_operator
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
-from rxstream.typing import PacePhase
+from rxstream.typing import PaceOverflow, PacePhase
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def frames(out: list[PipelineItem]) -> list[tuple[Any, int, bool]]:
@@ -149,6 +154,30 @@ def test_overflow_latest_drops_the_oldest_and_counts_it(ctx: Context) -> None:
     assert (stats.items_in, stats.items_out) == (8, 5)
 
 
+def test_a_frame_that_displaces_one_under_latest_carries_its_input(ctx: Context) -> None:
+    """'latest' drops b for c: c is the first frame shown after b's input, so c carries it."""
+    fed = PipelineMetadata(
+        input_seq=7,
+        input_at_ms=100,
+        timeline=(("input.recv", 1.0), ("mouse.in", 1.5)),
+        cutover=True,
+        prompt_generation=1,
+    )
+
+    def frames() -> Iterator[PipelineItem]:
+        yield PipelineItem("a", PipelineMetadata())
+        yield PipelineItem("b", fed)  # displaced by c before its tick
+        yield PipelineItem("c", PipelineMetadata(prompt_generation=1, timeline=(("clock", 2.0),)))
+
+    pace = ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
+    out = drive_items(ctx.source(frames) | pace, 3, interval=0.03)  # 3: pull c too
+    assert [item.payload for item in out] == ["a", "c"]
+    shown = out[1].metadata
+    assert (shown.input_seq, shown.input_at_ms, shown.cutover) == (7, 100, True)
+    assert [hop for hop, _ in shown.timeline][:2] == ["input.recv", "mouse.in"]
+    assert shown.pts == 1
+
+
 def test_overflow_latest_respects_the_capacity(ctx: Context) -> None:
     """overflow='latest' with capacity=1 keeps only the newest frame between ticks."""
     pipeline = ctx.source(range(8)) | ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
@@ -231,7 +260,13 @@ class Tick:
     idle: bool
 
 
-def run_pace(arrivals: Sequence[float], *, phase: PacePhase = "lock") -> list[Tick]:
+def run_pace(
+    arrivals: Sequence[float],
+    *,
+    phase: PacePhase = "lock",
+    capacity: int = 2,
+    overflow: PaceOverflow = "throttle",
+) -> list[Tick]:
     """Frames 0, 1, ... arriving at ``arrivals`` into a 10 fps pace; every tick it emits."""
     clock = VirtualClock()
     shell = StageShell(
@@ -239,7 +274,7 @@ def run_pace(arrivals: Sequence[float], *, phase: PacePhase = "lock") -> list[Ti
     )
     subject: Subject[PipelineItem] = Subject()
     ticks: list[Tick] = []
-    stream = pace_operator(P, 1, 2, "throttle", phase)(shell)([subject])
+    stream = pace_operator(P, 1, capacity, overflow, phase)(shell)([subject])
 
     def record(item: PipelineItem) -> None:
         ticks.append(Tick(clock.clock(), item.payload, item.metadata.idle))
@@ -357,6 +392,25 @@ def test_lock_catches_up_after_a_frame_misses_its_tick() -> None:
     assert after[0] > 0.5 * P  # frame 51 waited behind the late frame
     assert max(after[15:]) < 0.02  # and the lock has caught up since
     assert min(periods(ticks)) >= (1 - SLEW) * P - 1e-9
+
+
+def test_the_demos_pace_skips_a_late_frame_instead_of_queueing_behind_it() -> None:
+    """The demo's pace (one slot, 'latest'): a late frame gives way to the next; no catch-up."""
+    spec = importlib.util.spec_from_file_location("demo_pace", ROOT / "examples" / "demo.py")
+    assert spec is not None
+    assert spec.loader is not None
+    demo = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # its dataclasses
+    spec.loader.exec_module(demo)
+    arrivals = [k * P for k in range(100)]
+    arrivals[50:] = [t + 0.005 for t in arrivals[50:]]
+    arrivals[50] += 0.04  # misses its tick (one idle repeat); frame 51 comes before the next
+    ticks = run_pace(arrivals, capacity=demo.PACE_CAPACITY, overflow=demo.PACE_OVERFLOW)
+    assert [tick.frame for tick in ticks if tick.idle] == [49]
+    shown = [tick.frame for tick in ticks if not tick.idle]
+    assert shown == [*range(50), *range(51, 100)]  # frame 50 dropped, counted as 'latest'
+    after = holds(ticks, arrivals)[50:]
+    assert max(after) < 0.02  # frame 51 on: no frame waits behind a late one
+    assert all((1 - SLEW) * P - 1e-9 <= span <= (1 + SLEW) * P + 1e-9 for span in periods(ticks))
 
 
 def test_lock_waits_within_the_slew_for_a_late_frame() -> None:

@@ -10,6 +10,7 @@ import math
 import struct
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 import pytest
 import structlog
@@ -399,3 +400,51 @@ def test_access_units_decode_with_their_description() -> None:
     assert means[0] < 10
     assert abs(means[1] - 128) < 10
     assert means[2] > 245
+
+
+def test_the_session_declines_permessage_deflate_that_a_browser_offers() -> None:
+    """A browser offers deflate; the socket declines it (frames are compressed codecs already)."""
+
+    async def check(url: str) -> int:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.ws_connect(
+                url.replace("http", "ws", 1).replace("/?", "/ws?", 1), compress=15
+            ) as ws,
+        ):
+            return ws.compress
+
+    with Session() as running:
+        assert asyncio.run(check(running.web.url)) == 0
+
+
+def test_a_page_gets_a_frame_before_the_texts_queued_with_it() -> None:
+    """Frames go before queued texts: a frame's timing record never delays the frame."""
+    from rxstream.transport import SessionLimits, WebTransport
+    from rxstream.transport._guard import ClientGuard
+    from rxstream.transport._webclient import Client
+    from rxstream.transport._webmessages import RATED
+
+    class Socket:
+        """What _write uses of a websocket: it records what was sent, then closes."""
+
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+            self.closed = False
+
+        async def send_str(self, text: str) -> None:
+            self.sent.append("text")
+
+        async def send_bytes(self, data: bytes) -> None:
+            self.sent.append("frame")
+            self.closed = True  # the writer's loop ends after this round
+
+    async def write() -> list[str]:
+        socket = Socket()
+        client = Client(socket, 4, ClientGuard(SessionLimits(), "test", RATED))  # type: ignore[arg-type]
+        client.push_text('{"type": "timing"}', "timing")  # queued together, text first
+        client.push_frame("video", "jpeg", b"F")
+        await asyncio.wait_for(WebTransport(port=0)._write(client), 5)
+        return socket.sent
+
+    assert asyncio.run(write()) == ["frame", "text"]

@@ -4,7 +4,9 @@ Frames wait in a small buffer; every tick emits the oldest with the next ``pts``
 units of the declared time base per frame). On underflow a tick repeats the last frame marked
 ``idle=True``. On overflow, ``throttle`` stops taking items from the inbox until a tick makes
 room (the inbox then fills and blocks the upstream: backpressure), and ``latest`` drops the
-oldest buffered frame (counted, reason ``latest``). After the upstream completes, the buffer
+oldest buffered frame (counted, reason ``latest``; the frame that displaced it takes its
+input correlation if that is the newer one, the N:1 rule of ``merge_metadata``, so the input
+is timed at the first frame shown after it). After the upstream completes, the buffer
 drains at the same rate and the stage completes (no idle tail). A frame of a stale generation
 (after a steer) is never repeated: that tick emits nothing.
 
@@ -50,7 +52,14 @@ from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
+from rxstream.item import (
+    PipelineItem,
+    _newest,
+    _with_stamps,
+    evolve_metadata,
+    merge_metadata,
+    now,
+)
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
@@ -84,6 +93,23 @@ def pace_operator(
         return one_input(subscribe)
 
     return build
+
+
+def _inherit(
+    buffer: deque[tuple[PipelineItem, float, float]],
+    displaced: tuple[PipelineItem, float, float],
+) -> None:
+    """The frame that displaced ``displaced`` (now first in ``buffer``) takes the N:1 rule's
+    metadata of the two (:func:`~rxstream.item.merge_metadata`): the newest input correlation,
+    and with it that input's timeline and arrival here, ``cutover`` if either had it. The
+    displaced frame is never shown, so the next one shown is the first to show its input: that
+    input's timing record (and the page's report) comes from it instead of from nowhere."""
+    survivor, arrived, at = buffer[0]
+    pair = (displaced[0].metadata, survivor.metadata)
+    merged = merge_metadata(pair)
+    if _newest(pair) == 0:  # the displaced frame's input: its arrival starts the hold
+        arrived = displaced[1]
+    buffer[0] = (PipelineItem(survivor.payload, merged), arrived, at)
 
 
 class _Pacer:
@@ -148,8 +174,9 @@ class _Pacer:
         at = self.sched.clock()
         buffer.append((item, now(), at))
         if len(buffer) > self.capacity and not self.throttle:
-            buffer.popleft()
+            displaced = buffer.popleft()
             self.shell.counters.drop("latest")
+            _inherit(buffer, displaced)
         self.shell.counters.held = len(buffer)
         if self.throttle and len(buffer) >= self.capacity:
             self.sched.set_accepting(False)

@@ -34,6 +34,7 @@ __all__ = [
     "RawEncoder",
     "decode_raw",
     "encoder",
+    "preload",
     "to_rgb24",
 ]
 
@@ -513,6 +514,28 @@ class _Collect:
         data = b"".join(self._chunks)
         self._chunks.clear()
         return data
+
+
+def preload(codec: str | None) -> None:
+    """Import now what ``codec``'s encoder needs (PyAV for ``h264``, Pillow's JPEG plugin for
+    ``jpeg``), so its first frame does not pay for it.
+
+    A session transport calls this when it opens. Left to the first frame, the import ran on
+    the sink's thread holding the GIL while the pipeline ran: ``import av`` alone takes ~50 ms,
+    and the first h264 page of a run stalled every stage for 55-145 ms (docs/decisions.md).
+    """
+    try:
+        if codec == "h264":
+            import av
+            from av.video.frame import PictureType  # noqa: F401  (what _video_frame imports)
+
+            av.codec.Codec("libx264", "w")  # the encoder's library, looked up once
+        elif codec == "jpeg":
+            from PIL import Image
+
+            Image.preinit()  # the JPEG plugin, which save() would load
+    except (ImportError, ValueError):  # missing here: the first frame's encode says so, as before
+        pass
 
 
 def encoder(

@@ -50,7 +50,7 @@ from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.transport._base import Session, Transport
-from rxstream.transport._codecs import Encoder, H264Fragments, encoder, to_rgb24
+from rxstream.transport._codecs import Encoder, H264Fragments, encoder, preload, to_rgb24
 from rxstream.transport._guard import (
     ClientGuard,
     Gate,
@@ -210,6 +210,8 @@ class WebTransport(PageMessages, Transport):
 
     def open(self, session: Session) -> None:
         self._session = session
+        for codec in {*session.streams.values(), "jpeg"}:  # jpeg: any page's fallback
+            preload(codec)
         self._seq = dict.fromkeys(session.streams, 0)
         if self._thread is None:
             self._serve()
@@ -453,7 +455,10 @@ class WebTransport(PageMessages, Transport):
                 text=f"503 Service Unavailable: {self.limits.max_connections} connections are "
                 "attached already (SessionLimits.max_connections)\n",
             )
-        ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes)
+        # No permessage-deflate: frames are JPEG or h264 already (raw would be deflated in an
+        # executor thread), and deflating each message cost both ends ~0.15 ms of a frame's way
+        # to the screen for nothing (docs/decisions.md).
+        ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes, compress=False)
         guard = ClientGuard(self.limits, f"{request.remote}:{peer_port(request)}", RATED)
         client = Client(ws, self.client_frames, guard)
         with self._lock:  # counted before prepare() yields, so the cap holds for a burst
@@ -504,10 +509,13 @@ class WebTransport(PageMessages, Transport):
                     sent = time.monotonic() * 1e3
                     client.pings.append(sent)
                     await ws.send_str(wire({"type": "ping", "t": sent}))
-                while (text := client.texts.pop()) is not None:
-                    await ws.send_str(text)
+                # frames before texts: a frame's timing record is pushed just after the frame,
+                # and the page handles messages in order (the timing table's DOM work would
+                # come between the frame's arrival and its decode)
                 while client.frames:
                     await ws.send_bytes(client.frames.popleft())
+                while (text := client.texts.pop()) is not None:
+                    await ws.send_str(text)
 
     async def _ping(self, client: Client) -> None:
         """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
