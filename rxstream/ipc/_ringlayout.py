@@ -8,7 +8,7 @@ One segment holds a header and N slots::
 A slot holds one item as :func:`~rxstream.ipc.frame` made it: ``header_len, n_buffers``, an
 ``(offset, length)`` pair per buffer, the pickle header, then each buffer at a 64-byte aligned
 offset (a ``bytes`` item is stored as is, unpickled). The header's words are named ``W_*``
-here (the zero-copy ones in :mod:`rxstream.ipc._lease`); the pipes carry slot indices packed
+here (the zero-copy ones used by :mod:`rxstream.ipc._lease`); the pipes carry slot indices packed
 as ``INDEX``, and ``CLOSE_MARK`` when a side closes.
 """
 
@@ -24,7 +24,6 @@ from multiprocessing.connection import Connection
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, PayloadTooLarge, RingConflict
 from rxstream.ipc._framing import Buffer
-from rxstream.ipc._lease import W_COPIES, W_ZERO_COPY
 
 __all__ = [
     "ALIGN",
@@ -45,7 +44,9 @@ __all__ = [
     "W_BYTES",
     "W_CLOSED",
     "W_CONSUMER",
+    "W_COPIES",
     "W_GET_WAIT_NS",
+    "W_HELD",
     "W_ITEMS",
     "W_MAGIC",
     "W_PRODUCER",
@@ -54,6 +55,8 @@ __all__ = [
     "W_SLOTS",
     "W_SLOT_BYTES",
     "W_SPIN_NS",
+    "W_TAKEN",
+    "W_ZERO_COPY",
     "RingHandle",
     "RingSpec",
     "RingStatistics",
@@ -81,7 +84,14 @@ MAGIC = int.from_bytes(b"RXSRING1", "little")
 W_MAGIC, W_SLOTS, W_SLOT_BYTES, W_CLOSED = 0, 1, 2, 3
 W_PRODUCER, W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
 W_ITEMS, W_BYTES, W_PUT_WAIT_NS, W_GET_WAIT_NS = 6, 7, 8, 9
+W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
+"""The words for the items put in place, the items copied in, and the slots the producer
+holds leased (:mod:`rxstream.ipc._lease`): not put yet, or put with views of them alive in
+the producer (``ShmRing.all_leased`` counts them: the consumer cannot have those back)."""
 W_SENT = 13  # items told of: the ready pipe written (the consumer's spin watches it)
+W_TAKEN = 14
+"""The word for the slots whose items' views the consumer holds (its ``get``'s leases; a
+producer's ``lease`` reads it)."""
 W_SPIN_NS = 15  # how long the consumer spins before it sleeps (rxstream.ipc._wake)
 WORDS = 16
 # slot states: written (and maybe leased) until the consumer hands the slot back
