@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import os
-import struct
 import time
 import weakref
 from collections.abc import Sequence
@@ -48,6 +47,7 @@ from rxstream.ipc._ringlayout import (
     W_ZERO_COPY,
     read_indices,
     readable,
+    slot_head,
 )
 
 if TYPE_CHECKING:
@@ -247,7 +247,7 @@ class Lessor:
             return False
         base = ring._start + slot * stride
         seg = ring._seg
-        struct.pack_into(f"<{2 + 2 * count}Q", seg, base, len(header), count, *table)
+        slot_head(count).pack_into(seg, base, len(header), count, *table)
         seg[base + head_at : base + head_at + len(header)] = header
         for raw, place, k in zip(raws, places, range(0, 2 * count, 2), strict=True):
             if place is None:

@@ -17,7 +17,6 @@ import os
 import pickle
 import secrets
 import select
-import struct
 import threading
 import time
 import weakref
@@ -67,6 +66,7 @@ from rxstream.ipc._ringlayout import (
     claim_word,
     read_indices,
     readable,
+    slot_head,
     snapshot,
     too_large,
 )
@@ -324,9 +324,9 @@ class ShmRing:
         count = len(raws)
         head_at = SLOT_HEAD.size + 16 * count
         end = head_at + len(header)
-        table: list[int] = []
+        table = [len(header), count]  # the slot's head, then (offset, length) per buffer
         for raw in raws:
-            at = align(end)
+            at = (end + 63) & -64  # align(end)
             end = at + raw.nbytes
             table += (at, raw.nbytes)
         if end > self._slot_bytes:
@@ -345,11 +345,10 @@ class ShmRing:
         try:
             base = self._start + slot * self._stride
             seg = self._seg
-            SLOT_HEAD.pack_into(seg, base, len(header), count)
-            struct.pack_into(f"<{2 * count}Q", seg, base + SLOT_HEAD.size, *table)
+            slot_head(count).pack_into(seg, base, *table)
             seg[base + head_at : base + head_at + len(header)] = header
-            for k, raw in enumerate(raws):
-                at, size = base + table[2 * k], table[2 * k + 1]
+            for raw, offset, size in zip(raws, table[2::2], table[3::2], strict=True):
+                at = base + offset
                 if size >= BIG_COPY:  # numpy lets other threads run while it copies
                     np.copyto(self._array[at : at + size], np.frombuffer(raw, np.uint8))
                 else:
@@ -464,7 +463,7 @@ class ShmRing:
 
     def _take_leased(self, slot: int, base: int, header_len: int, count: int) -> Any:
         """Unframe the item in ``slot`` over views of it; the views lease the slot."""
-        table = struct.unpack_from(f"<{2 * count}Q", self._seg, base + SLOT_HEAD.size)
+        table = slot_head(count).unpack_from(self._seg, base)  # header_len, count, then pairs
         owner = self._array[base : base + self._stride]  # every view of the slot keeps it
         with self._lock:
             self._leased += 1
@@ -473,7 +472,7 @@ class ShmRing:
         lease.atexit = False
         view = owner.data
         head_at = SLOT_HEAD.size + 16 * count
-        buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(0, 2 * count, 2)]
+        buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(2, 2 * count + 2, 2)]
         return unframe(view[head_at : head_at + header_len], buffers)
 
     def _release(self, slot: int) -> None:

@@ -14,6 +14,7 @@ as ``INDEX``, and ``CLOSE_MARK`` when a side closes.
 
 import math
 import os
+import pickle
 import select
 import struct
 import threading
@@ -66,6 +67,7 @@ __all__ = [
     "claim_word",
     "read_indices",
     "readable",
+    "slot_head",
     "snapshot",
     "too_large",
 ]
@@ -187,8 +189,22 @@ class RingHandle:
     """The owner's resource tracker, as (device, inode) of its pipe; ``None`` if unknown."""
 
 
+_heads: dict[int, struct.Struct] = {}
+
+
+def slot_head(count: int) -> struct.Struct:
+    """The struct of a slot's head and table for ``count`` buffers: ``header_len, count``,
+    then an ``(offset, length)`` pair per buffer (one pack per item, made once per count)."""
+    head = _heads.get(count)
+    if head is None:
+        head = _heads[count] = struct.Struct(f"<{2 + 2 * count}Q")
+    return head
+
+
 def as_bytes(buffer: Buffer) -> memoryview:
     """``buffer``'s bytes as a flat byte view."""
+    if type(buffer) is pickle.PickleBuffer:  # what framing hands out: flat bytes already
+        return buffer.raw()
     if isinstance(buffer, memoryview):
         return buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
     return buffer.raw()
