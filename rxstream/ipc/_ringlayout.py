@@ -220,8 +220,12 @@ def read_indices(
     fd: int, size: int, index_of: dict[bytes, int], into: list[int] | deque[int]
 ) -> bool:
     """Read the slot indices waiting in pipe ``fd`` (at most ``size`` bytes) into ``into``;
-    whether a close came. ``index_of`` maps one packed index to its slot."""
-    data = os.read(fd, size)
+    whether a close came. ``index_of`` maps one packed index to its slot. A non-blocking
+    ``fd`` with nothing in it reads as nothing (the producer's free pipe)."""
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        return False
     index = index_of.get(data)  # the common case: one index
     if index is not None:
         into.append(index)
