@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import marshal
 import pickle
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 import rxstream.ipc
 from rxstream import PipelineItem, PipelineMetadata
-from rxstream.ipc import FramingError, frame, unframe
+from rxstream.ipc import FramingError, _framing, frame, unframe
 from rxstream.ipc._framing import frame_array
 from rxstream.item import _stamped
 from rxstream.testing import assert_same
@@ -71,6 +72,35 @@ def test_numpy_edge_shapes_round_trip(array: np.ndarray[Any, Any]) -> None:
     got = round_trip(array)
     assert_same(got, array)
     assert got.flags.f_contiguous or not array.flags.f_contiguous
+
+
+def test_array_headers_are_described_once_per_dtype_and_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A plain array's header is marshalled once per dtype and shape (a frame stream's are
+    all alike), arrays that differ in byte order or shape alone still come back as they are,
+    and the memo starts over past its bound."""
+    dumped: list[object] = []
+    dumps = marshal.dumps
+
+    class Marshal:
+        loads = staticmethod(marshal.loads)
+
+        @staticmethod
+        def dumps(value: Any, version: int) -> bytes:
+            dumped.append(value)
+            return dumps(value, version)
+
+    monkeypatch.setattr(_framing, "marshal", Marshal)
+    monkeypatch.setattr(_framing, "_described", {})
+    little = np.arange(12, dtype="<u2").reshape(3, 4)
+    arrays = [little, little + 1, little.astype(">u2"), little.reshape(4, 3), little * 2]
+    for array in arrays:
+        assert_same(unframe(*frame(array)), array)
+    assert dumped == [("<u2", (3, 4)), (">u2", (3, 4)), ("<u2", (4, 3))]
+    monkeypatch.setattr(_framing, "_DESCRIBED_MAX", 3)
+    frame(np.zeros(5))
+    assert len(_framing._described) == 1
 
 
 def test_unframed_array_is_a_view_of_the_buffer() -> None:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import rxstream
-from rxstream.ipc import RingClosed, RingHandle, ShmRing
+from rxstream.ipc import RingClosed, RingHandle, ShmRing, _lease
 from rxstream.ipc._lease import W_HELD
 from rxstream.ranks._boundary import Boundary
 from rxstream.ranks._lease import lease as stage_lease
@@ -220,7 +220,8 @@ def _consumer_view_keeps_its_slot(producer: ShmRing, consumer: ShmRing) -> None:
 
 def test_a_lease_leaves_a_slot_the_consumer_does_not_hold(pair: tuple[ShmRing, ShmRing]) -> None:
     """With the consumer keeping an item, leasing the one other slot would leave the copy
-    path none: the lease is refused (a plain array then, copied), and the copy goes through."""
+    path none: the lease is refused (a plain array then, copied) once its bounded wait for a
+    hand-back ran out, and the copy goes through."""
     producer, consumer = pair
     producer.put(np.ones(1000))
     kept = consumer.get()  # downstream keeps it: its slot stays the consumer's
@@ -228,6 +229,77 @@ def test_a_lease_leaves_a_slot_the_consumer_does_not_hold(pair: tuple[ShmRing, S
     producer.put(np.full(1000, 2.0), timeout=10)
     second = consumer.get(timeout=10)
     assert (float(kept.sum()), float(second.sum())) == (1000.0, 2000.0)
+
+
+def test_a_lease_waits_for_the_consumer_to_hand_a_slot_back(
+    pair: tuple[ShmRing, ShmRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease that would leave the copy path no slot waits for the consumer's hand-back (a
+    reader catching up) and is granted then, in place, instead of being refused at once."""
+    producer, consumer = pair
+    waiting = threading.Event()
+    handed_back = _lease.Lessor._handed_back
+
+    def spied(self: _lease.Lessor, seconds: float) -> bool:
+        waiting.set()
+        return handed_back(self, seconds)
+
+    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    monkeypatch.setattr(_lease, "LEASE_WAIT_S", 60.0)  # the hand-back ends the wait, not this
+    holding = threading.Event()
+    got: list[Any] = []
+
+    def produce() -> None:  # the producer's thread: a put, then (once it is held) a lease
+        producer.put(np.ones(1000))
+        assert holding.wait(10)
+        leased = producer.lease((1000,), np.float64)
+        got.append(leased)
+        if leased is not None:
+            leased[...] = 5.0
+            producer.put(leased, timeout=10)
+
+    thread = threading.Thread(target=produce)
+    thread.start()
+    kept = consumer.get(timeout=10)  # the reader holds one slot of two
+    holding.set()
+    assert waiting.wait(10)  # the lease waits: granting it would leave the copy path no slot
+    del kept
+    gc.collect()  # the reader let go: its slot goes back through the free pipe
+    thread.join(10)
+    assert not thread.is_alive()
+    (leased,) = got
+    assert leased is not None
+    again = consumer.get(timeout=10)
+    assert offset(consumer, again) == offset(producer, leased)
+    assert (producer.statistics().zero_copy, float(again.sum())) == (1, 5000.0)
+
+
+def test_a_lease_whose_wait_ran_out_is_refused_at_once_after(
+    pair: tuple[ShmRing, ShmRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer that keeps its item (until more come) lets the first such lease wait its
+    bounded time and be refused; the producer's later ones are refused without a wait."""
+    producer, consumer = pair
+    waits: list[float] = []
+    handed_back = _lease.Lessor._handed_back
+
+    def spied(self: _lease.Lessor, seconds: float) -> bool:
+        waits.append(seconds)
+        return handed_back(self, seconds)
+
+    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    monkeypatch.setattr(_lease, "LEASE_WAIT_S", 0.05)
+    producer.put(np.ones(1000))
+    kept = consumer.get()
+    assert producer.lease((1000,), np.float64) is None
+    assert waits
+    assert all(0 < s <= 0.05 for s in waits)
+    assert producer._lessor is not None
+    assert producer._lessor.patience == 0
+    count = len(waits)
+    assert producer.lease((1000,), np.float64) is None
+    assert len(waits) == count  # no second wait
+    del kept
 
 
 def test_a_lease_not_put_yet_counts_for_the_consumers_copy_out(
@@ -443,9 +515,9 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
 
 def test_leased_frames_cross_rank_processes_in_place() -> None:
     """``rxstream run --ranks 2``: rank 0's render leases its frames, rank 1 reads them whole,
-    and rank 0's table counts frames crossed in place (not the first: the ring is offered with
-    it; and not while rank 1 holds every slot but the lease's: that lease is refused, the frame
-    copied, so the count depends on how far rank 1 lags)."""
+    and rank 0's table counts every frame but the first crossed in place (the ring is offered
+    with it): while rank 1 holds every slot but the lease's, the lease waits for it to catch
+    up instead of being refused."""
     app = Path(__file__).resolve().parent / "apps" / "lease_app.py"
     done = subprocess.run(
         [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2", "--frames", "20"],
@@ -461,4 +533,4 @@ def test_leased_frames_cross_rank_processes_in_place() -> None:
     (render,) = [row.split() for row in rank0 if row.startswith("render ")]
     zero, sent = (int(n) for n in render[-1].split("/"))
     assert sent >= 20
-    assert 1 <= zero < sent  # the first frame is copied (the ring is offered with it)
+    assert zero == sent - 1  # the first frame is copied (the ring is offered with it)

@@ -222,6 +222,33 @@ def test_one_big_item_in_flight_keeps_reusing_one_slot(pair: tuple[ShmRing, ShmR
     assert len(addresses) == 1
 
 
+def test_a_big_put_reads_the_free_pipe_without_polling_it(
+    pair: tuple[ShmRing, ShmRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer's free pipe does not block (the consumer's ready pipe does): a big item
+    takes the slots handed back with one read, none when nothing came, without a poll."""
+    owner, other = pair
+    big = np.zeros(1 << 17, np.uint8)
+    owner.put(big)
+    assert (os.get_blocking(owner._free_r), os.get_blocking(other._ready_r)) == (False, True)
+    polls: list[object] = []
+    poller = owner._free_poll
+
+    class Spy:
+        def poll(self, timeout: float | None = None) -> object:
+            polls.append(timeout)
+            return poller.poll(timeout)
+
+    monkeypatch.setattr(owner, "_free_poll", Spy())
+    owner.put(big + 1)  # nothing handed back yet: a free slot from the start
+    got = other.get(timeout=5)
+    del got  # handed back: the next big put reads it and reuses that slot
+    gc.collect()
+    owner.put(big + 2)
+    assert polls == []
+    assert [int(other.get(timeout=5)[0]) for _ in range(2)] == [1, 2]
+
+
 def test_items_without_buffers_are_not_leased(pair: tuple[ShmRing, ShmRing]) -> None:
     """Bytes and scalars are copied out by unpickling: their slot goes back at once."""
     owner, other = pair

@@ -93,8 +93,13 @@ def frame_array(array: np.ndarray[Any, Any], rest: tuple[Any, ...] | None = None
     if dtype.kind not in _NUMBERS or not array.flags.c_contiguous:
         return None
     try:
-        if rest is None:
-            header = marshal.dumps((dtype.str, array.shape), 2)
+        if rest is None:  # a frame stream's arrays share a few shapes: described once each
+            key = (dtype, array.shape)
+            header = _described.get(key)
+            if header is None:
+                if len(_described) >= _DESCRIBED_MAX:
+                    _described.clear()
+                header = _described[key] = marshal.dumps((dtype.str, array.shape), 2)
         else:
             header = marshal.dumps((dtype.str, array.shape, rest), 2)
     except ValueError:  # not marshal's (or nested too deep): pickle decides
@@ -102,6 +107,10 @@ def frame_array(array: np.ndarray[Any, Any], rest: tuple[Any, ...] | None = None
     return Framed(header, [pickle.PickleBuffer(cast(memoryview, array))])
 
 
+_described: dict[tuple[np.dtype[Any], tuple[int, ...]], bytes] = {}
+"""Per (dtype, shape): the header :func:`frame_array` made for a plain array of them."""
+_DESCRIBED_MAX = 256
+"""The most entries ``_described`` keeps (arrays of ever new shapes: it starts over)."""
 _ARRAY_HEAD = marshal.dumps((), 2)[0]
 """The first byte of a header :func:`_array_frame` made (a marshalled tuple); pickle's is
 0x80 (its protocol opcode)."""

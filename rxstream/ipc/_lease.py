@@ -18,6 +18,11 @@ slot outside the producer's leases and the consumer's held items (the ``W_TAKEN`
 the consumer copies an item out of its slot when keeping it would (``ShmRing.all_leased``
 counts the producer's leases, put or not, in ``W_HELD``). Each side writes its own word before
 it reads the other's, so of a lease and a ``get`` that cross, at least one sees the other.
+Such a lease is not refused at once: it first waits (``LEASE_WAIT_S`` at most) for the
+consumer to hand a slot back, which a reader a few frames behind does as it catches up (a rank
+boundary's reading side holds items in its inboxes). The copy path never waits on it: the
+lease took nothing yet. A wait that runs out means the consumer keeps its items until more
+come (a window): that producer's leases are refused at once from then on.
 
 This module is the ring's friend: it works on :class:`ShmRing`'s internals.
 """
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import math
 import os
-import struct
+import time
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -34,23 +39,38 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rxstream._exceptions import RingClosed
+from rxstream.ipc._ringlayout import (
+    W_COPIES,
+    W_HELD,
+    W_PUT_WAIT_NS,
+    W_TAKEN,
+    W_ZERO_COPY,
+    read_indices,
+    readable,
+    slot_head,
+)
 
 if TYPE_CHECKING:
     from rxstream.ipc._ring import ShmRing
 
-__all__ = ["HEAD_ROOM", "W_COPIES", "W_HELD", "W_TAKEN", "W_ZERO_COPY", "Lessor"]
+__all__ = [
+    "HEAD_ROOM",
+    "LEASE_WAIT_S",
+    "W_COPIES",
+    "W_HELD",
+    "W_TAKEN",
+    "W_ZERO_COPY",
+    "Lessor",
+]
 
-W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
-"""The ring header's words for the items put in place, the items copied in, and the slots
-the producer holds leased: not put yet, or put with views of them alive in the producer
-(``ShmRing.all_leased`` counts them: the consumer cannot have those back)."""
-W_TAKEN = 14
-"""The ring header's word for the slots whose items' views the consumer holds (its
-``get``'s leases; a producer's ``lease`` reads it)."""
 
 HEAD_ROOM = 4096
 """The bytes a lease leaves before its array in the slot: the slot's table and the item's
 pickle header (a boundary's metadata and stamps take a few hundred)."""
+
+LEASE_WAIT_S = 0.2
+"""How long a lease that would leave the copy path no slot waits, the first time, for the
+consumer to hand one back (a reader a few frames behind does within a frame or two)."""
 
 _ALIGN = 64
 _LEASED = 2  # the slot state of a slot leased out and not put yet (0 free, 1 written)
@@ -78,6 +98,9 @@ class Lessor:
         """The slots whose leased arrays (or views of them) live in this process."""
         self.pending = 0
         """Leases not put yet: ``put`` looks for its buffers in them only then."""
+        self.patience = LEASE_WAIT_S
+        """How long a lease that would leave the copy path no slot waits for the consumer to
+        hand one back (0 once such a wait ran out: refused at once)."""
 
     def lease(
         self, shape: Sequence[int], dtype: Any, timeout: float | None
@@ -91,12 +114,8 @@ class Lessor:
         if kind.hasobject or at < HEAD_ROOM:
             return None
         words = ring._words
-        with ring._lock:
-            held = len(self.slots) + 1
-            words[W_HELD] = held  # first: a get crossing this lease sees it (module docstring)
-            if held + words[W_TAKEN] >= ring._slots:  # leave the copy path a slot
-                words[W_HELD] = held - 1
-                return None
+        if not self._room():
+            return None
         try:
             slot = self.vet(ring._free.pop() if ring._free else ring._wait_free(timeout), timeout)
         except BaseException as exc:  # closed, timed out: no lease, the count as it was
@@ -116,6 +135,46 @@ class Lessor:
         lease = weakref.finalize(owner, self._gone, slot)
         lease.atexit = False
         return np.frombuffer(owner.data[at : at + nbytes], kind).reshape(size)
+
+    def _room(self) -> bool:
+        """Count one more lease in ``W_HELD`` if that leaves the copy path a slot (whether it
+        did); else wait up to ``patience`` s for the consumer to hand slots back.
+
+        The wait ends at the consumer's first hand-back that makes room. One that runs out
+        tells this producer that its consumer keeps its items (it waits for more to come):
+        from then on such a lease is refused at once.
+        """
+        ring = self._ring
+        words = ring._words
+        deadline = 0.0
+        while True:
+            with ring._lock:
+                held = len(self.slots) + 1
+                words[W_HELD] = held  # first: a get crossing this lease sees it (docstring)
+                taken = words[W_TAKEN]
+                if held + taken < ring._slots:
+                    return True
+                words[W_HELD] = held - 1  # leave the copy path a slot
+            if self.patience <= 0 or not taken or ring._closed:
+                return False  # (the producer's own leases fill the ring: nothing to wait for)
+            now = time.perf_counter()
+            deadline = deadline or now + self.patience
+            if now >= deadline or not self._handed_back(deadline - now):
+                self.patience = 0.0
+                return False
+
+    def _handed_back(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for slot indices in the free pipe; read them (whether any
+        came; not when the ring closed)."""
+        ring = self._ring
+        started = time.perf_counter()
+        try:
+            if not readable(ring._free_poll, started, seconds):
+                return False
+            return not read_indices(ring._free_r, ring._read_size, ring._index_of, ring._free)
+        finally:
+            ring._put_wait_ns += int((time.perf_counter() - started) * 1e9)
+            ring._words[W_PUT_WAIT_NS] = ring._put_wait_ns
 
     def vet(self, slot: int, timeout: float | None) -> int:
         """``slot``, taken from the free ones, or the next: not one whose lease lives here.
@@ -188,7 +247,7 @@ class Lessor:
             return False
         base = ring._start + slot * stride
         seg = ring._seg
-        struct.pack_into(f"<{2 + 2 * count}Q", seg, base, len(header), count, *table)
+        slot_head(count).pack_into(seg, base, len(header), count, *table)
         seg[base + head_at : base + head_at + len(header)] = header
         for raw, place, k in zip(raws, places, range(0, 2 * count, 2), strict=True):
             if place is None:

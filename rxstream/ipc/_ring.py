@@ -17,7 +17,6 @@ import os
 import pickle
 import secrets
 import select
-import struct
 import threading
 import time
 import weakref
@@ -67,6 +66,7 @@ from rxstream.ipc._ringlayout import (
     claim_word,
     read_indices,
     readable,
+    slot_head,
     snapshot,
     too_large,
 )
@@ -120,8 +120,7 @@ class ShmRing:
         self._words = buf[: WORDS * 8].cast("q")
         self._states = buf[WORDS * 8 : WORDS * 8 + handle.slots]
         self._connections = connections
-        ready_r, ready_w, free_r, free_w = (c.fileno() for c in connections)
-        self._ready_r, self._ready_w, self._free_r, self._free_w = ready_r, ready_w, free_r, free_w
+        self._ready_r, self._ready_w, self._free_r, self._free_w = (c.fileno() for c in connections)
         self._lock = threading.RLock()
         self._closed = False  # this side called close()
         self._released = False  # this side let go of its fds and mapping
@@ -291,9 +290,9 @@ class ShmRing:
         goes. ``None`` when the array does not fit a slot with room for a header
         (``HEAD_ROOM``, 4 KiB), for an object dtype, when it would leave no slot outside this
         producer's leases and the slots the consumer's views hold (a copy always has a slot to
-        wait for), or once this side closed the ring. Blocks while no
-        slot is free (backpressure), ``TimeoutError`` after ``timeout`` seconds. The producer
-        leases: the caller becomes the producer as with ``put``.
+        wait for) after a bounded wait for one (``LEASE_WAIT_S``), or once this side closed
+        the ring. Blocks while no slot is free (backpressure), ``TimeoutError`` after
+        ``timeout`` seconds. The producer leases: the caller becomes the producer, as ``put``.
         """
         if self._closed:
             return None
@@ -324,19 +323,18 @@ class ShmRing:
         count = len(raws)
         head_at = SLOT_HEAD.size + 16 * count
         end = head_at + len(header)
-        table: list[int] = []
+        table = [len(header), count]  # the slot's head, then (offset, length) per buffer
         for raw in raws:
-            at = align(end)
+            at = (end + 63) & -64  # align(end)
             end = at + raw.nbytes
             table += (at, raw.nbytes)
         if end > self._slot_bytes:
             raise too_large(end, self._slot_bytes)
-        # a big item: first take the slots handed back since, and reuse the latest one (its
-        # memory is still in cache: one frame in flight stays in one slot, not in all of them)
-        if (
-            end >= BIG_COPY
-            and self._free_poll.poll(0)
-            and read_indices(self._free_r, self._read_size, self._index_of, self._free)
+        # a big item: first take the slots handed back since (one read: an empty free pipe
+        # reads as nothing), and reuse the latest (still in cache: one frame in flight stays
+        # in one slot, not in all of them)
+        if end >= BIG_COPY and read_indices(
+            self._free_r, self._read_size, self._index_of, self._free
         ):
             raise RingClosed(f"ring {self._name!r} is closed")
         slot = self._free.pop() if self._free else self._wait_free(timeout)
@@ -345,11 +343,10 @@ class ShmRing:
         try:
             base = self._start + slot * self._stride
             seg = self._seg
-            SLOT_HEAD.pack_into(seg, base, len(header), count)
-            struct.pack_into(f"<{2 * count}Q", seg, base + SLOT_HEAD.size, *table)
+            slot_head(count).pack_into(seg, base, *table)
             seg[base + head_at : base + head_at + len(header)] = header
-            for k, raw in enumerate(raws):
-                at, size = base + table[2 * k], table[2 * k + 1]
+            for raw, offset, size in zip(raws, table[2::2], table[3::2], strict=True):
+                at = base + offset
                 if size >= BIG_COPY:  # numpy lets other threads run while it copies
                     np.copyto(self._array[at : at + size], np.frombuffer(raw, np.uint8))
                 else:
@@ -376,7 +373,9 @@ class ShmRing:
         started = _perf()
         try:
             while not free:
-                if timeout is not None and not readable(self._free_poll, started, timeout):
+                if timeout is None:
+                    self._free_poll.poll()
+                elif not readable(self._free_poll, started, timeout):
                     raise TimeoutError(
                         f"no slot of ring {self._name!r} came free within {timeout} s "
                         f"(all {self._slots} are written and not handed back)"
@@ -464,7 +463,7 @@ class ShmRing:
 
     def _take_leased(self, slot: int, base: int, header_len: int, count: int) -> Any:
         """Unframe the item in ``slot`` over views of it; the views lease the slot."""
-        table = struct.unpack_from(f"<{2 * count}Q", self._seg, base + SLOT_HEAD.size)
+        table = slot_head(count).unpack_from(self._seg, base)  # header_len, count, then pairs
         owner = self._array[base : base + self._stride]  # every view of the slot keeps it
         with self._lock:
             self._leased += 1
@@ -473,7 +472,7 @@ class ShmRing:
         lease.atexit = False
         view = owner.data
         head_at = SLOT_HEAD.size + 16 * count
-        buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(0, 2 * count, 2)]
+        buffers = [view[table[k] : table[k] + table[k + 1]] for k in range(2, 2 * count + 2, 2)]
         return unframe(view[head_at : head_at + header_len], buffers)
 
     def _release(self, slot: int) -> None:
@@ -608,6 +607,7 @@ class ShmRing:
             unclaimed = (self._producer if role is _PRODUCER else self._consumer) is None
             claim_word(words, word, unclaimed, self._name, role)
             if role is _PRODUCER:
+                os.set_blocking(self._free_r, False)  # only the producer reads it (_wait_free)
                 states = self._states
                 self._free = [i for i in range(self._slots - 1, -1, -1) if states[i] == FREE]
                 self._items, self._bytes = words[W_ITEMS], words[W_BYTES]

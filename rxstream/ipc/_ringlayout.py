@@ -8,12 +8,13 @@ One segment holds a header and N slots::
 A slot holds one item as :func:`~rxstream.ipc.frame` made it: ``header_len, n_buffers``, an
 ``(offset, length)`` pair per buffer, the pickle header, then each buffer at a 64-byte aligned
 offset (a ``bytes`` item is stored as is, unpickled). The header's words are named ``W_*``
-here (the zero-copy ones in :mod:`rxstream.ipc._lease`); the pipes carry slot indices packed
+here (the zero-copy ones used by :mod:`rxstream.ipc._lease`); the pipes carry slot indices packed
 as ``INDEX``, and ``CLOSE_MARK`` when a side closes.
 """
 
 import math
 import os
+import pickle
 import select
 import struct
 import threading
@@ -24,7 +25,6 @@ from multiprocessing.connection import Connection
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, PayloadTooLarge, RingConflict
 from rxstream.ipc._framing import Buffer
-from rxstream.ipc._lease import W_COPIES, W_ZERO_COPY
 
 __all__ = [
     "ALIGN",
@@ -45,7 +45,9 @@ __all__ = [
     "W_BYTES",
     "W_CLOSED",
     "W_CONSUMER",
+    "W_COPIES",
     "W_GET_WAIT_NS",
+    "W_HELD",
     "W_ITEMS",
     "W_MAGIC",
     "W_PRODUCER",
@@ -54,6 +56,8 @@ __all__ = [
     "W_SLOTS",
     "W_SLOT_BYTES",
     "W_SPIN_NS",
+    "W_TAKEN",
+    "W_ZERO_COPY",
     "RingHandle",
     "RingSpec",
     "RingStatistics",
@@ -63,6 +67,7 @@ __all__ = [
     "claim_word",
     "read_indices",
     "readable",
+    "slot_head",
     "snapshot",
     "too_large",
 ]
@@ -81,7 +86,14 @@ MAGIC = int.from_bytes(b"RXSRING1", "little")
 W_MAGIC, W_SLOTS, W_SLOT_BYTES, W_CLOSED = 0, 1, 2, 3
 W_PRODUCER, W_CONSUMER = 4, 5  # (pid << 32) | native thread id of the first caller
 W_ITEMS, W_BYTES, W_PUT_WAIT_NS, W_GET_WAIT_NS = 6, 7, 8, 9
+W_ZERO_COPY, W_COPIES, W_HELD = 10, 11, 12
+"""The words for the items put in place, the items copied in, and the slots the producer
+holds leased (:mod:`rxstream.ipc._lease`): not put yet, or put with views of them alive in
+the producer (``ShmRing.all_leased`` counts them: the consumer cannot have those back)."""
 W_SENT = 13  # items told of: the ready pipe written (the consumer's spin watches it)
+W_TAKEN = 14
+"""The word for the slots whose items' views the consumer holds (its ``get``'s leases; a
+producer's ``lease`` reads it)."""
 W_SPIN_NS = 15  # how long the consumer spins before it sleeps (rxstream.ipc._wake)
 WORDS = 16
 # slot states: written (and maybe leased) until the consumer hands the slot back
@@ -177,8 +189,22 @@ class RingHandle:
     """The owner's resource tracker, as (device, inode) of its pipe; ``None`` if unknown."""
 
 
+_heads: dict[int, struct.Struct] = {}
+
+
+def slot_head(count: int) -> struct.Struct:
+    """The struct of a slot's head and table for ``count`` buffers: ``header_len, count``,
+    then an ``(offset, length)`` pair per buffer (one pack per item, made once per count)."""
+    head = _heads.get(count)
+    if head is None:
+        head = _heads[count] = struct.Struct(f"<{2 + 2 * count}Q")
+    return head
+
+
 def as_bytes(buffer: Buffer) -> memoryview:
     """``buffer``'s bytes as a flat byte view."""
+    if type(buffer) is pickle.PickleBuffer:  # what framing hands out: flat bytes already
+        return buffer.raw()
     if isinstance(buffer, memoryview):
         return buffer.cast("B") if buffer.format != "B" or buffer.ndim != 1 else buffer
     return buffer.raw()
@@ -194,8 +220,12 @@ def read_indices(
     fd: int, size: int, index_of: dict[bytes, int], into: list[int] | deque[int]
 ) -> bool:
     """Read the slot indices waiting in pipe ``fd`` (at most ``size`` bytes) into ``into``;
-    whether a close came. ``index_of`` maps one packed index to its slot."""
-    data = os.read(fd, size)
+    whether a close came. ``index_of`` maps one packed index to its slot. A non-blocking
+    ``fd`` with nothing in it reads as nothing (the producer's free pipe)."""
+    try:
+        data = os.read(fd, size)
+    except BlockingIOError:
+        return False
     index = index_of.get(data)  # the common case: one index
     if index is not None:
         into.append(index)
