@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -550,3 +551,31 @@ def test_a_base_exception_in_a_fused_stage_ends_the_run_naming_it(
     with pytest.raises(PipelineError, match=r"^stage 'f' failed: Interrupt: three") as raised:
         pipeline.wait(timeout=60)
     assert isinstance(raised.value.__cause__, Interrupt)
+
+
+@pytest.mark.parametrize("where", ["source", "pipe"])
+def test_a_fused_stage_feeding_a_boundary_charges_the_ring_wait_to_its_threads_owner(
+    ctx: rxstream.Context, where: str
+) -> None:
+    """The writer's wait on a full ring is the stall of the stage whose thread ran it."""
+
+    def slow(x: int) -> int:
+        time.sleep(0.002)  # slower than the source: the ring fills and its writer waits
+        return x
+
+    head: rxstream.Pipeline | rxstream.Stage = ctx.source(range(60), name="src")
+    if where == "pipe":
+        head = head | ctx.pipe(inc, name="a")
+    pipeline = (
+        head
+        | ctx.pipe(inc, name="b", fuse=True)
+        | ctx.pipe(slow, name="c", rank=1)
+        | ctx.stream("out")
+    )
+    assert len(run(pipeline, ctx)) == 60
+    stats = pipeline.statistics()
+    owner = "src" if where == "source" else "a"
+    assert stats["b"].fused_into == owner
+    assert stats["b"].stalled_s == 0.0  # no thread of its own to stall
+    assert stats[owner].stalled_s > 0.0
+    pipeline.stop()
