@@ -579,3 +579,14 @@ def test_a_fused_stage_feeding_a_boundary_charges_the_ring_wait_to_its_threads_o
     assert stats["b"].stalled_s == 0.0  # no thread of its own to stall
     assert stats[owner].stalled_s > 0.0
     pipeline.stop()
+
+
+def test_the_plan_refusals_hold_under_drive(ctx: rxstream.Context) -> None:
+    """drive() checks the plan as start() does: a fused stage with two consumers upstream fails."""
+    src = ctx.source(range(5), name="src")
+    a = src | ctx.pipe(inc, name="a")
+    b = a | ctx.pipe(inc, name="b", fuse=True)
+    with pytest.raises(
+        StageBuildError, match=r"stage 'b' \(fuse=True\): .*upstream 'a' with 2 consumers"
+    ):
+        ctx.graph(a, b).drive(frames=3)
