@@ -170,16 +170,18 @@ def fused_chain(
             nonlocal floor
             base = _base(item)
             epoch = generations.epoch
-            # quick: no cutover to count, no flush any member has to reset for, not stale; a
-            # change of the generations (a function steering or flushing) ends it
-            quick = not (base.cutover or base.flush_generation > floor or is_stale(base))
-            checked = floor if quick else base.flush_generation  # every member has seen this
+            # the quick path: no cutover to count, no flush a member has to reset for, not
+            # stale; a change of the generations (a function steering or flushing) ends it.
+            # Off it, ``epoch`` is -1: every member's compare fails and it admits the item.
+            if base.cutover or base.flush_generation > floor or is_stale(base):
+                epoch = -1
+            checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
             payload = item.payload
             stamps: list[Any] = []  # flat: hop, t, hop, t…
             started = now() if timing else 0.0  # one clock read a member: its .out, next .in
             for index, call, counters, in_hop, out_hop in steps:
-                if not quick or generations.epoch != epoch:
-                    quick = False
+                if generations.epoch != epoch:
+                    epoch = -1
                     if not admissions[index].admit(base):
                         return
                     checked = min(checked, base.flush_generation)
@@ -200,7 +202,7 @@ def fused_chain(
                     stamps.clear()
                     if index < last:
                         base = _base(item)
-                        quick = False  # the next members check what they get
+                        epoch = -1  # the next members check what they get
                 if timing:
                     done = now()
                     stamps += (in_hop, started, out_hop, done)
