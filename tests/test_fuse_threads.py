@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -403,3 +404,189 @@ def test_any_fusion_gives_the_unfused_outputs_and_counts(flags: list[bool], n: i
     assert counts(fused) == counts(plain)
     fused.stop()
     plain.stop()
+
+
+def steered_chain(
+    fuse: bool, second: Callable[[int], int]
+) -> tuple[rxstream.Pipeline, rxstream.Context]:
+    """``src | a | f | g | out``, ``a`` steering at 0 (stale at ``f``), the source making 1
+    (the cutover) after the steer; ``second`` is ``f``'s function (skip on error)."""
+    ctx = fresh()
+    ctx.doc("control", defaults={"prompt": "old"})
+    steered = threading.Event()
+    pipeline: rxstream.Pipeline
+
+    def src() -> Iterator[int]:
+        for i in range(10):
+            if i == 1:
+                assert steered.wait(timeout=30)
+            yield i
+
+    def a(x: int) -> int:
+        if x == 0:
+            pipeline.update(prompt="new")
+            steered.set()
+        return x
+
+    pipeline = (
+        ctx.source(src(), name="src")
+        | ctx.pipe(a, name="a")
+        | ctx.pipe(second, name="f", fuse=fuse, on_error="skip")
+        | ctx.pipe(lambda x: x, name="g", fuse=fuse)
+        | ctx.stream("out")
+    )
+    return pipeline, ctx
+
+
+def cutovers(pipeline: rxstream.Pipeline) -> dict[str, tuple[int, int, int, int]]:
+    return {
+        name: (s.items_in, s.items_out, s.dropped_total, s.cutovers)
+        for name, s in pipeline.statistics().items()
+    }
+
+
+def test_a_cutover_is_counted_only_by_the_fused_stages_it_reaches() -> None:
+    """A fused stage that skips the cutover item: the stage after it never counts the cutover."""
+
+    def fails_on_1(x: int) -> int:
+        if x == 1:  # the first item of the new generation
+            raise RuntimeError("one")
+        return x
+
+    results = {}
+    for fuse in (False, True):
+        pipeline, ctx = steered_chain(fuse, fails_on_1)
+        results[fuse] = ([i.payload for i in run(pipeline, ctx)], cutovers(pipeline))
+        pipeline.stop()
+    assert results[True] == results[False]
+    payloads, stats = results[True]
+    assert payloads == list(range(2, 10))  # 0 stale at f, 1 skipped by f
+    assert (stats["f"][3], stats["g"][3]) == (1, 0)
+
+
+def test_a_flush_mid_chain_counts_the_cutover_once_per_fused_stage() -> None:
+    """A fused stage flushing while it runs the cutover item: the next counts the cutover once."""
+    pipeline: rxstream.Pipeline
+
+    def flush_on_1(x: int) -> int:
+        if x == 1:  # the cutover item: the generations change between f and g
+            pipeline.flush()
+        return x
+
+    results = {}
+    for fuse in (False, True):
+        pipeline, ctx = steered_chain(fuse, flush_on_1)
+        items = run(pipeline, ctx)
+        results[fuse] = ([i.payload for i in items if i.metadata.cutover], cutovers(pipeline))
+        pipeline.stop()
+    assert results[True] == results[False]
+    cut, stats = results[True]
+    assert cut == [1]
+    assert (stats["f"][3], stats["g"][3], stats["out"][3]) == (1, 1, 1)
+
+
+def test_a_fused_stage_the_newer_flush_never_reaches_is_not_reset() -> None:
+    """A flush whose one newer item a fused stage skips: the fused stage after it never resets."""
+    resets: list[int] = []
+    pipeline: rxstream.Pipeline
+    flushed = threading.Event()
+
+    class Counter:
+        def __call__(self, x: int) -> int:
+            return x
+
+        def reset(self) -> None:
+            resets.append(1)
+
+    def src() -> Iterator[int]:
+        for i in range(5):
+            if i == 4:
+                assert flushed.wait(timeout=30)
+            yield i
+
+    def a(x: int) -> int:
+        if x == 3:
+            pipeline.flush()
+            flushed.set()
+        return x
+
+    def fails_on_4(x: int) -> int:
+        if x == 4:  # the one item of the new flush generation
+            raise RuntimeError("four")
+        return x
+
+    ctx = fresh()
+    pipeline = (
+        ctx.source(src(), name="src")
+        | ctx.pipe(a, name="a")
+        | ctx.pipe(fails_on_4, name="f", fuse=True, on_error="skip")
+        | ctx.pipe(Counter(), name="g", fuse=True)
+        | ctx.stream("out")
+    )
+    assert [i.payload for i in run(pipeline, ctx)] == [0, 1, 2, 3]
+    assert resets == []  # as unfused: g never got an item of the newer flush generation
+    pipeline.stop()
+
+
+class Interrupt(BaseException):
+    """Not an Exception: on_error does not apply; the run ends naming the stage."""
+
+
+@pytest.mark.parametrize("where", ["source", "pipe"])
+def test_a_base_exception_in_a_fused_stage_ends_the_run_naming_it(
+    ctx: rxstream.Context, where: str
+) -> None:
+    """A BaseException in a fused stage: a PipelineError naming it, as on its own thread."""
+
+    def interrupts_on_3(x: int) -> int:
+        if x == 3:
+            raise Interrupt("three")
+        return x
+
+    head: rxstream.Pipeline | rxstream.Stage = ctx.source(range(10), name="src")
+    if where == "pipe":
+        head = head | ctx.pipe(lambda x: x, name="a")
+    pipeline = head | ctx.pipe(interrupts_on_3, name="f", fuse=True) | ctx.stream("out")
+    pipeline.start()
+    with pytest.raises(PipelineError, match=r"^stage 'f' failed: Interrupt: three") as raised:
+        pipeline.wait(timeout=60)
+    assert isinstance(raised.value.__cause__, Interrupt)
+
+
+@pytest.mark.parametrize("where", ["source", "pipe"])
+def test_a_fused_stage_feeding_a_boundary_charges_the_ring_wait_to_its_threads_owner(
+    ctx: rxstream.Context, where: str
+) -> None:
+    """The writer's wait on a full ring is the stall of the stage whose thread ran it."""
+
+    def slow(x: int) -> int:
+        time.sleep(0.002)  # slower than the source: the ring fills and its writer waits
+        return x
+
+    head: rxstream.Pipeline | rxstream.Stage = ctx.source(range(60), name="src")
+    if where == "pipe":
+        head = head | ctx.pipe(inc, name="a")
+    pipeline = (
+        head
+        | ctx.pipe(inc, name="b", fuse=True)
+        | ctx.pipe(slow, name="c", rank=1)
+        | ctx.stream("out")
+    )
+    assert len(run(pipeline, ctx)) == 60
+    stats = pipeline.statistics()
+    owner = "src" if where == "source" else "a"
+    assert stats["b"].fused_into == owner
+    assert stats["b"].stalled_s == 0.0  # no thread of its own to stall
+    assert stats[owner].stalled_s > 0.0
+    pipeline.stop()
+
+
+def test_the_plan_refusals_hold_under_drive(ctx: rxstream.Context) -> None:
+    """drive() checks the plan as start() does: a fused stage with two consumers upstream fails."""
+    src = ctx.source(range(5), name="src")
+    a = src | ctx.pipe(inc, name="a")
+    b = a | ctx.pipe(inc, name="b", fuse=True)
+    with pytest.raises(
+        StageBuildError, match=r"stage 'b' \(fuse=True\): .*upstream 'a' with 2 consumers"
+    ):
+        ctx.graph(a, b).drive(frames=3)

@@ -13,6 +13,7 @@ import importlib.util
 import itertools
 import random
 import sys
+from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -25,7 +26,7 @@ from reactivex.subject import Subject
 from rxstream import Context, PipelineItem, PipelineMetadata, StageBuildError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
-from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, pace_operator
+from rxstream.operators._pace import AHEAD_S, MIN_LEAD, SLEW, _inherit, pace_operator
 from rxstream.runtime._thread import VirtualClock
 from rxstream.testing import drive_items
 from rxstream.typing import PaceOverflow, PacePhase
@@ -176,6 +177,54 @@ def test_a_frame_that_displaces_one_under_latest_carries_its_input(ctx: Context)
     assert (shown.input_seq, shown.input_at_ms, shown.cutover) == (7, 100, True)
     assert [hop for hop, _ in shown.timeline][:2] == ["input.recv", "mouse.in"]
     assert shown.pts == 1
+
+
+def test_a_frame_displaced_by_a_newer_generation_passes_nothing_on(ctx: Context) -> None:
+    """'latest' drops b (old generation, input 7) for the steer's first frame c: c stays c's."""
+    old = PipelineMetadata(input_seq=7, input_at_ms=100, timeline=(("input.recv", 1.0),))
+    steered = PipelineMetadata(
+        prompt_generation=1, drop_generation=1, cutover=True, timeline=(("steer", 2.0),)
+    )
+
+    def frames() -> Iterator[PipelineItem]:
+        yield PipelineItem("a", PipelineMetadata())
+        yield PipelineItem("b", old)  # displaced by c before its tick
+        yield PipelineItem("c", steered)
+
+    pace = ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
+    out = drive_items(ctx.source(frames) | pace, 3, interval=0.03)
+    assert [item.payload for item in out] == ["a", "c"]
+    shown = out[1].metadata
+    assert (shown.input_seq, shown.input_at_ms, shown.cutover) == (0, 0, True)
+    assert shown.timeline[0] == ("steer", 2.0)
+
+
+def test_a_displaced_cutover_without_input_keeps_its_origin(ctx: Context) -> None:
+    """'latest' drops the cutover b (origin steer, no input) for c: c reports it from the steer."""
+    cut = PipelineMetadata(prompt_generation=1, cutover=True, timeline=(("steer", 2.0),))
+    after = PipelineMetadata(prompt_generation=1, timeline=(("clock.in", 2.5),))
+
+    def frames() -> Iterator[PipelineItem]:
+        yield PipelineItem("a", PipelineMetadata())
+        yield PipelineItem("b", cut)  # displaced by c before its tick
+        yield PipelineItem("c", after)
+
+    pace = ctx.pace(fps=10, overflow="latest", capacity=1, phase="fixed")
+    out = drive_items(ctx.source(frames) | pace, 3, interval=0.03)
+    assert [item.payload for item in out] == ["a", "c"]
+    shown = out[1].metadata
+    assert (shown.input_seq, shown.cutover) == (0, True)
+    assert shown.timeline[0] == ("steer", 2.0)
+
+
+def test_a_displaced_cutover_passes_on_its_arrival() -> None:
+    """The frame shown for a displaced input-less cutover holds from the cutover's arrival."""
+    cut = PipelineItem("b", PipelineMetadata(cutover=True, timeline=(("steer", 2.0),)))
+    after = PipelineItem("c", PipelineMetadata(timeline=(("clock.in", 2.5),)))
+    buffer = deque([(after, 2.6, 2.6)])
+    _inherit(buffer, (cut, 2.1, 2.1))
+    survivor, arrived, at = buffer[0]
+    assert (survivor.payload, survivor.metadata.cutover, arrived, at) == ("c", True, 2.1, 2.6)
 
 
 def test_overflow_latest_respects_the_capacity(ctx: Context) -> None:

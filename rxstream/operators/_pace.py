@@ -4,9 +4,11 @@ Frames wait in a small buffer; every tick emits the oldest with the next ``pts``
 units of the declared time base per frame). On underflow a tick repeats the last frame marked
 ``idle=True``. On overflow, ``throttle`` stops taking items from the inbox until a tick makes
 room (the inbox then fills and blocks the upstream: backpressure), and ``latest`` drops the
-oldest buffered frame (counted, reason ``latest``; the frame that displaced it takes its
-input correlation if that is the newer one, the N:1 rule of ``merge_metadata``, so the input
-is timed at the first frame shown after it). After the upstream completes, the buffer
+oldest buffered frame (counted, reason ``latest``; the next-oldest buffered frame, now the
+next one shown, takes its input correlation if that is the newer one, the N:1 rule of
+``merge_metadata``, so the input is timed at the first frame shown after it; see
+:func:`_inherit` for what a steer changes). A frame the stage's ``latest`` inbox drops never
+reaches the buffer and passes nothing on. After the upstream completes, the buffer
 drains at the same rate and the stage completes (no idle tail). A frame of a stale generation
 (after a steer) is never repeated: that tick emits nothing.
 
@@ -99,15 +101,28 @@ def _inherit(
     buffer: deque[tuple[PipelineItem, float, float]],
     displaced: tuple[PipelineItem, float, float],
 ) -> None:
-    """The frame that displaced ``displaced`` (now first in ``buffer``) takes the N:1 rule's
-    metadata of the two (:func:`~rxstream.item.merge_metadata`): the newest input correlation,
-    and with it that input's timeline and arrival here, ``cutover`` if either had it. The
-    displaced frame is never shown, so the next one shown is the first to show its input: that
-    input's timing record (and the page's report) comes from it instead of from nowhere."""
+    """The next-oldest buffered frame (now first in ``buffer``), shown in place of
+    ``displaced``, takes the N:1 rule's metadata of the two
+    (:func:`~rxstream.item.merge_metadata`): the newest input correlation, and with it that
+    input's timeline and arrival here, ``cutover`` if either had it. The displaced frame is
+    never shown, so the next one shown is the first to show its input: that input's timing
+    record (and the page's report) comes from it instead of from nowhere.
+
+    Two exceptions. A displaced frame of an older prompt generation (a steer made it stale,
+    or superseded it) passes nothing on: the newer frame's input, cutover and timeline are
+    its own generation's. A displaced cutover that carries no input, before a frame that
+    carries none either, passes on its timeline and arrival with the cutover: the cutover's
+    record keeps its origin (``steer``, docs/timing.md)."""
     survivor, arrived, at = buffer[0]
-    pair = (displaced[0].metadata, survivor.metadata)
+    old, new = displaced[0].metadata, survivor.metadata
+    if old.prompt_generation < new.prompt_generation:
+        return
+    pair = (old, new)
     merged = merge_metadata(pair)
     if _newest(pair) == 0:  # the displaced frame's input: its arrival starts the hold
+        arrived = displaced[1]
+    elif old.cutover and not (new.cutover or old.input_seq or new.input_seq):
+        merged = evolve_metadata(merged, timeline=old.timeline)
         arrived = displaced[1]
     buffer[0] = (PipelineItem(survivor.payload, merged), arrived, at)
 

@@ -25,7 +25,7 @@ from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import DEFAULT_CAPACITY
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, PipelineMetadata, _base, _stamped, now
+from rxstream.item import PipelineItem, _base, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import caller
 from rxstream.runtime._plan import Plan
@@ -142,55 +142,73 @@ def threaded_chains(plan: Plan) -> dict[Node, list[Node]]:
 def fused_chain(
     upstream: ItemStream, shells: Sequence[StageShell], generations: Generations
 ) -> ItemStream:
-    """One operator running the pipes of ``shells`` in order (see the module docstring)."""
+    """One operator running the pipes of ``shells`` in order (see the module docstring).
+
+    Each member admits the item just before it runs, as it would on arrival unfused: a cutover
+    is counted, and a flush resets, only by the members the item reaches, once each; a steer
+    between two members drops the item at the next one. An item that needs none of these
+    (the quick path) skips the checks while nothing changes, found by one compare a member.
+    """
     # what the per-item loop reads, looked up once: each member's function, counters, hops
     steps = [
         (index, caller(shell.target_fn, shell), shell.counters, shell.in_hop, shell.out_hop)
         for index, shell in enumerate(shells)
     ]
     timing = shells[0].timing
+    driven = shells[0].driven
+    is_stale = generations.is_stale
 
     def subscribe(
         observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
     ) -> abc.DisposableBase:
+        floor = generations.flush  # read first: no member has seen an older flush generation
         admissions = [shell.admission() for shell in shells]
-        routine = admissions[0].routine
         on_next_down = observer.on_next
-
-        def admit(index: int, base: PipelineMetadata) -> bool:
-            """The per-hop checks of member ``index`` and on; whether the item goes on."""
-            return all(admission.admit(base) for admission in admissions[index:])
+        last = len(steps) - 1
 
         def on_next(item: PipelineItem) -> None:
+            nonlocal floor
             base = _base(item)
-            # the checks every member would make on arrival, made at once: only a function
-            # that steers or flushes mid-chain changes their outcome, and that is re-checked
             epoch = generations.epoch
-            if not routine(base) and not admit(0, base):
-                return
+            # the quick path: no cutover to count, no flush a member has to reset for, not
+            # stale; a change of the generations (a function steering or flushing) ends it.
+            # Off it, ``epoch`` is -1: every member's compare fails and it admits the item.
+            if base.cutover or base.flush_generation > floor or is_stale(base):
+                epoch = -1
+            checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
             payload = item.payload
             stamps: list[Any] = []  # flat: hop, t, hop, t…
             started = now() if timing else 0.0  # one clock read a member: its .out, next .in
             for index, call, counters, in_hop, out_hop in steps:
-                if generations.epoch != epoch:  # a function steered or flushed mid-chain
-                    epoch = generations.epoch
-                    if not admit(index, base):
+                if generations.epoch != epoch:
+                    epoch = -1
+                    if not admissions[index].admit(base):
                         return
+                    checked = min(checked, base.flush_generation)
                 counters.items_in += 1
                 try:
                     payload = call(payload)
                 except Exception as exc:
                     shells[index].failed(observer, item, exc)
                     return
+                except BaseException as exc:  # not on_error's: the run ends naming the stage
+                    counters.drop("error")  # the item is lost here
+                    if not driven:  # a drive raises it as it is, fused or not
+                        shells[index].crashed(exc)
+                    raise
                 counters.items_out += 1
                 if isinstance(payload, PipelineItem):  # the function set the metadata itself
                     item, payload = payload, payload.payload
                     stamps.clear()
-                    base = _base(item)
+                    if index < last:
+                        base = _base(item)
+                        epoch = -1  # the next members check what they get
                 if timing:
                     done = now()
                     stamps += (in_hop, started, out_hop, done)
                     started = done
+            if checked > floor:  # every member admitted this flush generation
+                floor = checked
             on_next_down(_stamped(item, payload, tuple(stamps)))
 
         return attach(upstream, on_next, observer.on_error, observer.on_completed, scheduler)
