@@ -87,6 +87,7 @@ class TokenThread(StageThread):
     def _putter(self, block: bool) -> Callable[[Callable[[Any], None], Any], None]:
         """The per-item put: a token (a free slot), then the entry; two C calls."""
         take_token = self._tokens.get
+        free = self._tokens.qsize
         put_entry = self._items.put
         counters = self._counters
 
@@ -94,9 +95,8 @@ class TokenThread(StageThread):
             if self._closed:
                 counters.drop("stopped")
                 return
-            try:
-                take_token(False)
-            except Empty:
+            # a full inbox is asked first: an ``Empty`` raised and caught costs a µs
+            if not (free() and self._take_token(take_token)):
                 if not block:
                     counters.drop("drop_new")
                     return
@@ -107,6 +107,16 @@ class TokenThread(StageThread):
                 self._drain()
 
         return put
+
+    @staticmethod
+    def _take_token(take: Callable[[bool], None]) -> bool:
+        """Take a token without waiting; whether there was one (another producer may have
+        taken the one counted)."""
+        try:
+            take(False)
+        except Empty:
+            return False
+        return True
 
     def _wait_for_room(self) -> bool:
         """Wait for a free slot (taken), charging the wait; ``False`` when closed meanwhile."""
@@ -199,6 +209,14 @@ class TokenThread(StageThread):
 
     # --- the thread -----------------------------------------------------------------------------
 
+    @staticmethod
+    def _take(take: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...] | None:
+        """The next entry without waiting (``None``: a close emptied the queue meanwhile)."""
+        try:
+            return take()
+        except Empty:
+            return None
+
     def _wait(self, timeout: float | None) -> tuple[Any, ...] | None:
         """The next entry, waiting up to ``timeout`` (``None``: timed out)."""
         started = _perf()
@@ -234,13 +252,12 @@ class TokenThread(StageThread):
                 if len(entry) == 2:
                     self._tokens.put(None)
                 return entry[0], entry[1]
-            try:
-                entry = self._items.get_nowait()
-            except Empty:
+            got = self._take(self._items.get_nowait) if self._items.qsize() else None
+            if got is None:
                 got = self._wait(timeout)
                 if got is None:
                     continue
-                entry = got
+            entry = got
             if len(entry) == 1:  # a wake-up
                 continue
             if taken or not (accepting or len(entry) == 3):
@@ -272,10 +289,15 @@ class TokenThread(StageThread):
             while not self._closed:
                 deliver: Callable[[Any], None] | None = None
                 if not (ready or timers or taken) and self._accepting:
-                    # the common case: take the queue's next entry (a wait only when empty)
-                    try:
-                        entry = take()
-                    except Empty:
+                    # the common case: take the queue's next entry (a wait only when empty;
+                    # asked first: an ``Empty`` raised and caught costs a µs)
+                    entry = None
+                    if waiting():
+                        try:
+                            entry = take()
+                        except Empty:  # a close emptied it since ``waiting()``
+                            entry = None
+                    if entry is None:
                         entry = self._wait(None)
                     if entry is not None and len(entry) != 1:
                         if len(entry) == 2:
@@ -302,7 +324,7 @@ class TokenThread(StageThread):
                             break
                         try:
                             entry = take()
-                        except Empty:
+                        except Empty:  # a close emptied it since ``waiting()``
                             break
                         if len(entry) == 2:
                             free(None)
