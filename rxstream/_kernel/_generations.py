@@ -123,15 +123,13 @@ class Admission:
     ``reset``, read then: a ``doc.bind`` sets it late).
     """
 
-    __slots__ = ("_counters", "_generations", "_stage", "flushed")
+    __slots__ = ("_counters", "_flushed", "_generations", "_stage")
 
     def __init__(self, stage: _Stage) -> None:
         self._stage = stage
         self._generations = stage.generations
         self._counters = stage.counters
-        self.flushed = self._generations.flush
-        """The newest flush generation this subscription has seen (a port's quick path reads
-        it: an item of this generation or older, not stale and no cutover, needs no check)."""
+        self._flushed = self._generations.flush
 
     def admit(self, metadata: PipelineMetadata) -> bool:
         """Whether an item of ``metadata`` (its base will do) goes on into the stage."""
@@ -140,8 +138,8 @@ class Admission:
             return False
         if metadata.cutover:
             self._counters.cutovers += 1
-        if metadata.flush_generation > self.flushed:
-            self.flushed = metadata.flush_generation
+        if metadata.flush_generation > self._flushed:
+            self._flushed = metadata.flush_generation
             reset = self._stage.reset
             if reset is not None:
                 reset()
@@ -152,6 +150,6 @@ class Admission:
         cutover to count, no flush to reset (a fused chain's quick path)."""
         return not (
             metadata.cutover
-            or metadata.flush_generation > self.flushed
+            or metadata.flush_generation > self._flushed
             or self._generations.is_stale(metadata)
         )

@@ -46,19 +46,10 @@ class Port:
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
             on_next = observer.on_next
-            admission = shell.admission()
-            checks = admission.admit
-            generations = shell.generations
+            checks = shell.admission().admit
 
             def admit(item: PipelineItem) -> None:
-                base = _base(item)
-                # the routine case inline (Admission.routine's test, no call): not stale, no
-                # cutover to count, no newer flush; anything else takes the full checks
-                if (
-                    base.prompt_generation >= generations.drop
-                    and not base.cutover
-                    and base.flush_generation <= admission.flushed
-                ) or checks(base):
+                if checks(_base(item)):
                     on_next(item)
 
             return hand_off(upstream, admit, observer, scheduler)
