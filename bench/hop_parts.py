@@ -121,7 +121,10 @@ def admission_part(items: int) -> None:
             admits.append(admit)
             return Disposable()
 
-    Capture(_shell("p1"))(Observable(lambda _o, _s=None: Disposable())).subscribe(_sink)
+    def nothing(_observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        return Disposable()
+
+    Capture(_shell("p1"))(Observable(nothing)).subscribe(_sink)
     (admit,) = admits
     for _ in range(items):
         admit(_ITEM)

@@ -96,27 +96,27 @@ class TokenThread(StageThread):
                 counters.drop("stopped")
                 return
             # a full inbox is asked first: an ``Empty`` raised and caught costs a µs
-            if not (free() and self._take_token(take_token)):
-                if not block:
-                    counters.drop("drop_new")
-                    return
-                if not self._wait_for_room():
-                    return
+            if free():
+                try:
+                    take_token(False)
+                except Empty:  # another producer took the one counted
+                    if not self._room(block):
+                        return
+            elif not self._room(block):
+                return
             put_entry((deliver, value))
             if self._closed:  # closed between the check and the put: whoever takes counts it
                 self._drain()
 
         return put
 
-    @staticmethod
-    def _take_token(take: Callable[[bool], None]) -> bool:
-        """Take a token without waiting; whether there was one (another producer may have
-        taken the one counted)."""
-        try:
-            take(False)
-        except Empty:
-            return False
-        return True
+    def _room(self, block: bool) -> bool:
+        """No free slot now: wait for one (``block``) or drop the item (``drop_new``);
+        whether the item goes in."""
+        if block:
+            return self._wait_for_room()
+        self._counters.drop("drop_new")
+        return False
 
     def _wait_for_room(self) -> bool:
         """Wait for a free slot (taken), charging the wait; ``False`` when closed meanwhile."""
