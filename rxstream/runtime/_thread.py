@@ -1,9 +1,11 @@
 """A stage's scheduler: one thread that runs its inbox and its timers.
 
 reactivex's ``observe_on`` queues without bound (a list popped from the front), so the hop
-between stages is this: a deque under one lock, a capacity, and an overflow policy chosen once
-at construction (``put`` is bound to the policy's method); a backlog leaves it in one take
-(docs/decisions.md, "A backlog leaves the inbox in one take"). The same thread
+between stages is this: a bounded inbox with an overflow policy chosen once at construction
+(``put`` is bound to the policy's method). Under ``block`` and ``drop_new`` it is two C queues,
+items and free-slot tokens (:mod:`rxstream.runtime._handoff`, docs/decisions.md, "Two C queues
+for the bounded hand-off"); under ``latest`` a deque under one lock, a backlog leaving it in
+one take (docs/decisions.md, "A backlog leaves the inbox in one take"). The same thread
 runs the stage's timed actions (pace ticks, window timeouts), so a stage's operator never needs
 a lock of its own. It is a reactivex scheduler too: payload-level Rx operators lifted with
 ``ctx.rx`` that take a scheduler time on it.
