@@ -531,3 +531,22 @@ def test_ctrl_c_while_waiting_for_room_takes_no_slot() -> None:
     stage.finish()
     assert stage.seen == [0, 1, 3]
     assert stage.counters.snapshot().dropped == {}
+
+
+@KINDS
+def test_idle_only_while_nothing_waits_or_runs(kind: type[StageThread]) -> None:
+    """``idle`` holds while the thread waits with nothing queued, never while an item waits
+    or is being delivered, nor while a timer is due."""
+    stage = Stage(capacity=2, kind=kind)
+    stage.thread.start()
+    wait_until(lambda: stage.thread.idle, "the thread to wait")
+    stage.put(0)  # parks the thread in its delivery until ``go``
+    assert stage.started.wait(WAIT_S)
+    assert not stage.thread.idle
+    stage.put(1)
+    assert not stage.thread.idle
+    stage.go.set()
+    wait_until(lambda: stage.seen == [0, 1], "1 to be delivered")
+    wait_until(lambda: stage.thread.idle, "the thread to wait again")
+    stage.finish()
+    assert stage.counters.snapshot().dropped == {}

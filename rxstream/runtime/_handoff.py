@@ -121,7 +121,14 @@ class TokenThread(StageThread):
     def _wait_for_room(self) -> bool:
         """Wait for a free slot (taken), charging the wait; ``False`` when closed meanwhile."""
         started = _perf()
-        self._tokens.get()  # interruptible (Ctrl-C): then no token was taken, nothing is left
+        got = False
+        try:
+            self._tokens.get()  # interruptible (Ctrl-C): then no token was taken
+            got = True
+        except BaseException:
+            if got:  # the interrupt landed just after the token came: give it back
+                self._tokens.put(None)
+            raise
         blocked = _perf() - started
         self._counters.add_blocked(blocked)
         owner: StageCounters | None = getattr(_stall, "counters", None)
