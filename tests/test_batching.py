@@ -1,11 +1,15 @@
-"""Batched hand-offs: a stage thread takes its whole backlog in one lock acquisition and
-delivers it back to back, with order, stamps, statistics, slots and drops as if it had taken
-the items one at a time (issue 18 item 4)."""
+"""Batched hand-offs: a stage thread works through its backlog back to back, with order,
+stamps, statistics, slots and drops as if it had taken the items one at a time (issue 18
+item 4). Two inboxes keep them: the C-queue one (``block``, ``drop_new``: items and free-slot
+tokens, runtime/_handoff.py) and the deque one (``latest``; it takes a backlog in one lock
+acquisition); the tests of behaviour run against both."""
 
 from __future__ import annotations
 
 import gc
 import itertools
+import signal
+import sys
 import threading
 import time
 import weakref
@@ -18,7 +22,8 @@ import pytest
 import rxstream
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._stats import StageCounters
-from rxstream.runtime._thread import StageThread
+from rxstream.runtime._handoff import TokenThread
+from rxstream.runtime._thread import DequeThread, StageThread
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import MemoryTransport
 from rxstream.typing import InboxPolicy
@@ -35,15 +40,36 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.002)
 
 
+KINDS = pytest.mark.parametrize("kind", [StageThread, DequeThread], ids=["tokens", "deque"])
+"""Both inboxes: ``StageThread`` picks the C-queue one for ``block`` and ``drop_new``."""
+
+
+def blocked_in(thread: threading.Thread, *functions: str) -> bool:
+    """Whether ``thread`` is inside one of ``functions`` now (a producer waiting for room)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    while frame is not None:
+        if frame.f_code.co_name in functions:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def waits_for_room(stage: Stage, producer: threading.Thread) -> bool:
+    """Whether ``producer`` waits for room in ``stage``'s inbox (either kind)."""
+    if isinstance(stage.thread, TokenThread):
+        return blocked_in(producer, "_wait_for_room")
+    return bool(stage.thread._waiting)
+
+
 class Stage:
     """A bare :class:`StageThread` whose deliveries are recorded; item 0 waits for ``go``."""
 
-    def __init__(self, capacity: int, policy: InboxPolicy = "block") -> None:
+    def __init__(
+        self, capacity: int, policy: InboxPolicy = "block", kind: type[StageThread] = StageThread
+    ) -> None:
         self.counters = StageCounters("t", "pipe")
         self.crashes: list[BaseException] = []
-        self.thread = StageThread(
-            "t", InboxSpec(capacity, policy), self.counters, self.crashes.append
-        )
+        self.thread = kind("t", InboxSpec(capacity, policy), self.counters, self.crashes.append)
         self.go = threading.Event()
         self.seen: list[Any] = []
         self.during: dict[Any, Callable[[], None]] = {}
@@ -87,9 +113,34 @@ class Stage:
         assert not self.crashes
 
 
+def test_the_inbox_of_block_and_drop_new_is_the_c_queue_one() -> None:
+    """``block`` and ``drop_new`` get the two C queues; ``latest`` and huge capacities the deque."""
+    counters = StageCounters("t", "pipe")
+    specs = [InboxSpec(2, "block"), InboxSpec(2, "drop_new"), InboxSpec(2, "latest")]
+    specs.append(InboxSpec(1 << 17, "block"))
+    kinds = [type(StageThread("t", spec, counters, print)) for spec in specs]
+    assert kinds == [TokenThread, TokenThread, StageThread, StageThread]
+
+
+@KINDS
+def test_a_waiting_item_holds_its_slot_until_its_delivery_starts(kind: type[StageThread]) -> None:
+    """A backlog's items count as waiting (``depth``) until each one's delivery starts."""
+    stage = Stage(capacity=8, kind=kind)
+    views: list[int] = []
+    for value in range(1, 6):
+        stage.during[value] = lambda: views.append(stage.thread.depth)
+    stage.backlog(range(1, 6))
+    assert stage.thread.depth == 5
+    stage.go.set()
+    stage.finish()
+    assert stage.seen == [0, 1, 2, 3, 4, 5]
+    assert views == [4, 3, 2, 1, 0]
+    assert stage.counters.snapshot().dropped == {}
+
+
 def test_a_backlog_leaves_the_inbox_at_once_and_holds_its_slots() -> None:
-    """The thread empties its inbox at once; a batched item counts as waiting until it starts."""
-    stage = Stage(capacity=8)
+    """The deque inbox empties at once; a batched item counts as waiting until it starts."""
+    stage = Stage(capacity=8, kind=DequeThread)
     views: list[tuple[int, int]] = []
     for value in range(1, 6):
         stage.during[value] = lambda: views.append((len(stage.thread._inbox), stage.thread.depth))
@@ -110,11 +161,12 @@ class Box:
         self.index = index
 
 
-def test_a_batch_keeps_no_delivered_item_alive() -> None:
+@KINDS
+def test_a_batch_keeps_no_delivered_item_alive(kind: type[StageThread]) -> None:
     """Each batched item is let go once delivered, not when the batch ends (leases, memory)."""
     counters = StageCounters("t", "pipe")
     crashes: list[BaseException] = []
-    thread = StageThread("t", InboxSpec(8, "block"), counters, crashes.append)
+    thread = kind("t", InboxSpec(8, "block"), counters, crashes.append)
     started, go, done = threading.Event(), threading.Event(), threading.Event()
     refs: list[weakref.ref[Box]] = []
     alive: list[bool] = []
@@ -145,9 +197,10 @@ def test_a_batch_keeps_no_delivered_item_alive() -> None:
     assert alive == [False, False, False, False]
 
 
-def test_drop_new_counts_a_batch_as_full() -> None:
+@KINDS
+def test_drop_new_counts_a_batch_as_full(kind: type[StageThread]) -> None:
     """Under ``drop_new`` an arrival while a batch holds every slot is dropped, not let in."""
-    stage = Stage(capacity=4, policy="drop_new")
+    stage = Stage(capacity=4, policy="drop_new", kind=kind)
     stage.during[1] = lambda: stage.put_all(10, 11)  # room for one: 2, 3, 4 wait
     stage.backlog(range(1, 6))  # 1..4 fill the inbox, 5 is dropped
     stage.go.set()
@@ -167,9 +220,10 @@ def test_latest_keeps_waiting_items_replaceable() -> None:
     assert stage.counters.snapshot().dropped == {"latest": 1}
 
 
-def test_a_block_producer_waits_for_a_batched_slot_to_start() -> None:
+@KINDS
+def test_a_block_producer_waits_for_a_batched_slot_to_start(kind: type[StageThread]) -> None:
     """Under ``block`` a producer at a full inbox resumes when a batched item starts."""
-    stage = Stage(capacity=3)
+    stage = Stage(capacity=3, kind=kind)
     resumed = threading.Event()
 
     def produce() -> None:
@@ -182,7 +236,7 @@ def test_a_block_producer_waits_for_a_batched_slot_to_start() -> None:
 
     def start_producer() -> None:
         producer.start()
-        wait_until(lambda: bool(stage.thread._waiting), "the producer to block")
+        wait_until(lambda: waits_for_room(stage, producer), "the producer to block")
         checked.append(resumed.is_set())
 
     stage.during[1] = start_producer
@@ -197,9 +251,12 @@ def test_a_block_producer_waits_for_a_batched_slot_to_start() -> None:
     assert stage.counters.snapshot().blocked_s > 0.0
 
 
-def test_a_close_in_the_middle_of_a_batch_counts_the_rest_as_stopped() -> None:
+@KINDS
+def test_a_close_in_the_middle_of_a_batch_counts_the_rest_as_stopped(
+    kind: type[StageThread],
+) -> None:
     """A stop while a batch runs: what had started is delivered, the rest dropped as ``stopped``."""
-    stage = Stage(capacity=8)
+    stage = Stage(capacity=8, kind=kind)
     stage.during[2] = stage.thread.close
     stage.backlog(range(1, 6))
     stage.go.set()
@@ -209,9 +266,10 @@ def test_a_close_in_the_middle_of_a_batch_counts_the_rest_as_stopped() -> None:
     assert stage.thread.depth == 0
 
 
-def test_a_timer_due_in_a_batch_runs_before_the_rest() -> None:
+@KINDS
+def test_a_timer_due_in_a_batch_runs_before_the_rest(kind: type[StageThread]) -> None:
     """An action scheduled while a batch runs goes first, as with items taken one at a time."""
-    stage = Stage(capacity=8)
+    stage = Stage(capacity=8, kind=kind)
 
     def schedule() -> None:
         stage.thread.schedule(lambda _scheduler, _state: stage.seen.append("timer"))
@@ -225,7 +283,7 @@ def test_a_timer_due_in_a_batch_runs_before_the_rest() -> None:
 
 def test_a_stage_that_stops_accepting_puts_the_rest_of_its_batch_back() -> None:
     """``set_accepting(False)`` in a batch: the rest returns, in order, to the inbox's front."""
-    stage = Stage(capacity=8)
+    stage = Stage(capacity=8, kind=DequeThread)
     views: list[list[Any]] = []
     stage.during[2] = lambda: stage.thread.set_accepting(False)
     stage.backlog(range(1, 5))
@@ -240,9 +298,49 @@ def test_a_stage_that_stops_accepting_puts_the_rest_of_its_batch_back() -> None:
     assert stage.seen == [0, 1, 2, 3, 4, 5]
 
 
-def test_one_item_at_a_time_takes_no_batch() -> None:
-    """With one item waiting the thread takes it alone (the one-in-flight path)."""
+def test_a_stage_that_stops_accepting_keeps_its_slots_and_order() -> None:
+    """C-queue inbox, ``set_accepting(False)``: nothing more starts, what waits keeps its slot
+    (a producer at the full inbox blocks), a completion waits behind the items, order holds."""
+    stage = Stage(capacity=3)
+    stage.during[2] = lambda: stage.thread.set_accepting(False)
+    stage.backlog(range(1, 4))
+    stage.go.set()
+    wait_until(lambda: stage.thread._idle, "the thread to wait")
+    assert stage.seen == [0, 1, 2]
+    assert stage.thread.depth == 1
+    producer = threading.Thread(target=stage.put_all, args=(5, 6, 7))
+    producer.start()  # 5 and 6 fit, 7 waits for room
+    wait_until(lambda: blocked_in(producer, "_wait_for_room"), "the producer to block")
+    done = threading.Event()
+    stage.thread.put_control(lambda _: done.set())
+    assert stage.seen == [0, 1, 2]
+    stage.thread.set_accepting(True)  # from another thread: wakes it
+    assert done.wait(WAIT_S)
+    producer.join(WAIT_S)
+    stage.finish()
+    assert stage.seen == [0, 1, 2, 3, 5, 6, 7]
+    assert stage.counters.snapshot().dropped == {}
+
+
+def test_a_close_while_not_accepting_counts_what_the_thread_took() -> None:
+    """C-queue inbox: entries the thread took while its stage did not accept are ``stopped``
+    at a close, with what was still queued; none is delivered after."""
     stage = Stage(capacity=8)
+    stage.during[1] = lambda: stage.thread.set_accepting(False)
+    stage.backlog(range(1, 4))
+    stage.go.set()
+    wait_until(lambda: stage.thread._idle, "the thread to wait")
+    stage.put(4)  # wakes nothing that starts: taken behind 2 and 3, or still queued
+    stage.thread.close()
+    assert stage.thread.join(WAIT_S)
+    assert stage.seen == [0, 1]
+    assert stage.counters.snapshot().dropped == {"stopped": 3}
+    assert stage.thread.depth == 0
+
+
+def test_one_item_at_a_time_takes_no_batch() -> None:
+    """With one item waiting the deque thread takes it alone (the one-in-flight path)."""
+    stage = Stage(capacity=8, kind=DequeThread)
     batches: list[int] = []
     run_batch = stage.thread._run_batch
 
@@ -264,7 +362,8 @@ def test_one_item_at_a_time_takes_no_batch() -> None:
 def test_a_batched_backlog_keeps_order_stamps_and_books(
     ctx: rxstream.Context, policy: InboxPolicy
 ) -> None:
-    """Through a pipeline: order, ``.in``/``.out`` stamps back to back, statistics balanced."""
+    """Through a pipeline: order, ``.in``/``.out`` stamps back to back, slots held until each
+    starts, statistics balanced."""
     holding = threading.Event()
     release = threading.Event()
     views: list[int] = []
@@ -281,7 +380,7 @@ def test_a_batched_backlog_keeps_order_stamps_and_books(
             assert release.wait(WAIT_S)
         else:
             (thread,) = gate_thread
-            views.append(sum(len(entry) == 2 for entry in thread._inbox))  # data waiting
+            views.append(thread.depth)  # data waiting: those behind this one
         return x
 
     pipeline = (
@@ -299,7 +398,7 @@ def test_a_batched_backlog_keeps_order_stamps_and_books(
     assert isinstance(ctx.transport, MemoryTransport)
     items = ctx.transport.items("out")
     assert [item.payload for item in items] == list(range(9))
-    assert views == [0] * 8  # 1..8 were taken in one go
+    assert views == [7, 6, 5, 4, 3, 2, 1, 0]
     spans = []
     for item in items:
         stamps = dict(item.metadata.timeline)
@@ -354,8 +453,8 @@ class Interrupted(BaseException):
 def test_a_producer_interrupted_while_waiting_for_room_leaves_no_waiter(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A producer whose wait for room is interrupted leaves the queue of waiters: the slot
-    freed next goes to the producer still waiting, not to the one that left."""
+    """Deque inbox: a producer whose wait for room is interrupted leaves the queue of waiters:
+    the slot freed next goes to the producer still waiting, not to the one that left."""
     from rxstream.runtime import _thread
 
     real = threading.Lock
@@ -382,7 +481,7 @@ def test_a_producer_interrupted_while_waiting_for_room_leaves_no_waiter(
         return InterruptedLock() if made[0] == 1 else real()
 
     monkeypatch.setattr(_thread, "_new_lock", new_lock)
-    stage = Stage(capacity=1)
+    stage = Stage(capacity=1, kind=DequeThread)
     stage.backlog(range(1, 2))  # item 0 parks the thread, item 1 fills the inbox
     left: list[BaseException] = []
 
@@ -405,3 +504,49 @@ def test_a_producer_interrupted_while_waiting_for_room_leaves_no_waiter(
     assert not second.is_alive()  # the freed slot went to it
     stage.finish()
     assert stage.seen == [0, 1, 3]
+
+
+def test_ctrl_c_while_waiting_for_room_takes_no_slot() -> None:
+    """C-queue inbox: a Ctrl-C in the main thread's wait for room raises there and takes no
+    slot: the slot freed next goes to the producer still waiting."""
+    stage = Stage(capacity=1)
+    stage.backlog(range(1, 2))  # item 0 parks the thread, item 1 fills the inbox
+    main = threading.main_thread()
+
+    def interrupt() -> None:
+        wait_until(lambda: blocked_in(main, "_wait_for_room"), "the main thread to block")
+        signal.pthread_kill(main.ident or 0, signal.SIGINT)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        stage.put(2)
+    interrupter.join(WAIT_S)
+    second = threading.Thread(target=stage.put, args=(3,))
+    second.start()
+    wait_until(lambda: blocked_in(second, "_wait_for_room"), "the second producer to wait")
+    stage.go.set()
+    second.join(WAIT_S)
+    assert not second.is_alive()  # the freed slot went to it
+    stage.finish()
+    assert stage.seen == [0, 1, 3]
+    assert stage.counters.snapshot().dropped == {}
+
+
+@KINDS
+def test_idle_only_while_nothing_waits_or_runs(kind: type[StageThread]) -> None:
+    """``idle`` holds while the thread waits with nothing queued, never while an item waits
+    or is being delivered, nor while a timer is due."""
+    stage = Stage(capacity=2, kind=kind)
+    stage.thread.start()
+    wait_until(lambda: stage.thread.idle, "the thread to wait")
+    stage.put(0)  # parks the thread in its delivery until ``go``
+    assert stage.started.wait(WAIT_S)
+    assert not stage.thread.idle
+    stage.put(1)
+    assert not stage.thread.idle
+    stage.go.set()
+    wait_until(lambda: stage.seen == [0, 1], "1 to be delivered")
+    wait_until(lambda: stage.thread.idle, "the thread to wait again")
+    stage.finish()
+    assert stage.counters.snapshot().dropped == {}

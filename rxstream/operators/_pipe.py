@@ -9,7 +9,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, now
+from rxstream.item import PipelineItem, _forward, now
 from rxstream.operators._core import OnNext, attach, per_item
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.typing import ItemStream, Operator, StageFn
@@ -32,6 +32,8 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
         counters = shell.counters
         forward = shell.forward
         failed = shell.failed
+        timing = shell.timing
+        in_hop, out_hop = shell.in_hop, shell.out_hop
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             if len(ports) > 1:
@@ -54,7 +56,11 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
                         return
                     if isinstance(out, PipelineItem):
                         item, out = out, out.payload
-                    on_next_down(forward(item, out, started))
+                    if timing:  # shell.forward's stamped rule, without its call
+                        counters.items_out += 1
+                        on_next_down(_forward(item, out, in_hop, started, out_hop, now()))
+                    else:
+                        on_next_down(forward(item, out, started))
 
                 return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 

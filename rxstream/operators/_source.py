@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
+from functools import partial
 from typing import Any
 
 from rxstream._exceptions import PipelineError, StageBuildError
@@ -118,7 +119,7 @@ class SourcePuller:
             return anext
         self._closer = getattr(stream, "close", None)
         iterator: Iterator[Any] = stream
-        return lambda: next(iterator, _END)
+        return partial(next, iterator, _END)  # a C call: no Python frame per pull
 
     def pull(self) -> PipelineItem | None:
         """The next item, ``None`` when the source is exhausted, or :data:`SKIPPED`

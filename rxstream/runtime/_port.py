@@ -19,6 +19,7 @@ from reactivex import Observable, abc
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._core import attach
+from rxstream.runtime import _handoff  # noqa: F401  # registers the C-queue inbox
 from rxstream.runtime._thread import StageThread
 from rxstream.typing import ItemStream
 

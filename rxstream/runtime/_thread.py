@@ -1,9 +1,11 @@
 """A stage's scheduler: one thread that runs its inbox and its timers.
 
 reactivex's ``observe_on`` queues without bound (a list popped from the front), so the hop
-between stages is this: a deque under one lock, a capacity, and an overflow policy chosen once
-at construction (``put`` is bound to the policy's method); a backlog leaves it in one take
-(docs/decisions.md, "A backlog leaves the inbox in one take"). The same thread
+between stages is this: a bounded inbox with an overflow policy chosen once at construction
+(``put`` is bound to the policy's method). Under ``block`` and ``drop_new`` it is two C queues,
+items and free-slot tokens (:mod:`rxstream.runtime._handoff`, docs/decisions.md, "Two C queues
+for the bounded hand-off"); under ``latest`` a deque under one lock, a backlog leaving it in
+one take (docs/decisions.md, "A backlog leaves the inbox in one take"). The same thread
 runs the stage's timed actions (pace ticks, window timeouts), so a stage's operator never needs
 a lock of its own. It is a reactivex scheduler too: payload-level Rx operators lifted with
 ``ctx.rx`` that take a scheduler time on it.
@@ -26,7 +28,7 @@ from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._scheduler import _ClockScheduler, _Timer
 from rxstream._kernel._stats import StageCounters
 
-__all__ = ["StageThread", "VirtualClock", "_ClockScheduler", "charge_stalls_to"]
+__all__ = ["DequeThread", "StageThread", "VirtualClock", "_ClockScheduler", "charge_stalls_to"]
 
 _TState = TypeVar("_TState")
 _stall = threading.local()
@@ -151,6 +153,26 @@ class StageThread(_ClockScheduler):
     front of the inbox, when a timer is due or the stage stops accepting (``pace``); a
     ``close`` in the middle of a batch counts the rest as dropped (``stopped``).
     """
+
+    def __new__(
+        cls,
+        name: str,
+        spec: InboxSpec,
+        counters: StageCounters,
+        on_crash: Callable[[BaseException], None],
+    ) -> StageThread:
+        """The first kind of :data:`_INBOXES` that takes ``spec``, else this deque inbox: under
+        ``block`` and ``drop_new`` (a capacity up to ``TOKENS_MAX``) the two C queues of
+        :class:`~rxstream.runtime._handoff.TokenThread`; under ``latest`` this deque, whose
+        waiting items a fresher one can replace."""
+        if cls is StageThread:
+            cls = next((kind for kind in _INBOXES if kind.takes(spec)), cls)
+        return super().__new__(cls)
+
+    @classmethod
+    def takes(cls, spec: InboxSpec) -> bool:
+        """Whether this kind of thread serves an inbox of ``spec`` (this one: every spec)."""
+        return True
 
     def __init__(
         self,
@@ -468,6 +490,16 @@ class StageThread(_ClockScheduler):
                 self._inbox.extendleft(reversed(batch))
                 self._data += held
             batch.clear()
+
+
+_INBOXES: list[type[StageThread]] = []
+"""Other kinds of stage thread, registered by their modules (runtime/_handoff.py, imported with
+the port, which every threaded run uses); :meth:`StageThread.__new__` picks among them."""
+
+
+class DequeThread(StageThread):
+    """A :class:`StageThread` that keeps the deque inbox under every policy (what ``latest``
+    and the largest capacities get; tests pin its batches against the C-queue inbox)."""
 
 
 def _run_timer(timer: _Timer) -> None:

@@ -1,0 +1,220 @@
+"""Where a stage-item's CPU goes on the threaded hop path: each part alone, on one thread.
+
+The parts of one item's trip through one stage of ``bench/hop.py``'s chain, each timed in a
+loop with nothing contending (no other thread, no wake-ups): the put into the stage's inbox,
+the stage thread's take and delivery under a backlog, the port's admission, the pipe's
+``on_next`` (its counters, two stamps, the function, the new item), the chain's end (the
+collector) and the source's pull. What the table leaves out is what only a threaded run has:
+wake-ups, the GIL hand-offs and lock contention; ``bench/hop.py``'s CPU-per-item rows hold
+everything. Figures are ns per item, the minimum of ``--reps`` timings of ``--items`` items
+(the least disturbed by other work on the machine), less the empty loop's.
+
+Run ``python bench/hop_parts.py`` (a few seconds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from reactivex import Observable, Observer, abc
+from reactivex.disposable import Disposable
+
+# `python bench/hop_parts.py` from a checkout where the package is not installed: the repo root
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
+
+from _report import noop, revision
+
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._shell import StageShell
+from rxstream._kernel._stats import StageCounters
+from rxstream.item import PipelineItem, _base, _sourced, _trusted_metadata, now
+from rxstream.operators._core import attach
+from rxstream.operators._pipe import pipe_operator
+from rxstream.operators._source import SourcePuller
+from rxstream.runtime._port import Port
+from rxstream.runtime._thread import DequeThread, StageThread, VirtualClock
+
+BATCH = 256
+"""Items a backlog holds in these loops (``bench/hop.py``'s larger capacity)."""
+
+_GENERATIONS = Generations()
+_METADATA = _trusted_metadata(0, 0, False, 0, 0, False, None, 0, 0, ())
+_ITEM = _sourced(1, _METADATA, (), "src.in", 1.0, "src.out", 2.0)
+
+
+def _sink(_value: Any) -> None:
+    """Where each part's output goes."""
+
+
+def _shell(name: str, kind: str = "pipe") -> StageShell:
+    return StageShell(
+        name, kind, VirtualClock(), "raise", _sink, lambda _c: None, _GENERATIONS, None, True
+    )
+
+
+def _counters() -> StageCounters:
+    return StageCounters("p", "pipe")
+
+
+def put_part(kind: type[StageThread]) -> Callable[[int], None]:
+    """``items`` puts into a stage's inbox (``block``, room, the thread not sleeping)."""
+
+    def run(items: int) -> None:
+        thread = kind("p", InboxSpec(BATCH + 1), _counters(), _sink)
+        put = thread.put
+        for _ in range(items // BATCH):
+            for _ in range(BATCH):
+                put(_sink, _ITEM)
+            _empty(thread)
+
+    return run
+
+
+def _empty(thread: StageThread) -> None:
+    """Let go of what the inbox holds, as if delivered (every slot free again)."""
+    items = getattr(thread, "_items", None)
+    if items is not None:
+        while items.qsize():
+            items.get()
+            thread._tokens.put(None)  # type: ignore[attr-defined]
+    else:
+        thread._inbox.clear()
+        thread._data = 0
+
+
+def take_part(kind: type[StageThread]) -> Callable[[int], None]:
+    """``BATCH`` puts, then the stage thread's loop taking and delivering them (no-op)."""
+
+    def run(items: int) -> None:
+        thread = kind("p", InboxSpec(BATCH + 1), _counters(), _sink)
+        for _ in range(items // BATCH):
+            for _ in range(BATCH):
+                thread.put(_sink, _ITEM)
+            thread.put_control(lambda _value: thread.close())
+            thread._loop()  # on this thread: ends at the close
+            thread._closed = False  # and again
+            tokens = getattr(thread, "_tokens", None)
+            if tokens is not None:
+                tokens.get()  # the close's wake-up for producers
+
+    return run
+
+
+def admission_part(items: int) -> None:
+    """The port's admission of ``items`` routine items (not stale, no cutover, no flush)."""
+    admits: list[Callable[[PipelineItem], None]] = []
+
+    class Capture(Port):
+        def _hand_off(
+            self,
+            upstream: Any,
+            admit: Callable[[PipelineItem], None],
+            observer: abc.ObserverBase[PipelineItem],
+            scheduler: abc.SchedulerBase | None,
+        ) -> abc.DisposableBase:
+            admits.append(admit)
+            return Disposable()
+
+    def nothing(_observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        return Disposable()
+
+    Capture(_shell("p1"))(Observable(nothing)).subscribe(_sink)
+    (admit,) = admits
+    for _ in range(items):
+        admit(_ITEM)
+
+
+def pipe_part(items: int) -> None:
+    """A pipe's ``on_next`` over ``items`` items: counters, two stamps, a no-op, the item."""
+    observers: list[abc.ObserverBase[PipelineItem]] = []
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        observers.append(observer)
+        return Disposable()
+
+    stream = pipe_operator(noop)(_shell("p1"))([Observable(subscribe)])
+    attach(stream, _sink, _sink, lambda: None)
+    on_next = observers[0].on_next
+    for _ in range(items):
+        on_next(_ITEM)
+
+
+def collector_part(items: int) -> None:
+    """The end's collector as ``Run._collector`` builds it (a reactivex ``Observer``)."""
+    counters = _counters()
+    generations = _GENERATIONS
+
+    def collect(item: PipelineItem) -> None:
+        if generations.is_stale(_base(item)):
+            counters.drop("stale")
+
+    on_next = Observer(collect, _sink, lambda: None).on_next
+    for _ in range(items):
+        on_next(_ITEM)
+
+
+def source_part(items: int) -> None:
+    """A source's pull (metadata, first stamps) from a plain iterator, as the pump does it."""
+    puller = SourcePuller(range(items + 1), _shell("src", "source"))
+    puller.open()
+    pull, waited = puller.pull, puller.take_waited
+    for _ in range(items):
+        pull()
+        waited()
+
+
+def clock_part(items: int) -> None:
+    """One stamp's clock read."""
+    for _ in range(items):
+        now()
+
+
+def _loop(items: int) -> None:
+    for _ in range(items):
+        pass
+
+
+def ns_per_item(part: Callable[[int], None], items: int, reps: int) -> float:
+    """The fastest of ``reps`` runs of ``part`` over ``items`` items, ns an item."""
+    best = float("inf")
+    for _ in range(reps):
+        started = time.perf_counter_ns()
+        part(items)
+        best = min(best, (time.perf_counter_ns() - started) / items)
+    return best
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="The threaded hop's per-item parts, alone")
+    parser.add_argument("--items", type=int, default=100 * BATCH, help="items a timing")
+    parser.add_argument("--reps", type=int, default=9, help="timings of each part")
+    args = parser.parse_args(argv)
+    items, reps = args.items, args.reps
+    parts: list[tuple[str, Callable[[int], None]]] = [
+        ("put into the inbox, C queues (block, room)", put_part(StageThread)),
+        ("put into the inbox, deque under a lock (block, room)", put_part(DequeThread)),
+        ("put, then the thread's take + delivery (backlog), C queues", take_part(StageThread)),
+        ("put, then the thread's take + delivery (backlog), deque", take_part(DequeThread)),
+        ("the port's admission (stale, cutover, flush checks)", admission_part),
+        ("a pipe's on_next: counters, 2 stamps, no-op, new item", pipe_part),
+        ("  of which one clock read (a stamp)", clock_part),
+        ("the end's collector (reactivex Observer)", collector_part),
+        ("a source's pull + the pump's take_waited", source_part),
+    ]
+    empty = ns_per_item(_loop, items, reps)
+    print(f"# python bench/hop_parts.py --items {items} --reps {reps}; rxstream at {revision()}")
+    print()
+    print("| part (one item, one stage, one thread, uncontended) | ns/item |")
+    print("| --- | --- |")
+    for name, part in parts:
+        print(f"| {name} | {ns_per_item(part, items, reps) - empty:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,368 @@
+"""The ``block`` and ``drop_new`` inbox built from two C queues: items and free-slot tokens.
+
+:class:`~rxstream.runtime._thread.StageThread`'s inbox is a deque under a Python lock: every
+put and every take runs Python code under that lock, and a producer that finds the thread
+holding it sleeps on it. Here the inbox is a :class:`queue.SimpleQueue` of entries and a
+:class:`queue.SimpleQueue` of ``capacity`` tokens, one per free slot: a producer takes a token
+(waiting for one under ``block``, dropping the item under ``drop_new``) and queues its entry;
+the thread takes the entry and gives its token back as the entry's delivery starts. Each of
+those is one C call; no Python lock is held by anyone on the per-item path, and the C queues
+do the wake-ups (docs/decisions.md, "Two C queues for the bounded hand-off").
+
+What stays as it was: order, capacity (a taken item holds its slot until its delivery
+starts), drops and their reasons (``drop_new``, ``stopped``), stall and wait accounting,
+timers on the same thread, ``pace``'s ``set_accepting``, close from any thread, a producer
+interrupted while waiting for room (Ctrl-C) leaving nothing behind. ``latest``, whose waiting
+items must stay replaceable by fresher ones, keeps the deque (:class:`StageThread` picks).
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+from collections import deque
+from collections.abc import Callable
+from queue import Empty, SimpleQueue
+from typing import Any
+
+from reactivex import abc
+from reactivex.disposable import Disposable
+
+from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._scheduler import _Timer
+from rxstream._kernel._stats import StageCounters
+from rxstream.runtime._thread import (
+    _INBOXES,
+    StageThread,
+    _monotonic,
+    _perf,
+    _run_timer,
+    _stall,
+    charge_stalls_to,
+)
+
+__all__ = ["TokenThread"]
+
+_WAKE: tuple[Any, ...] = ("wake",)
+"""An entry that only wakes the thread (a timer, ``set_accepting``, a close): one field, where
+data has two and control three."""
+
+TOKENS_MAX = 1 << 16
+"""The largest capacity given tokens (one object each, made up front); above it the deque."""
+
+
+class TokenThread(StageThread):
+    """A :class:`StageThread` whose inbox is two C queues (see the module docstring).
+
+    Entries the thread took while its stage does not accept (``pace``) wait, in order, in
+    ``_taken``, their tokens held; a close counts them as dropped (``stopped``).
+    """
+
+    @classmethod
+    def takes(cls, spec: InboxSpec) -> bool:
+        """``block`` and ``drop_new`` up to :data:`TOKENS_MAX` slots."""
+        return spec.policy != "latest" and spec.capacity <= TOKENS_MAX
+
+    def __init__(
+        self,
+        name: str,
+        spec: InboxSpec,
+        counters: StageCounters,
+        on_crash: Callable[[BaseException], None],
+    ) -> None:
+        super().__init__(name, spec, counters, on_crash)
+        self._items: SimpleQueue[tuple[Any, ...]] = SimpleQueue()
+        self._tokens: SimpleQueue[None] = SimpleQueue()
+        for _ in range(spec.capacity):
+            self._tokens.put(None)
+        self._taken: deque[tuple[Any, ...]] = deque()
+        """Entries taken while the stage did not accept, not started (the thread's alone)."""
+        self._takes = 0
+        """Counts the thread's waits that ended (``idle`` reads it twice: nothing slipped by)."""
+        self._ident: int | None = None
+        self.put = self._putter(spec.policy == "block")
+
+    # --- producers --------------------------------------------------------------------------
+
+    def _putter(self, block: bool) -> Callable[[Callable[[Any], None], Any], None]:
+        """The per-item put: a token (a free slot), then the entry; two C calls."""
+        take_token = self._tokens.get
+        free = self._tokens.qsize
+        put_entry = self._items.put
+        counters = self._counters
+
+        def put(deliver: Callable[[Any], None], value: Any) -> None:
+            if self._closed:
+                counters.drop("stopped")
+                return
+            # a full inbox is asked first: an ``Empty`` raised and caught costs a µs
+            if free():
+                try:
+                    take_token(False)
+                except Empty:  # another producer took the one counted
+                    if not self._room(block):
+                        return
+            elif not self._room(block):
+                return
+            put_entry((deliver, value))
+            if self._closed:  # closed between the check and the put: whoever takes counts it
+                self._drain()
+
+        return put
+
+    def _room(self, block: bool) -> bool:
+        """No free slot now: wait for one (``block``) or drop the item (``drop_new``);
+        whether the item goes in."""
+        if block:
+            return self._wait_for_room()
+        self._counters.drop("drop_new")
+        return False
+
+    def _wait_for_room(self) -> bool:
+        """Wait for a free slot (taken), charging the wait; ``False`` when closed meanwhile."""
+        started = _perf()
+        got = False
+        try:
+            self._tokens.get()  # interruptible (Ctrl-C): then no token was taken
+            got = True
+        except BaseException:
+            if got:  # the interrupt landed just after the token came: give it back
+                self._tokens.put(None)
+            raise
+        blocked = _perf() - started
+        self._counters.add_blocked(blocked)
+        owner: StageCounters | None = getattr(_stall, "counters", None)
+        if owner is not None:
+            owner.stalled_s += blocked
+        if self._closed:
+            self._tokens.put(None)  # close's wake-up: hand it on to the next waiting producer
+            self._counters.drop("stopped")
+            return False
+        return True
+
+    def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
+        """Queue a terminal message (completion, error): never dropped, never blocks."""
+        if not self._closed:
+            self._items.put((deliver, value, None))
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop taking work, wake the thread and every producer waiting for room.
+
+        Data items still queued are counted as dropped (``stopped``); so are those the thread
+        took and had not started, counted by the thread as it ends. Safe from any thread.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._drain()
+        self._items.put(_WAKE)
+        self._tokens.put(None)  # each producer woken by it passes it on
+
+    def _drain(self) -> None:
+        """Empty the queue, counting its data as dropped (``stopped``); once closed."""
+        take = self._items.get_nowait
+        dropped = 0
+        while True:
+            try:
+                entry = take()
+            except Empty:
+                break
+            if len(entry) == 2:
+                dropped += 1
+        if dropped:
+            self._counters.drop("stopped", dropped)
+
+    @property
+    def depth(self) -> int:
+        """Data items waiting now: the slots whose tokens are out (0 once closed)."""
+        if self._closed:
+            return 0
+        return max(0, self.capacity - self._tokens.qsize())
+
+    @property
+    def idle(self) -> bool:
+        """Whether the thread waits for work with nothing queued: no item, no message, no
+        timer due (a timer due later, such as a ``pace`` tick, does not count)."""
+        takes = self._takes
+        idle = (
+            self._idle
+            and self._tokens.qsize() >= self.capacity
+            and not self._items.qsize()
+            and not self._taken
+            and not self._ready
+        )
+        return idle and takes == self._takes
+
+    # --- scheduler ----------------------------------------------------------------------------
+
+    def set_accepting(self, accepting: bool) -> None:
+        if accepting != self._accepting:
+            self._accepting = accepting
+            if accepting and threading.get_ident() != self._ident:
+                self._items.put(_WAKE)
+
+    def _at(self, due: float, timer: _Timer) -> abc.DisposableBase:
+        with self._lock:
+            if due <= _monotonic():
+                self._ready.append(timer)
+            else:
+                heapq.heappush(self._timers, (due, next(self._seq), timer))
+        if threading.get_ident() != self._ident:  # the thread itself looks before it waits
+            self._items.put(_WAKE)
+        return Disposable(timer.cancel)
+
+    # --- the thread -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _take(take: Callable[[], tuple[Any, ...]]) -> tuple[Any, ...] | None:
+        """The next entry without waiting (``None``: a close emptied the queue meanwhile)."""
+        try:
+            return take()
+        except Empty:
+            return None
+
+    def _wait(self, timeout: float | None) -> tuple[Any, ...] | None:
+        """The next entry, waiting up to ``timeout`` (``None``: timed out)."""
+        started = _perf()
+        self._idle = True
+        try:
+            return self._items.get(True, timeout)
+        except Empty:
+            return None
+        finally:
+            self._takes += 1
+            self._idle = False
+            self._counters.wait_s += _perf() - started
+
+    def _next(self) -> tuple[Callable[[Any], None], Any] | None:
+        """The next thing to run when the quick path cannot say: a timer, a taken entry, or
+        whatever arrives (kept in ``_taken`` while the stage does not accept); ``None`` once
+        closed."""
+        ready = self._ready
+        timers = self._timers
+        taken = self._taken
+        while not self._closed:
+            with self._lock:
+                if ready:
+                    return _run_timer, ready.popleft()
+                timeout = None
+                if timers:
+                    timeout = timers[0][0] - _monotonic()
+                    if timeout <= 0:
+                        return _run_timer, heapq.heappop(timers)[2]
+            accepting = self._accepting
+            if taken and (accepting or len(taken[0]) == 3):
+                entry = taken.popleft()
+                if len(entry) == 2:
+                    self._tokens.put(None)
+                return entry[0], entry[1]
+            got = self._take(self._items.get_nowait) if self._items.qsize() else None
+            if got is None:
+                got = self._wait(timeout)
+                if got is None:
+                    continue
+            entry = got
+            if len(entry) == 1:  # a wake-up
+                continue
+            if taken or not (accepting or len(entry) == 3):
+                taken.append(entry)  # behind the front, in order
+                continue
+            if len(entry) == 2:
+                if self._closed:
+                    self._counters.drop("stopped")
+                    return None
+                self._tokens.put(None)
+            return entry[0], entry[1]
+        return None
+
+    def _loop(self) -> None:
+        self._ident = threading.get_ident()
+        counters = self._counters
+        charge_stalls_to(counters)
+        items = self._items
+        take = items.get_nowait
+        waiting = items.qsize
+        free = self._tokens.put
+        ready = self._ready
+        timers = self._timers
+        taken = self._taken
+        perf = _perf
+        entry: Any = None
+        value: Any = None
+        try:
+            while not self._closed:
+                deliver: Callable[[Any], None] | None = None
+                if not (ready or timers or taken) and self._accepting:
+                    # the common case: take the queue's next entry (a wait only when empty;
+                    # asked first: an ``Empty`` raised and caught costs a µs)
+                    entry = None
+                    if waiting():
+                        try:
+                            entry = take()
+                        except Empty:  # a close emptied it since ``waiting()``
+                            entry = None
+                    if entry is None:
+                        entry = self._wait(None)
+                    if entry is not None and len(entry) != 1:
+                        if len(entry) == 2:
+                            if self._closed:
+                                counters.drop("stopped")
+                                return
+                            free(None)  # the slot frees as the delivery starts
+                        deliver, value = entry[0], entry[1]
+                else:
+                    job = self._next()
+                    if job is None:
+                        return
+                    deliver, value = job
+                if deliver is None:
+                    continue
+                started = perf()
+                stalled = counters.stalled_s
+                try:
+                    deliver(value)
+                    entry = value = None  # as below: the first is done with
+                    # a backlog: the next entries back to back, in one span of work
+                    while waiting() and not (ready or timers or taken or self._closed):
+                        if not self._accepting:
+                            break
+                        try:
+                            entry = take()
+                        except Empty:  # a close emptied it since ``waiting()``
+                            break
+                        if len(entry) == 2:
+                            free(None)
+                        elif len(entry) == 1:
+                            continue
+                        deliver, value = entry[0], entry[1]
+                        entry = None
+                        deliver(value)
+                except BaseException as exc:  # the engine's own failure: end the run, name it
+                    self._on_crash(exc)
+                    return
+                finally:
+                    counters.work_s += perf() - started - (counters.stalled_s - stalled)
+                    # keep no item alive while waiting for the next (leases, CUDA refs, memory)
+                    entry = value = deliver = None
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """As the thread ends: what it took and did not start is dropped (``stopped``) when
+        closed, else queued again for close to count."""
+        taken = self._taken
+        if self._closed:
+            dropped = sum(len(entry) == 2 for entry in taken)
+            if dropped:
+                self._counters.drop("stopped", dropped)
+            taken.clear()
+            self._drain()
+            return
+        while taken:
+            self._items.put(taken.popleft())
+
+
+_INBOXES.append(TokenThread)
