@@ -15,12 +15,13 @@ frame later than the steady state by ``d`` (modulo a period) makes every later f
 accident evenly over a period: in round ``k`` of ``R`` the first threaded ``decode`` call ends
 one period plus ``(k + 1/2) / R`` of a period after it started, for both sides. The first
 frame is slow on its own too: the first threaded ``decode`` (torch's first ``conv2d`` on that
-thread) takes 10-24 ms against 2 ms (quiet machine, d45d08e), varying run to run, so a delay
+thread) takes up to 24 ms against 2 ms (quiet machine, d45d08e), varying run to run, so a delay
 *added* to it (as this bench did, in the first ``render``) put the grid at ``d`` plus that,
 modulo a period: at 34.7 ms the grid wrapped round to just after the arrivals. A call that
 ends at a set time after it started absorbs the slow call. The extra period keeps that set
 time longer than the slowest first call; the second frame then waits for the first in
-``decode`` and the pace drops it (``latest``), inside the left-out first seconds. Each round
+``decode``, and the pace drops it (``latest``) when the third arrives before the next tick,
+inside the left-out first seconds. Each round
 prints the grid's hold p50: the phase it actually got (``d`` less the steady ``decode`` time,
 about 2 ms).
 
@@ -117,7 +118,7 @@ def feed(pipeline: rxstream.Pipeline, stop: threading.Event) -> None:
 def late_first_decode(delay: float) -> None:
     """Make the demo's next ``decode`` call end ``delay`` seconds after it starts, once.
 
-    The call itself is slow the first time on a thread (10-24 ms, varying); the sleep takes up
+    The call itself is slow the first time on a thread (up to 24 ms, varying); the sleep takes up
     the rest, so the first frame's lateness is ``delay``, not ``delay`` plus that.
     """
     decode = demo.Decoder.__call__
