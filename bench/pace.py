@@ -22,8 +22,8 @@ ends at a set time after it started absorbs the slow call. The extra period keep
 time longer than the slowest first call; the second frame then waits for the first in
 ``decode``, and the pace drops it (``latest``) when the third arrives before the next tick,
 inside the left-out first seconds. Each round
-prints the grid's hold p50: the phase it actually got (``d`` less the steady ``decode`` time,
-about 2 ms).
+prints the grid's hold p50: the phase it actually got (within about 3 ms of the one set, on
+a quiet machine).
 
 The two sides alternate session by session, the side that goes first alternating each round
 (absolute times on the shared 2-core machines drift; side by side they drift together):
