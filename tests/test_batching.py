@@ -550,3 +550,236 @@ def test_idle_only_while_nothing_waits_or_runs(kind: type[StageThread]) -> None:
     wait_until(lambda: stage.thread.idle, "the thread to wait again")
     stage.finish()
     assert stage.counters.snapshot().dropped == {}
+
+
+class Watched:
+    """A C queue of a :class:`TokenThread`, wrapped: a blocking ``get`` first waits for
+    ``gate`` (``at_gate`` says it came), ``qsize`` runs a one-shot ``hook`` (a close landing
+    just after a put's closed check), ``put`` a one-shot ``before_put``, and wake-ups are
+    held back while ``held`` is a list, until the next other entry is queued."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.gate = threading.Event()
+        self.gate.set()
+        self.at_gate = threading.Event()
+        self.hook: Callable[[], None] | None = None
+        self.before_put: Callable[[Any], None] | None = None
+        self.held: list[Any] | None = None
+
+    def qsize(self) -> int:
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return int(self.real.qsize())
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if block:
+            self.at_gate.set()
+            assert self.gate.wait(WAIT_S)
+        return self.real.get(block, timeout)
+
+    def get_nowait(self) -> Any:
+        return self.real.get_nowait()
+
+    def put(self, item: Any) -> None:
+        before, self.before_put = self.before_put, None
+        if before is not None:
+            before(item)
+        if self.held is not None and len(item) == 1:
+            self.held.append(item)
+            return
+        self.real.put(item)
+        if self.held is not None:
+            for wake in self.held:
+                self.real.put(wake)
+            self.held = None
+
+
+def watched(stage: Stage) -> tuple[Watched, Watched]:
+    """Wrap ``stage``'s two C queues (before its thread starts); the items', the tokens'."""
+    thread = stage.thread
+    assert isinstance(thread, TokenThread)
+    items, tokens = Watched(thread._items), Watched(thread._tokens)
+    thread._items, thread._tokens = items, tokens  # type: ignore[assignment]
+    thread.put = thread._putter(thread.policy == "block")  # its closure binds the queues
+    return items, tokens
+
+
+def on(where: str, action: Callable[[], None]) -> None:
+    """Run ``action`` on the main thread or on a thread of its own, to its end."""
+    if where == "main":
+        action()
+        return
+    worker = threading.Thread(target=action)
+    worker.start()
+    worker.join(WAIT_S)
+    assert not worker.is_alive()
+
+
+PRODUCERS = pytest.mark.parametrize("where", ["main", "worker"])
+"""Both puts: the main thread's (interruptible) and any other thread's."""
+
+
+@PRODUCERS
+def test_a_put_racing_a_close_leaves_the_idle_thread_its_wake_up(where: str) -> None:
+    """A put that queues as a close comes sweeps the queue again, and with it the wake-up
+    close queued: the idle thread is still woken and ends, and the item is ``stopped``."""
+    stage = Stage(capacity=2)
+    items, tokens = watched(stage)
+    items.gate.clear()  # the thread's wait for work holds until the put is done
+    stage.thread.start()
+    assert items.at_gate.wait(WAIT_S)
+    tokens.hook = stage.thread.close  # lands just after the put's closed check
+    on(where, lambda: stage.put("x"))
+    items.gate.set()
+    assert stage.thread.join(WAIT_S)
+    assert stage.seen == []
+    assert stage.counters.snapshot().dropped == {"stopped": 1}
+
+
+@PRODUCERS
+def test_a_put_racing_a_close_hands_on_the_wake_up_of_waiting_producers(where: str) -> None:
+    """A put that takes the token close left for the producers waiting for room gives one
+    back: the waiting producer wakes, its item counted ``stopped``."""
+    stage = Stage(capacity=1)
+    _, tokens = watched(stage)
+    stage.backlog(range(1, 2))  # item 0 parks the thread, item 1 fills the inbox
+    tokens.gate.clear()  # the waiting producer's wait for a token holds until the put is done
+    tokens.at_gate.clear()
+    waiting = threading.Thread(target=stage.put, args=(2,))
+    waiting.start()
+    assert tokens.at_gate.wait(WAIT_S)
+    tokens.hook = stage.thread.close  # close's token is there for the put to take
+    on(where, lambda: stage.put(3))
+    tokens.gate.set()
+    waiting.join(WAIT_S)
+    assert not waiting.is_alive()
+    stage.go.set()
+    assert stage.thread.join(WAIT_S)
+    assert stage.seen == [0]
+    assert stage.counters.snapshot().dropped == {"stopped": 3}  # 1, 2 and 3
+
+
+def test_a_completion_queued_as_a_close_comes_is_not_delivered() -> None:
+    """C-queue inbox: a completion whose closed check passed before a close but queued
+    after close's sweep (ahead of its wake-up) is not delivered after the close, as with the
+    deque inbox."""
+    stage = Stage(capacity=2)
+    items, _ = watched(stage)
+    items.gate.clear()
+    stage.thread.start()
+    assert items.at_gate.wait(WAIT_S)
+    done = threading.Event()
+
+    def close_first(_: Any) -> None:  # close sweeps; its wake-up lands behind the completion
+        items.held = []
+        stage.thread.close()
+
+    items.before_put = close_first
+    stage.thread.put_control(lambda _: done.set())
+    assert items.real.qsize() == 2  # the completion, then the wake-up
+    items.gate.set()
+    assert stage.thread.join(WAIT_S)
+    assert not done.is_set()
+
+
+def test_entries_queued_again_as_the_thread_ends_are_counted_by_a_close_meanwhile() -> None:
+    """C-queue inbox: a thread that ends (its stage failed) while a close sweeps puts what it
+    took back and counts it (``stopped``): nothing the close's sweep missed goes uncounted."""
+    stage = Stage(capacity=4)
+    items, _ = watched(stage)
+    stage.during[1] = lambda: stage.thread.set_accepting(False)
+    stage.backlog(range(1, 4))
+    stage.go.set()
+    thread = stage.thread
+    assert isinstance(thread, TokenThread)
+    wait_until(lambda: len(thread._taken) == 2, "2 and 3 to be taken, not started")
+
+    def close_at_requeue(entry: Any) -> None:  # the first entry queued again meets a close
+        if len(entry) == 1:  # the timer's wake-up
+            items.before_put = close_at_requeue
+        else:
+            stage.thread.close()
+
+    items.before_put = close_at_requeue
+
+    def fail(*_: Any) -> None:
+        raise Interrupted
+
+    stage.thread.schedule(fail)  # a timer runs though the stage does not accept: it fails
+    assert stage.thread.join(WAIT_S)
+    assert [type(exc) for exc in stage.crashes] == [Interrupted]
+    assert stage.seen == [0, 1]
+    assert stage.counters.snapshot().dropped == {"stopped": 2}
+
+
+def interrupt_at(count: int) -> Callable[..., Any]:
+    """A tracer raising ``KeyboardInterrupt`` at the ``count``-th line run in the C-queue
+    inbox's code, as a Ctrl-C's handler would there (a signal is handled between any two
+    bytecodes, one just after a C call returned included); counts the lines in ``lines``."""
+    lines = [0]
+    code = TokenThread._putter.__code__.co_filename
+
+    def local(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line":
+            lines[0] += 1
+            if lines[0] == count:
+                raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        return local if frame.f_code.co_filename == code else None
+
+    tracer.lines = lines  # type: ignore[attr-defined]
+    return tracer
+
+
+def free_a_slot(thread: TokenThread, done: threading.Event, fed: threading.Event) -> None:
+    """Free a slot of ``thread``, as its thread would, once the main thread waits for room
+    (``fed`` then); nothing when its put ends (``done``) first."""
+    wait_until(
+        lambda: done.is_set() or blocked_in(threading.main_thread(), "_wait_for_room"),
+        "the main thread to wait or finish",
+    )
+    if not done.is_set():
+        fed.set()
+        thread._tokens.put(None)
+
+
+@pytest.mark.parametrize("full", [False, True], ids=["free-slot", "waits-for-room"])
+def test_ctrl_c_anywhere_in_a_put_keeps_every_slot(full: bool) -> None:
+    """C-queue inbox: a Ctrl-C landing at any line of the main thread's put, from the token
+    taken (at once, or after a wait for room) to the entry queued, leaves no slot taken:
+    each token is free or held by a queued entry."""
+    assert threading.current_thread() is threading.main_thread()
+    for count in itertools.count(1):
+        stage = Stage(capacity=1)  # its thread never starts: the queues stay as the put left
+        thread = stage.thread
+        assert isinstance(thread, TokenThread)
+        fed = threading.Event()
+        done = threading.Event()
+        if full:
+            stage.put(1)  # takes the one token: the next put waits for room
+
+            helper = threading.Thread(target=free_a_slot, args=(thread, done, fed))
+            helper.start()
+        tracer = interrupt_at(count)
+        interrupted = False
+        sys.settrace(tracer)
+        try:
+            stage.put(2)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+            done.set()
+        if full:
+            helper.join(WAIT_S)
+            assert not helper.is_alive()
+        slots = 1 + fed.is_set()
+        assert thread._tokens.qsize() + thread._items.qsize() == slots, count
+        thread.close()
+        if not interrupted:
+            assert tracer.lines[0] < count  # type: ignore[attr-defined]
+            break

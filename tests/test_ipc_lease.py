@@ -302,6 +302,35 @@ def test_a_lease_whose_wait_ran_out_is_refused_at_once_after(
     del kept
 
 
+def test_a_lease_waits_no_longer_than_its_timeout_and_keeps_its_patience(
+    pair: tuple[ShmRing, ShmRing], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lease whose caller's ``timeout`` is shorter than ``LEASE_WAIT_S`` waits at most that
+    timeout for a hand-back; its running out leaves the ring's later leases their wait."""
+    producer, consumer = pair
+    waits: list[float] = []
+    handed_back = _lease.Lessor._handed_back
+
+    def spied(self: _lease.Lessor, seconds: float) -> bool:
+        waits.append(seconds)
+        return handed_back(self, seconds)
+
+    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    monkeypatch.setattr(_lease, "LEASE_WAIT_S", 1.0)
+    producer.put(np.ones(1000))
+    kept = consumer.get()
+    assert producer.lease((1000,), np.float64, timeout=0.01) is None
+    assert waits
+    assert all(0 < s <= 0.01 for s in waits)
+    assert producer._lessor is not None
+    assert producer._lessor.patience == 1.0
+    count = len(waits)
+    assert producer.lease((1000,), np.float64, timeout=0.0) is None
+    assert len(waits) == count  # a zero timeout: refused without a wait
+    assert producer._lessor.patience == 1.0
+    del kept
+
+
 def test_a_lease_not_put_yet_counts_for_the_consumers_copy_out(
     pair: tuple[ShmRing, ShmRing],
 ) -> None:

@@ -18,11 +18,13 @@ slot outside the producer's leases and the consumer's held items (the ``W_TAKEN`
 the consumer copies an item out of its slot when keeping it would (``ShmRing.all_leased``
 counts the producer's leases, put or not, in ``W_HELD``). Each side writes its own word before
 it reads the other's, so of a lease and a ``get`` that cross, at least one sees the other.
-Such a lease is not refused at once: it first waits (``LEASE_WAIT_S`` at most) for the
-consumer to hand a slot back, which a reader a few frames behind does as it catches up (a rank
-boundary's reading side holds items in its inboxes). The copy path never waits on it: the
-lease took nothing yet. A wait that runs out means the consumer keeps its items until more
-come (a window): that producer's leases are refused at once from then on.
+Such a lease is not refused at once: it first waits (``LEASE_WAIT_S`` at most, or the
+caller's ``timeout`` if shorter) for the consumer to hand a slot back, which a reader a few
+frames behind does as it catches up (a rank boundary's reading side holds items in its
+inboxes). The copy path never waits on it: the lease took nothing yet. A wait that runs
+out means the consumer keeps its items until more come (a window): that producer's leases
+are refused at once from then on (a wait cut short by the caller's ``timeout`` says nothing
+of the kind).
 
 This module is the ring's friend: it works on :class:`ShmRing`'s internals.
 """
@@ -114,7 +116,7 @@ class Lessor:
         if kind.hasobject or at < HEAD_ROOM:
             return None
         words = ring._words
-        if not self._room():
+        if not self._room(timeout):
             return None
         try:
             slot = self.vet(ring._free.pop() if ring._free else ring._wait_free(timeout), timeout)
@@ -136,17 +138,20 @@ class Lessor:
         lease.atexit = False
         return np.frombuffer(owner.data[at : at + nbytes], kind).reshape(size)
 
-    def _room(self) -> bool:
+    def _room(self, timeout: float | None) -> bool:
         """Count one more lease in ``W_HELD`` if that leaves the copy path a slot (whether it
-        did); else wait up to ``patience`` s for the consumer to hand slots back.
+        did); else wait up to ``patience`` s (the caller's ``timeout`` if shorter) for the
+        consumer to hand slots back.
 
-        The wait ends at the consumer's first hand-back that makes room. One that runs out
-        tells this producer that its consumer keeps its items (it waits for more to come):
-        from then on such a lease is refused at once.
+        The wait ends at the consumer's first hand-back that makes room. One that runs its
+        whole ``patience`` out tells this producer that its consumer keeps its items (it waits
+        for more to come): from then on such a lease is refused at once. A wait cut short by
+        the caller's ``timeout`` tells nothing: it leaves ``patience`` as it was.
         """
         ring = self._ring
         words = ring._words
         deadline = 0.0
+        patient = True  # the wait is bounded by ``patience``, not by the caller's timeout
         while True:
             with ring._lock:
                 held = len(self.slots) + 1
@@ -158,9 +163,14 @@ class Lessor:
             if self.patience <= 0 or not taken or ring._closed:
                 return False  # (the producer's own leases fill the ring: nothing to wait for)
             now = time.perf_counter()
-            deadline = deadline or now + self.patience
+            if not deadline:
+                wait = self.patience
+                if timeout is not None and timeout < wait:
+                    wait, patient = max(timeout, 0.0), False
+                deadline = now + wait
             if now >= deadline or not self._handed_back(deadline - now):
-                self.patience = 0.0
+                if patient:
+                    self.patience = 0.0
                 return False
 
     def _handed_back(self, seconds: float) -> bool:

@@ -47,6 +47,10 @@ _WAKE: tuple[Any, ...] = ("wake",)
 """An entry that only wakes the thread (a timer, ``set_accepting``, a close): one field, where
 data has two and control three."""
 
+_WAIT = (True,)
+_NOWAIT = (False,)
+"""Arguments for ``map``: one call of ``get(True)`` (waits), one of ``get(False)``."""
+
 TOKENS_MAX = 1 << 16
 """The largest capacity given tokens (one object each, made up front); above it the deque."""
 
@@ -85,50 +89,75 @@ class TokenThread(StageThread):
     # --- producers --------------------------------------------------------------------------
 
     def _putter(self, block: bool) -> Callable[[Callable[[Any], None], Any], None]:
-        """The per-item put: a token (a free slot), then the entry; two C calls."""
+        """The per-item put: a token (a free slot), then the entry; two C calls.
+
+        Off the main thread no signal handler runs, so nothing lands between the two: the
+        lean path. On the main thread a Ctrl-C (a signal handler's ``KeyboardInterrupt``) can
+        land between any two bytecodes, one just after a C call returned included, so the
+        token and then the entry are taken into ``box`` from C (``map`` calls the queue,
+        ``list.extend`` stores what it returns, with no bytecode in between): wherever the
+        interrupt lands, ``box`` says what was done. Empty, nothing (a blocking ``get`` that
+        is interrupted takes no token); one, the token, which goes back; two, the entry is
+        queued, and will be delivered or counted.
+        """
         take_token = self._tokens.get
         free = self._tokens.qsize
+        give_token = self._tokens.put
         put_entry = self._items.put
         counters = self._counters
+        ident = threading.get_ident
+        main = threading.main_thread().ident
 
         def put(deliver: Callable[[Any], None], value: Any) -> None:
             if self._closed:
                 counters.drop("stopped")
                 return
-            # a full inbox is asked first: an ``Empty`` raised and caught costs a µs
-            if free():
+            if ident() != main:
+                # a full inbox is asked first: an ``Empty`` raised and caught costs a µs
+                if free():
+                    try:
+                        take_token(False)
+                    except Empty:  # another producer took the one counted
+                        if not self._room(block, []):
+                            return
+                elif not self._room(block, []):
+                    return
+                put_entry((deliver, value))
+            else:
+                box: list[None] = []
                 try:
-                    take_token(False)
-                except Empty:  # another producer took the one counted
-                    if not self._room(block):
+                    if free():
+                        try:  # noqa: SIM105 (``contextlib.suppress`` costs ~0.3 µs an item)
+                            box.extend(map(take_token, _NOWAIT))
+                        except Empty:  # another producer took the one counted
+                            pass
+                    if not box and not self._room(block, box):
                         return
-            elif not self._room(block):
-                return
-            put_entry((deliver, value))
-            if self._closed:  # closed between the check and the put: whoever takes counts it
-                self._drain()
+                    box.extend(map(put_entry, ((deliver, value),)))
+                except BaseException:
+                    if len(box) == 1:  # a token taken, no entry queued: the slot goes back
+                        give_token(None)
+                    raise
+            if self._closed:  # closed between the check and the put
+                self._closed_after_put()
 
         return put
 
-    def _room(self, block: bool) -> bool:
-        """No free slot now: wait for one (``block``) or drop the item (``drop_new``);
-        whether the item goes in."""
+    def _room(self, block: bool, box: list[None]) -> bool:
+        """No free slot now: wait for one (``block``; its token lands in ``box``) or drop the
+        item (``drop_new``); whether the item goes in."""
         if block:
-            return self._wait_for_room()
+            self._wait_for_room(box)
+            return bool(box)
         self._counters.drop("drop_new")
         return False
 
-    def _wait_for_room(self) -> bool:
-        """Wait for a free slot (taken), charging the wait; ``False`` when closed meanwhile."""
+    def _wait_for_room(self, box: list[None]) -> None:
+        """Wait for a free slot, its token taken into ``box`` (from C, see
+        :meth:`_putter`), charging the wait; ``box`` left empty (the token handed on)
+        when closed meanwhile. A Ctrl-C that interrupts the wait takes no token."""
         started = _perf()
-        got = False
-        try:
-            self._tokens.get()  # interruptible (Ctrl-C): then no token was taken
-            got = True
-        except BaseException:
-            if got:  # the interrupt landed just after the token came: give it back
-                self._tokens.put(None)
-            raise
+        box.extend(map(self._tokens.get, _WAIT))
         blocked = _perf() - started
         self._counters.add_blocked(blocked)
         owner: StageCounters | None = getattr(_stall, "counters", None)
@@ -136,12 +165,20 @@ class TokenThread(StageThread):
             owner.stalled_s += blocked
         if self._closed:
             self._tokens.put(None)  # close's wake-up: hand it on to the next waiting producer
+            box.clear()
             self._counters.drop("stopped")
-            return False
-        return True
+
+    def _closed_after_put(self) -> None:
+        """A put that queued its entry as a close came (after close's sweep, perhaps): sweep
+        again, counting it, and give a token back, for the token this put took may be the
+        one close left to wake the producers waiting for room."""
+        self._drain()
+        self._tokens.put(None)
 
     def put_control(self, deliver: Callable[[Any], None], value: Any = None) -> None:
-        """Queue a terminal message (completion, error): never dropped, never blocks."""
+        """Queue a terminal message (completion, error): never dropped, never blocks. One
+        that lands after a close is not delivered: the thread starts nothing it takes once
+        closed."""
         if not self._closed:
             self._items.put((deliver, value, None))
 
@@ -157,12 +194,13 @@ class TokenThread(StageThread):
             if self._closed:
                 return
             self._closed = True
-        self._drain()
-        self._items.put(_WAKE)
+        self._drain()  # and wakes the thread
         self._tokens.put(None)  # each producer woken by it passes it on
 
     def _drain(self) -> None:
-        """Empty the queue, counting its data as dropped (``stopped``); once closed."""
+        """Empty the queue, counting its data as dropped (``stopped``), then queue the
+        thread's wake-up again; once closed. (Whoever sweeps may take the wake-up that close
+        queued, or a concurrent sweep's: the last thing a sweep does is queue one.)"""
         take = self._items.get_nowait
         dropped = 0
         while True:
@@ -174,6 +212,7 @@ class TokenThread(StageThread):
                 dropped += 1
         if dropped:
             self._counters.drop("stopped", dropped)
+        self._items.put(_WAKE)
 
     @property
     def depth(self) -> int:
@@ -256,24 +295,23 @@ class TokenThread(StageThread):
             accepting = self._accepting
             if taken and (accepting or len(taken[0]) == 3):
                 entry = taken.popleft()
-                if len(entry) == 2:
-                    self._tokens.put(None)
-                return entry[0], entry[1]
-            got = self._take(self._items.get_nowait) if self._items.qsize() else None
-            if got is None:
-                got = self._wait(timeout)
+            else:
+                got = self._take(self._items.get_nowait) if self._items.qsize() else None
                 if got is None:
+                    got = self._wait(timeout)
+                    if got is None:
+                        continue
+                entry = got
+                if len(entry) == 1:  # a wake-up
                     continue
-            entry = got
-            if len(entry) == 1:  # a wake-up
-                continue
-            if taken or not (accepting or len(entry) == 3):
-                taken.append(entry)  # behind the front, in order
-                continue
-            if len(entry) == 2:
-                if self._closed:
+                if taken or not (accepting or len(entry) == 3):
+                    taken.append(entry)  # behind the front, in order
+                    continue
+            if self._closed:  # nothing starts after a close (as the deque inbox)
+                if len(entry) == 2:
                     self._counters.drop("stopped")
-                    return None
+                return None
+            if len(entry) == 2:
                 self._tokens.put(None)
             return entry[0], entry[1]
         return None
@@ -307,10 +345,11 @@ class TokenThread(StageThread):
                     if entry is None:
                         entry = self._wait(None)
                     if entry is not None and len(entry) != 1:
-                        if len(entry) == 2:
-                            if self._closed:
+                        if self._closed:  # nothing starts after a close (as the deque inbox)
+                            if len(entry) == 2:
                                 counters.drop("stopped")
-                                return
+                            return
+                        if len(entry) == 2:
                             free(None)  # the slot frees as the delivery starts
                         deliver, value = entry[0], entry[1]
                 else:
@@ -326,12 +365,16 @@ class TokenThread(StageThread):
                     deliver(value)
                     entry = value = None  # as below: the first is done with
                     # a backlog: the next entries back to back, in one span of work
-                    while waiting() and not (ready or timers or taken or self._closed):
+                    while waiting() and not (ready or timers or taken):
                         if not self._accepting:
                             break
                         try:
                             entry = take()
                         except Empty:  # a close emptied it since ``waiting()``
+                            break
+                        if self._closed:  # nothing starts after a close
+                            if len(entry) == 2:
+                                counters.drop("stopped")
                             break
                         if len(entry) == 2:
                             free(None)
@@ -352,7 +395,8 @@ class TokenThread(StageThread):
 
     def _settle(self) -> None:
         """As the thread ends: what it took and did not start is dropped (``stopped``) when
-        closed, else queued again for close to count."""
+        closed, else queued again for close to count (or counted here, when a close swept the
+        queue meanwhile)."""
         taken = self._taken
         if self._closed:
             dropped = sum(len(entry) == 2 for entry in taken)
@@ -363,6 +407,8 @@ class TokenThread(StageThread):
             return
         while taken:
             self._items.put(taken.popleft())
+        if self._closed:  # a close came since the check: its sweep may have missed them
+            self._drain()
 
 
 _INBOXES.append(TokenThread)
