@@ -64,6 +64,7 @@ from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
 from rxstream.ranks._lease import offer, withdraw
+from rxstream.runtime._thread import charge_stall
 from rxstream.typing import ItemStream
 
 __all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]
@@ -325,8 +326,8 @@ class Boundary:
             if shm is not None:
                 counters.zero_copy += shm._zero_copy - zero
                 counters.copies += shm._copies - copies
-            if waited:
-                counters.stalled_s += waited / 1e9
+            if waited:  # to the thread's owner: a stage fused onto it has no thread to stall
+                charge_stall(waited / 1e9, counters)
 
         return send
 

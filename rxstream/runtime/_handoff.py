@@ -37,7 +37,7 @@ from rxstream.runtime._thread import (
     _monotonic,
     _perf,
     _run_timer,
-    _stall,
+    charge_stall,
     charge_stalls_to,
 )
 
@@ -160,9 +160,7 @@ class TokenThread(StageThread):
         box.extend(map(self._tokens.get, _WAIT))
         blocked = _perf() - started
         self._counters.add_blocked(blocked)
-        owner: StageCounters | None = getattr(_stall, "counters", None)
-        if owner is not None:
-            owner.stalled_s += blocked
+        charge_stall(blocked)
         if self._closed:
             self._tokens.put(None)  # close's wake-up: hand it on to the next waiting producer
             box.clear()

@@ -25,7 +25,7 @@ from reactivex.disposable import CompositeDisposable
 from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
-from rxstream._kernel._stats import StageCounters, StageStatistics
+from rxstream._kernel._stats import StageStatistics
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -149,10 +149,6 @@ class Run(ABC):
         """The name of the stage whose thread runs ``node`` when it is fused there, else ``""``."""
         return ""
 
-    def _owner(self, node: Node) -> Node:
-        """The stage whose thread runs ``node``: ``node`` itself unless it is fused there."""
-        return node
-
     def _crosses(self, upstream: Node, node: Node) -> bool:
         """Whether the edge ``upstream`` → ``node`` crosses a rank boundary in this run."""
         return self.plan.ranks[upstream] != self.plan.ranks[node]
@@ -258,15 +254,9 @@ class Run(ABC):
                 continue
             boundary = self._boundary(upstream, node)
             self._ends += 1
-            produced = self._produced(streams[upstream], upstream, node)
-            owner = self._owner(upstream)
-            if owner is not upstream:  # a fused stage: its thread's owner waits on the ring
-                produced = _stalls_to(
-                    produced, self.shells[upstream].counters, self.shells[owner].counters
-                )
             self._subscriptions.add(
                 boundary.write(
-                    produced,
+                    self._produced(streams[upstream], upstream, node),
                     self.shells[upstream].counters,
                     self.plan.name_of(upstream),
                     self.fail,
@@ -379,29 +369,3 @@ class Run(ABC):
             snapshot = shell.counters.snapshot(self._depth(node), capacity)
             stats[shell.name] = replace(snapshot, fused_into=owner) if owner else snapshot
         return stats
-
-
-def _stalls_to(stream: ItemStream, member: StageCounters, owner: StageCounters) -> ItemStream:
-    """``stream``, whose subscriber's stall (a ring writer's wait, charged to ``member``: the
-    fused stage it writes for) moves to ``owner``, the stage whose thread ran it. The owner's
-    loop takes its own stall out of its work; a fused stage has no thread to stall. Both are
-    written on that one thread."""
-
-    def subscribe(
-        observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
-    ) -> abc.DisposableBase:
-        on_next_down = observer.on_next
-
-        def on_next(item: PipelineItem) -> None:
-            stalled = member.stalled_s
-            try:
-                on_next_down(item)
-            finally:
-                moved = member.stalled_s - stalled
-                if moved:
-                    member.stalled_s = stalled
-                    owner.stalled_s += moved
-
-        return attach(stream, on_next, observer.on_error, observer.on_completed, scheduler)
-
-    return Observable(subscribe)

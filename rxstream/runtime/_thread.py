@@ -28,7 +28,14 @@ from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._scheduler import _ClockScheduler, _Timer
 from rxstream._kernel._stats import StageCounters
 
-__all__ = ["DequeThread", "StageThread", "VirtualClock", "_ClockScheduler", "charge_stalls_to"]
+__all__ = [
+    "DequeThread",
+    "StageThread",
+    "VirtualClock",
+    "_ClockScheduler",
+    "charge_stall",
+    "charge_stalls_to",
+]
 
 _TState = TypeVar("_TState")
 _stall = threading.local()
@@ -38,6 +45,15 @@ _stall = threading.local()
 def charge_stalls_to(counters: StageCounters) -> None:
     """Charge the time this thread spends blocked on full inboxes to ``counters``."""
     _stall.counters = counters
+
+
+def charge_stall(seconds: float, fallback: StageCounters | None = None) -> None:
+    """Charge ``seconds`` blocked handing an item on (a full inbox, a full ring) to the owner
+    of the running thread (:func:`charge_stalls_to`: the stage whose loop takes its stalls out
+    of its work, also for the stages fused onto it), else to ``fallback``."""
+    owner: StageCounters | None = getattr(_stall, "counters", fallback)
+    if owner is not None:
+        owner.stalled_s += seconds
 
 
 _monotonic = time.monotonic
@@ -290,9 +306,7 @@ class StageThread(_ClockScheduler):
                     lock.acquire()
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
-                owner: StageCounters | None = getattr(_stall, "counters", None)
-                if owner is not None:
-                    owner.stalled_s += blocked
+                charge_stall(blocked)
             if self._closed:
                 self._counters.drop("stopped")
                 return

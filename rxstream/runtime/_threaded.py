@@ -97,9 +97,6 @@ class ThreadedRun(Run):
             return stream
         return _onto(self.threads[head], stream)  # the head's inbox; the chain admits
 
-    def _owner(self, node: Node) -> Node:
-        return fused_into(node)
-
     def _fused_into(self, node: Node) -> str:
         return self.plan.name_of(fused_into(node)) if fused(node) else ""
 
