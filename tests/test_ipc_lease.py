@@ -280,14 +280,7 @@ def test_a_lease_whose_wait_ran_out_is_refused_at_once_after(
     """A consumer that keeps its item (until more come) lets the first such lease wait its
     bounded time and be refused; the producer's later ones are refused without a wait."""
     producer, consumer = pair
-    waits: list[float] = []
-    handed_back = _lease.Lessor._handed_back
-
-    def spied(self: _lease.Lessor, seconds: float) -> bool:
-        waits.append(seconds)
-        return handed_back(self, seconds)
-
-    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    waits = _spy_on_waits(monkeypatch)
     monkeypatch.setattr(_lease, "LEASE_WAIT_S", 0.05)
     producer.put(np.ones(1000))
     kept = consumer.get()
@@ -308,14 +301,7 @@ def test_a_lease_waits_no_longer_than_its_timeout_and_keeps_its_patience(
     """A lease whose caller's ``timeout`` is shorter than ``LEASE_WAIT_S`` waits at most that
     timeout for a hand-back; its running out leaves the ring's later leases their wait."""
     producer, consumer = pair
-    waits: list[float] = []
-    handed_back = _lease.Lessor._handed_back
-
-    def spied(self: _lease.Lessor, seconds: float) -> bool:
-        waits.append(seconds)
-        return handed_back(self, seconds)
-
-    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    waits = _spy_on_waits(monkeypatch)
     monkeypatch.setattr(_lease, "LEASE_WAIT_S", 1.0)
     producer.put(np.ones(1000))
     kept = consumer.get()
@@ -563,3 +549,16 @@ def test_leased_frames_cross_rank_processes_in_place() -> None:
     zero, sent = (int(n) for n in render[-1].split("/"))
     assert sent >= 20
     assert zero == sent - 1  # the first frame is copied (the ring is offered with it)
+
+
+def _spy_on_waits(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The seconds of every wait a lease makes for a slot handed back, in order."""
+    waits: list[float] = []
+    handed_back = _lease.Lessor._handed_back
+
+    def spied(self: _lease.Lessor, seconds: float) -> bool:
+        waits.append(seconds)
+        return handed_back(self, seconds)
+
+    monkeypatch.setattr(_lease.Lessor, "_handed_back", spied)
+    return waits
