@@ -27,7 +27,7 @@ The chain, the same on every side: a source thread and four stage threads (``src
   cheapest bounded thread-a-stage chain Python can make. ``floor, C queues`` carries no stamps;
   ``floor, C queues + stamps`` exactly the hand-written chain's. Under the table, one line a
   capacity says, from the run's figures, whether the floor itself reaches issue 18's ≥ 1.5x:
-  where it does not, no thread-a-stage chain in Python does on this machine.
+  where it does not, no thread-a-stage chain in Python did in that run.
 
 Measures:
 1. latency, one item in flight: the main thread puts one payload on the source's feed queue
@@ -594,14 +594,15 @@ def floor_line(
             f"{name} {spread(ratios, 2, 'x')}, with the stamps {spread(stamped_ratios, 2, 'x')}:"
             f" {'reaches it' if best >= target else 'below it'}"
         )
+    shape = "this shape" if len(shapes) == 1 else "these shapes"
     bound = (
-        "no chain of this shape in Python reached the target in this run, not even one that "
+        f"no chain of {shape} in Python reached the target in this run, not even one that "
         "does nothing but its hand-offs and calls"
         if missed == len(shapes)
         else "a bare chain reached the target in this run: what an engine adds decides"
     )
     return (
-        f"- capacity {capacity}, the target ≥ {target:g}x {against}: {'; '.join(parts)}. "
+        f"- capacity {capacity}, the target ≥ {target:.1f}x {against}: {'; '.join(parts)}. "
         f"So {bound}."
     )
 
