@@ -84,7 +84,7 @@ Ray's graph compiled, from ``/proc/<pid>/stat``).
 
 The far ends (consumer processes, the Ray actor) are in bench/_peer_ends.py.
 
-Run ``python bench/peers.py`` (1-1.5 minutes) or ``python bench/peers.py --quick`` (a smoke
+Run ``python bench/peers.py`` (1.5-2 minutes) or ``python bench/peers.py --quick`` (a smoke
 run whose ratios are indicative only). Ray is in the ``bench`` extra
 (``pip install -e .[bench]``), GStreamer is Debian's ``python3-gst-1.0``.
 """
