@@ -21,7 +21,7 @@ The chain, the same on every side: a source thread and four stage threads (``src
   such: the hand-written chain they are compared with still has a thread per stage.
 - reactivex: ``from_iterable`` on the main thread, then four ``observe_on(EventLoopScheduler())``
   hops, each followed by an ``ops.map`` that does the same stamping (unbounded queues).
-- the floors, no engine (throughput only, information): the same five threads, each calling
+- the floors, no engine (throughput and CPU per item, information): the same five threads, each calling
   ``noop`` (``p4``: the countdown), each hand-off two C ``queue.SimpleQueue``s (the items, and
   ``capacity`` free-slot tokens, a token given back as the consumer takes the item): the
   cheapest bounded thread-a-stage chain Python can make. ``floor, C queues`` carries no stamps;
@@ -667,6 +667,12 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> tuple[list[R
                 Row(f"{label}: {backlog}, capacity {capacity}", "k items/s",
                     got[f"{key} {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
                     got[f"hand {capacity}"], "(rxstream's: ≥ 1.5x)", None)
+            )  # fmt: skip
+            rows.append(
+                Row(f"{label}: CPU per item, all threads, {backlog}, capacity {capacity}",
+                    "µs/item", got[f"{key} {capacity} cpu"],
+                    f"hand-written, queue.Queue(maxsize={capacity})",
+                    got[f"hand {capacity} cpu"], "—", None)
             )  # fmt: skip
     for capacity in (2, big):  # the same runs' CPU: what a loaded machine disturbs least
         rows.append(
