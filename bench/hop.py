@@ -21,13 +21,13 @@ The chain, the same on every side: a source thread and four stage threads (``src
   such: the hand-written chain they are compared with still has a thread per stage.
 - reactivex: ``from_iterable`` on the main thread, then four ``observe_on(EventLoopScheduler())``
   hops, each followed by an ``ops.map`` that does the same stamping (unbounded queues).
-- the floors, no engine (throughput and CPU per item, information): the same five threads, each calling
-  ``noop`` (``p4``: the countdown), each hand-off two C ``queue.SimpleQueue``s (the items, and
-  ``capacity`` free-slot tokens, a token given back as the consumer takes the item): the
-  cheapest bounded thread-a-stage chain Python can make. ``floor, C queues`` carries no stamps;
-  ``floor, C queues + stamps`` exactly the hand-written chain's. Under the table, one line a
-  capacity says, from the run's figures, whether the floor itself reaches issue 18's ≥ 1.5x:
-  where it does not, no thread-a-stage chain in Python did in that run.
+- the floors, no engine (throughput and CPU per item, information): the same five threads,
+  each calling ``noop`` (``p4``: the countdown), each hand-off two C ``queue.SimpleQueue``s
+  (the items, and ``capacity`` free-slot tokens, a token given back as the consumer takes the
+  item): the cheapest bounded thread-a-stage chain Python can make. ``floor, C queues``
+  carries no stamps; ``floor, C queues + stamps`` exactly the hand-written chain's. Under the
+  table, one line a capacity says, from the run's figures, whether the floor itself reaches
+  issue 18's ≥ 1.5x: where it does not, no thread-a-stage chain in Python did in that run.
 
 Measures:
 1. latency, one item in flight: the main thread puts one payload on the source's feed queue
