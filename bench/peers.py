@@ -15,13 +15,13 @@ In one process, the chain of bench/hop.py (a source thread and 4 pass-through st
 - GStreamer: ``appsrc ! (queue ! identity) x4 ! appsink``, C elements, a thread per queue,
   run by Debian's ``/usr/bin/python3`` (``python3-gst-1.0``) in a child process that
   bench/_gst_chain.py describes, driven command by command from here.
-- the floors, no engine (throughput only, information; bench/hop.py's): the 5-thread floor
-  (a source thread and 4 stage threads, each hand-off two C ``queue.SimpleQueue``s, items and
-  free-slot tokens) and the 2-thread floor (a source thread and one thread making the 4 calls
-  back to back: the fused shape's floor), each without stamps and with the hand-written
-  chain's. Under the table, one line a capacity says, from the run's figures, whether each
-  floor reaches the issue's ≥ 1.0x GStreamer: where a floor does not, no Python chain of its
-  shape did in that run.
+- the floors, no engine (throughput only, information; bench/_floors.py, as in
+  bench/hop.py): the 5-thread floor (a source thread and 4 stage threads, each hand-off two C
+  ``queue.SimpleQueue``s, items and free-slot tokens) and the 2-thread floor (a source thread
+  and one thread making the 4 calls back to back: the fused shape's floor), each without
+  stamps and with the hand-written chain's. Under the table, one line a capacity says, from
+  the run's figures, whether each floor reaches the issue's ≥ 1.0x GStreamer: where a floor
+  does not, no Python chain of its shape did in that run.
 
 Measures: hop latency with one item in flight (round trip / 6 hops, median), and throughput
 with a backlog (``--items`` items, queues of capacity 2 and 256).
@@ -112,19 +112,16 @@ import numpy as np
 # `python bench/peers.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
-from _report import revision, spread, verdict
-from hop import (
+from _floors import (
     FloorChain,
     FloorStampedChain,
-    FusedChain,
     FusedFloorChain,
     FusedFloorStampedChain,
-    RxsChain,
     floor_line,
-    latency,
-    throughput,
 )
+from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
+from _report import revision, spread, verdict
+from hop import FusedChain, RxsChain, latency, throughput
 from ipc import leased_sender, leasing
 
 import rxstream
