@@ -21,6 +21,14 @@ The chain, the same on every side: a source thread and four stage threads (``src
   such: the hand-written chain they are compared with still has a thread per stage.
 - reactivex: ``from_iterable`` on the main thread, then four ``observe_on(EventLoopScheduler())``
   hops, each followed by an ``ops.map`` that does the same stamping (unbounded queues).
+- the floors, no engine (bench/_floors.py; throughput and CPU per item, information): the
+  same five threads, each calling ``noop`` (``p4``: the countdown), each hand-off two C
+  ``queue.SimpleQueue``s (the items, and ``capacity`` free-slot tokens, a token given back as
+  the consumer takes the item): the cheapest bounded thread-a-stage chain Python can make.
+  ``floor, C queues`` carries no stamps; ``floor, C queues + stamps`` exactly the hand-written
+  chain's. Under the table, one line a capacity says, from the run's figures, whether the
+  floor itself reaches issue 18's ≥ 1.5x: where it does not, no thread-a-stage chain in
+  Python did in that run.
 
 Measures:
 1. latency, one item in flight: the main thread puts one payload on the source's feed queue
@@ -63,6 +71,7 @@ from reactivex.scheduler import EventLoopScheduler
 # `python bench/hop.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from _floors import FloorChain, FloorStampedChain, floor_line
 from _report import STOP, ignore, noop, p99, pulled, revision, spread, verdict
 
 import rxstream
@@ -199,7 +208,7 @@ class FusedChain(RxsChain):
     fuse = True
 
 
-Chain = Callable[[Callable[[], Any], Callable[[Any], Any], int], HandChain | RxsChain]
+Chain = Callable[[Callable[[], Any], Callable[[Any], Any], int], HandChain | RxsChain | FloorChain]
 
 
 # --- 1. latency, one item in flight ---------------------------------------------------------
@@ -382,8 +391,15 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
-    """Every variant once per repetition, interleaved, then the table's rows."""
+FLOOR = "floor, C queues (no engine)"
+FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
+THREADED_TARGET = 1.5
+"""Issue 18's backlog throughput target, a thread a stage, over the hand-written chain."""
+
+
+def measure(reps: int, trips: int, items: int, drive_items: int) -> tuple[list[Row], list[str]]:
+    """Every variant once per repetition, interleaved, then the table's rows and the floors'
+    lines (:func:`floor_line`)."""
     big = 256
     got: dict[str, list[float]] = {}
 
@@ -395,6 +411,8 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
         ("hand", HandChain),
         ("fused", FusedChain),
     )
+    # the floors (no engine): throughput only, interleaved with the chains
+    floors: tuple[tuple[str, Chain], ...] = (("floor", FloorChain), ("floor st", FloorStampedChain))
     for _rep in range(reps):
         for key, chain in chains:
             gc.collect()
@@ -402,7 +420,7 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
             add(f"{key} p50", statistics.median(samples) * 1e6)
             add(f"{key} p99", p99(samples) * 1e6)
         for capacity in (2, big):
-            for key, chain in chains:
+            for key, chain in chains + floors:
                 gc.collect()
                 cpu: list[float] = []
                 add(f"{key} {capacity}", throughput(chain, items, capacity, cpu=cpu) / 1e3)
@@ -431,6 +449,21 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
                 f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity}"],
                 "≥ 1.5x", lambda r: r >= 1.5)
         )  # fmt: skip
+    # the floors, no engine (issue 18): the cheapest bounded thread-a-stage chain, against the
+    # same hand-written chain; information, the target column says rxstream's
+    for capacity in (2, big):
+        for key, label in (("floor", FLOOR), ("floor st", FLOOR_STAMPED)):
+            rows.append(
+                Row(f"{label}: {backlog}, capacity {capacity}", "k items/s",
+                    got[f"{key} {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
+                    got[f"hand {capacity}"], "(rxstream's: ≥ 1.5x)", None)
+            )  # fmt: skip
+            rows.append(
+                Row(f"{label}: CPU per item, all threads, {backlog}, capacity {capacity}",
+                    "µs/item", got[f"{key} {capacity} cpu"],
+                    f"hand-written, queue.Queue(maxsize={capacity})",
+                    got[f"hand {capacity} cpu"], "—", None)
+            )  # fmt: skip
     for capacity in (2, big):  # the same runs' CPU: what a loaded machine disturbs least
         rows.append(
             Row(f"CPU per item, all threads, {backlog}, capacity {capacity}", "µs/item",
@@ -471,7 +504,13 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> list[Row]:
             got["drive marginal"], "reactivex ops.map, (8 maps - 4 maps) / 4",
             got["rx map marginal"], "≤ 3x", lambda r: r <= 3.0)
     )  # fmt: skip
-    return rows
+    notes = [
+        floor_line(capacity, [("the floor (5 threads, C queues)", got[f"floor {capacity}"],
+                               got[f"floor st {capacity}"])],
+                   got[f"hand {capacity}"], "the hand-written chain", THREADED_TARGET)
+        for capacity in (2, big)
+    ]  # fmt: skip
+    return rows, notes
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -486,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     drive_items = 1_000 if args.quick else 5_000
 
     began = _perf()
-    rows = measure(reps, trips, items, drive_items)
+    rows, notes = measure(reps, trips, items, drive_items)
     took = _perf() - began
     command = " ".join(["python bench/hop.py", *(sys.argv[1:] if argv is None else argv)])
     print(
@@ -499,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print()
     print(table(rows))
+    print()
+    print("\n".join(notes))
 
 
 if __name__ == "__main__":

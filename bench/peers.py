@@ -15,6 +15,13 @@ In one process, the chain of bench/hop.py (a source thread and 4 pass-through st
 - GStreamer: ``appsrc ! (queue ! identity) x4 ! appsink``, C elements, a thread per queue,
   run by Debian's ``/usr/bin/python3`` (``python3-gst-1.0``) in a child process that
   bench/_gst_chain.py describes, driven command by command from here.
+- the floors, no engine (throughput only, information; bench/_floors.py, as in
+  bench/hop.py): the 5-thread floor (a source thread and 4 stage threads, each hand-off two C
+  ``queue.SimpleQueue``s, items and free-slot tokens) and the 2-thread floor (a source thread
+  and one thread making the 4 calls back to back: the fused shape's floor), each without
+  stamps and with the hand-written chain's. Under the table, one line a capacity says, from
+  the run's figures, whether each floor reaches the issue's ≥ 1.0x GStreamer: where a floor
+  does not, no Python chain of its shape did in that run.
 
 Measures: hop latency with one item in flight (round trip / 6 hops, median), and throughput
 with a backlog (``--items`` items, queues of capacity 2 and 256).
@@ -47,19 +54,27 @@ transport under test, both ways:
   frame before ``execute`` takes it, as the zero-copy rows' producer does.
 
 Rendering, the zero-copy rows against "Ray, rendered": the same work on both sides, per
-frame, on the producer's thread, inside the clock (``--render``, see ``RENDERS``): by default
-``copy``, one whole-frame slice assignment (``numpy.copyto``) from a prepared 6.2 MB frame,
-every pixel written as a renderer writes them; ``fill``, every pixel set to one value
-(``ndarray.fill``, a memset: writes, no reads); ``stamp``, the first and last element only
-(bench/ipc.py's render: what the crossing alone costs, no frame made). The zero-copy
-producer renders into the leased shared-memory slot, which then crosses as it is; Ray's
-producer renders into one of ``WINDOW + 1`` frames of its own (allocated and touched once
-before the clock: a fresh allocation per frame would add page faults that are the
-allocator's, not Ray's), which ``execute`` then serialises into its channel, as Ray does
-with any frame a stage made. The copy rows ("ring", "boundary" against "Ray") are as before:
-the prepared frame handed over as it is (each transport copies it once into shared memory),
-for information; the "≥ 5x Ray's frame rate" verdict is the zero-copy rows' against
-"Ray, rendered".
+frame, on the producer's thread, inside the clock (see ``RENDERS``). One run measures two
+renders, interleaved in the same repetitions (``--render`` restricts it to one): ``stamp``,
+the first and last element only (bench/ipc.py's render: the crossing alone, no frame made),
+and ``copy``, one whole-frame ``numpy.copyto`` from a prepared 6.2 MB frame, every pixel
+written as a renderer writes them (``fill``, a memset, on request). The zero-copy producer
+renders into the leased shared-memory slot, which then crosses as it is; Ray's producer
+renders into one of ``WINDOW + 1`` frames of its own (allocated and touched once before the
+clock: a fresh allocation per frame would add page faults that are the allocator's, not
+Ray's), which ``execute`` then serialises into its channel, as Ray does with any frame a stage
+made. Beside them, "the render alone" (renders other than ``stamp``): the render into one warm
+leased slot, no transport, timed like the frame rows; "Ray, rendered"'s frame time over the
+render's own (its median) is the most any transport could reach with that render, printed
+under the table.
+
+The "≥ 5x Ray's frame rate" verdict is the ``stamp`` rows': it counts the crossing, as issue
+18's table measured it (a frame that exists, moved) and as bench/ipc.py's zero-copy target
+counts it. Making the frame is the producing stage's work, the same whatever carries it: with
+a whole-frame render that cost is in both sides' frame time and bounds their ratio, so the
+``copy`` rows are information, and say what a producer that writes every pixel sees. The copy
+rows ("ring", "boundary" against "Ray": the prepared frame handed over as it is, each
+transport copying it once into shared memory) are information too.
 
 Payloads: a 1080x1920x3 uint8 frame (6.2 MB), latency (one in flight) and throughput (3 in
 flight, the window Ray's compiled graph takes by default); and 1 KB of bytes, latency, back to
@@ -70,7 +85,7 @@ Ray's graph compiled, from ``/proc/<pid>/stat``).
 
 The far ends (consumer processes, the Ray actor) are in bench/_peer_ends.py.
 
-Run ``python bench/peers.py`` (1-1.5 minutes) or ``python bench/peers.py --quick`` (a smoke
+Run ``python bench/peers.py`` (1.5-2 minutes) or ``python bench/peers.py --quick`` (a smoke
 run whose ratios are indicative only). Ray is in the ``bench`` extra
 (``pip install -e .[bench]``), GStreamer is Debian's ``python3-gst-1.0``.
 """
@@ -97,12 +112,20 @@ import numpy as np
 # `python bench/peers.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
+from _floors import (
+    FloorChain,
+    FloorStampedChain,
+    FusedFloorChain,
+    FusedFloorStampedChain,
+    floor_line,
+)
 from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
 from _report import revision, spread, verdict
 from hop import FusedChain, RxsChain, latency, throughput
 from ipc import leased_sender, leasing
 
 import rxstream
+from rxstream.ipc import ShmRing
 
 GST_PYTHON = "/usr/bin/python3"
 GST_CHAIN = Path(__file__).resolve().parent / "_gst_chain.py"
@@ -116,9 +139,23 @@ FRAME, SMALL = "6.2 MB frame", "1 KB"
 RING, BOUNDARY, NO_SPIN, PIPE, RAY = "ring", "boundary", "ring, no spin", "Pipe", "Ray"
 FUSED = "rxstream fused (opt-in)"
 """The opt-in fused shape of the in-process chain (bench/hop.py's ``FusedChain``)."""
+FLOOR_5, FLOOR_5_STAMPED = "floor, 5 threads (no engine)", "floor, 5 threads + stamps (no engine)"
+FLOOR_2, FLOOR_2_STAMPED = "floor, 2 threads (no engine)", "floor, 2 threads + stamps (no engine)"
+FLOORS = (
+    (FLOOR_5, FloorChain),
+    (FLOOR_5_STAMPED, FloorStampedChain),
+    (FLOOR_2, FusedFloorChain),
+    (FLOOR_2_STAMPED, FusedFloorStampedChain),
+)
+"""The in-process floors, no engine (bench/hop.py): a thread a stage, and the fused shape's
+(a source thread, one thread calling the 4 stages back to back), without and with stamps."""
 ZERO, BOUNDARY_ZERO, RAY_RENDERED = "ring, zero copy", "boundary, zero copy", "Ray, rendered"
 FRAMES_ONLY = (ZERO, BOUNDARY_ZERO)
-"""The peers that carry frames only (a lease is an array's)."""
+"""The peers that carry frames only (a lease is an array's), each once a render."""
+RENDER_ALONE = "the render alone"
+"""The render with no transport: into a warm leased slot, timed like the frame rows."""
+VERDICT_RENDER = "stamp"
+"""The render of the "≥ 5x Ray's frame rate" verdict: the crossing alone (the docstring)."""
 _perf = time.perf_counter
 
 
@@ -150,6 +187,11 @@ def render_stamp(frame: np.ndarray[Any, Any], _prepared: np.ndarray[Any, Any]) -
 
 RENDERS: dict[str, Render] = {"copy": render_copy, "fill": render_fill, "stamp": render_stamp}
 """``--render``: how the producer of the zero-copy rows and of "Ray, rendered" makes a frame."""
+
+
+def rendered(name: str, render: str) -> str:
+    """The name of ``name``'s rows with ``render`` (``ring, zero copy (stamp)``)."""
+    return f"{name} ({render})"
 
 
 def zero_copy_peer(boundary: bool, render: Render) -> RingPeer:
@@ -294,6 +336,28 @@ Got = dict[tuple[str, str], list[float]]
 Add = Callable[[tuple[str, str], float], None]
 
 
+def render_alone(add: Add, plan: Plan, ring: ShmRing, name: str, render: Render) -> None:
+    """The render with no transport, timed as the frame rows are: ``render`` into one slot
+    leased from ``ring`` (shared memory, as the zero-copy producer's), warmed first; the median
+    seconds of one, and renders a second back to back."""
+    prepared = make_payload(FRAME)
+    slot = ring.lease(prepared.shape, prepared.dtype)
+    if slot is None:
+        raise RuntimeError("the frame does not fit the render ring's slot")
+    render(slot, prepared)
+    samples = []
+    for _ in range(plan["frame_trips"]):
+        started = _perf()
+        render(slot, prepared)
+        samples.append(_perf() - started)
+    add(("frame lat", name), statistics.median(samples))
+    started = _perf()
+    for _ in range(plan["frame_items"]):
+        render(slot, prepared)
+    add(("frame tput", name), plan["frame_items"] / (_perf() - started))
+    del slot  # the lease goes back with its last view
+
+
 def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
     """The in-process chain's rows: rxstream's, then GStreamer's, one after the other."""
     gc.collect()
@@ -311,6 +375,9 @@ def in_process(add: Add, plan: Plan, gst: GstChain | None) -> None:
             add(
                 (f"tput {capacity}", "GStreamer"), gst.ask(f"throughput {plan['items']} {capacity}")
             )
+        for name, chain in FLOORS:
+            gc.collect()
+            add((f"tput {capacity}", name), throughput(chain, plan["items"], capacity))
 
 
 def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sparse: bool,
@@ -330,19 +397,26 @@ def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sp
 
 
 def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
-            ray: RayPeer | None, render: Render = render_copy) -> Got:  # fmt: skip
-    """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded)."""
+            ray: RayPeer | None, renders: dict[str, Render]) -> Got:  # fmt: skip
+    """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded);
+    the zero-copy and Ray's rendered rows once per render in ``renders``."""
     got: Got = {}
     peers: dict[str, RingPeer | PipePeer] = {
         RING: RingPeer(boundary=False),
         BOUNDARY: RingPeer(boundary=True),
-        ZERO: zero_copy_peer(boundary=False, render=render),
-        BOUNDARY_ZERO: zero_copy_peer(boundary=True, render=render),
-        NO_SPIN: RingPeer(boundary=False, spin_us=0),
-        PIPE: PipePeer(),
     }
+    for render_name, render in renders.items():
+        for name in FRAMES_ONLY:
+            peers[rendered(name, render_name)] = zero_copy_peer(name == BOUNDARY_ZERO, render)
+    frames_only = {rendered(name, render) for name in FRAMES_ONLY for render in renders}
+    peers[NO_SPIN] = RingPeer(boundary=False, spin_us=0)
+    peers[PIPE] = PipePeer()
+    render_ring = ShmRing.create(slots=2, slot_bytes=8 << 20)
     os.environ[CONSUMER_CPU] = "" if cpus is None else str(cpus[1])
-    ray_rendered = None if ray is None else rendering(ray.put, render)
+    rays: list[tuple[str, Put | None]] = [(RAY, None)]
+    if ray is not None:
+        rays += [(rendered(RAY_RENDERED, name), rendering(ray.put, render))
+                 for name, render in renders.items()]  # fmt: skip
     try:
         for peer in peers.values():
             peer.start()
@@ -362,22 +436,26 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                     ("frame lat", "memcpy"),
                     memcpy_latency(make_payload(FRAME), plan["frame_trips"]),
                 )
+                for render_name, render in renders.items():
+                    if render_name != VERDICT_RENDER:
+                        name = rendered(RENDER_ALONE, render_name)
+                        render_alone(add, plan, render_ring, name, render)
                 for name, peer in peers.items():
-                    frames = name in (RING, BOUNDARY, *FRAMES_ONLY)
-                    small, sparse = name not in FRAMES_ONLY, name in (RING, PIPE)
+                    frames = name in (RING, BOUNDARY) or name in frames_only
+                    small, sparse = name not in frames_only, name in (RING, PIPE)
                     across(add, plan, name, peer.put, peer.ack, frames, sparse, small)
                 if ray is not None:
                     ray.open()  # torn down after its rows: its readers spin while idle
                     try:
-                        assert ray_rendered is not None
-                        # the rendered rows first every other repetition: neither of the two
-                        # frame measures is always the first after the compile
-                        for rendered in (True, False) if rep % 2 else (False, True):
-                            if rendered:
-                                across(add, plan, RAY_RENDERED, ray_rendered, ray.ack,
-                                       frames=True, sparse=False, small=False)  # fmt: skip
-                            else:
+                        # a turn further each repetition: no frame measure is always the
+                        # first after the compile
+                        turn = rep % len(rays)
+                        for name, put in rays[turn:] + rays[:turn]:
+                            if put is None:
                                 across(add, plan, RAY, ray.put, ray.ack, frames=True, sparse=True)
+                            else:
+                                across(add, plan, name, put, ray.ack,
+                                       frames=True, sparse=False, small=False)  # fmt: skip
                         ring_pid = peers[RING].process.pid
                         assert ring_pid is not None
                         idle = idle_cpu([ring_pid, ray.pid], IDLE_S)
@@ -390,14 +468,18 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
     finally:
         for peer in peers.values():
             peer.close()
+        render_ring.close()
+        render_ring.unlink()
     return got
 
 
 # --- the table ----------------------------------------------------------------------------
 
 
-def rows(got: Got, skipped: dict[str, str]) -> list[str]:
-    """The markdown table: medians [min-max], the ratio of each repetition's pair, verdicts."""
+def rows(got: Got, skipped: dict[str, str], renders: Sequence[str]) -> list[str]:
+    """The markdown table: medians [min-max], the ratio of each repetition's pair, verdicts;
+    then a line a capacity on the in-process floors and a line a whole-frame render on the
+    bound it puts on the zero-copy rows (both from the run's figures)."""
     lines = [
         "| measure | rxstream | median [min-max] | against | median [min-max] "
         "| ratio median [min-max] | target | result |",
@@ -449,19 +531,38 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
             "≥ 1.0x",
             lambda r: r >= 1.0,
         )
-    rendered = "6.2 MB frame rendered, across processes"
-    for name in FRAMES_ONLY:
-        row(f"{rendered}, latency (µs)", "frame lat", name, RAY_RENDERED, us, "—", None)
-        row(
-            f"{rendered}, throughput (frames/s)",
-            "frame tput",
-            name,
-            RAY_RENDERED,
-            1.0,
-            "≥ 5x",
-            lambda r: r >= 5.0,
+    # the floors, no engine, against the same GStreamer chain: information
+    for capacity in (2, 256):
+        for name, _chain in FLOORS:
+            row(
+                f"in-process throughput, backlog, capacity {capacity} (k items/s)",
+                f"tput {capacity}",
+                name,
+                "GStreamer",
+                k,
+                "(rxstream's: ≥ 1.0x)",
+                None,
+            )
+    for render in renders:  # the zero-copy rows, a render at a time; stamp's the verdict
+        ray_rendered = rendered(RAY_RENDERED, render)
+        crossing = render == VERDICT_RENDER
+        what = (
+            "6.2 MB frame, the crossing (render stamp: the frame's ends touched), across processes"
+            if crossing
+            else f"6.2 MB frame rendered (render {render}), across processes"
         )
-    row(f"{rendered}, throughput (frames/s)", "frame tput", RAY_RENDERED, RAY, 1.0, "—", None)
+        for name in FRAMES_ONLY:
+            zero = rendered(name, render)
+            row(f"{what}, latency (µs)", "frame lat", zero, ray_rendered, us, "—", None)
+            row(f"{what}, throughput (frames/s)", "frame tput", zero, ray_rendered, 1.0,
+                "≥ 5x" if crossing else "(the crossing's: ≥ 5x)",
+                (lambda r: r >= 5.0) if crossing else None)  # fmt: skip
+        row(f"{what}, throughput (frames/s)", "frame tput", ray_rendered, RAY, 1.0, "—", None)
+        if not crossing:
+            alone = rendered(RENDER_ALONE, render)
+            row(f"6.2 MB frame, {RENDER_ALONE} (render {render}, into a warm leased slot, "
+                f"back to back), throughput (frames/s)",
+                "frame tput", alone, ray_rendered, 1.0, "—", None)  # fmt: skip
     for name in (RING, BOUNDARY):
         row("6.2 MB frame across processes, latency (µs)", "frame lat", name, RAY, us, "—", None)
         row(
@@ -473,7 +574,9 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
             "—",
             None,
         )
-    for name in (RING, BOUNDARY, *FRAMES_ONLY):
+    zeros = [rendered(name, render) for render in renders for name in FRAMES_ONLY]
+    alones = [rendered(RENDER_ALONE, render) for render in renders if render != VERDICT_RENDER]
+    for name in (RING, BOUNDARY, *zeros, *alones):
         row("6.2 MB frame, latency / one memcpy (µs)", "frame lat", name, "memcpy", us, "—", None)
     for name in (RING, BOUNDARY):
         row(
@@ -502,8 +605,64 @@ def rows(got: Got, skipped: dict[str, str]) -> list[str]:
     row(sparse, "sparse lat", RING, PIPE, us, "—", None)
     row("idle consumer, nothing sent (% of a core)", "idle cpu", RING, RAY, 100.0, "—", None)
     lines.append("")
+    for capacity in (2, 256):
+        tput = f"tput {capacity}"
+        if (tput, "GStreamer") in got:
+            lines.append(
+                floor_line(
+                    capacity,
+                    [
+                        ("the 5-thread floor", got[tput, FLOOR_5], got[tput, FLOOR_5_STAMPED]),
+                        (
+                            "the 2-thread floor (the fused shape's)",
+                            got[tput, FLOOR_2],
+                            got[tput, FLOOR_2_STAMPED],
+                        ),
+                    ],
+                    got[tput, "GStreamer"],
+                    "GStreamer's, in process",
+                    1.0,
+                )
+            )
+    for render in renders:
+        if render != VERDICT_RENDER:
+            lines += render_bound(got, render)
     lines += [f"- {peer} skipped: {why}" for peer, why in skipped.items()]
     return lines  # fmt: skip
+
+
+def render_bound(got: Got, render: str) -> list[str]:
+    """A line: the bound ``render`` puts on zero copy / Ray rendered: Ray rendered's frame time
+    over the render's own (its median alone, the figure a loaded core disturbs least),
+    repetition by repetition, beside the zero-copy rows' ratios."""
+    ray_rendered, alone = rendered(RAY_RENDERED, render), rendered(RENDER_ALONE, render)
+    render_s = got.get(("frame lat", alone))
+    alone_rate = got.get(("frame tput", alone))
+    theirs = got.get(("frame tput", ray_rendered))
+    if render_s is None or alone_rate is None or theirs is None:
+        return []
+    bounds = [1.0 / (s * rate) for s, rate in zip(render_s, theirs, strict=True)]
+    back_to_back, _ = verdict(alone_rate, theirs, None)
+    bound = statistics.median(bounds)
+    measured = []
+    for name in FRAMES_ONLY:
+        mine = got.get(("frame tput", rendered(name, render)))
+        if mine is not None:
+            ratios, _ = verdict(mine, theirs, None)
+            measured.append(f"{name} {statistics.median(ratios):.2f}x")
+    reach = (
+        "the render alone does not rule out ≥ 5x Ray's frame rate with this render"
+        if bound >= 5.0
+        else "≥ 5x Ray's frame rate with this render is out of any transport's reach"
+    )
+    return [
+        f"- render {render}: {ray_rendered}'s frame time ({spread([1e6 / t for t in theirs])}"
+        f" µs) over the render's own (alone, median {spread([s * 1e6 for s in render_s])} µs):"
+        f" {spread(bounds, 2, 'x')}, the most a transport whose crossing cost nothing could "
+        f"reach (from the render's back-to-back rate instead, which a busy core slows: "
+        f"{statistics.median(back_to_back):.2f}x); measured {', '.join(measured)}. So {reach} "
+        f"in this run."
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -520,13 +679,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--render",
         choices=sorted(RENDERS),
-        default="copy",
-        help="how the zero-copy rows' producer and Ray's rendered one make each frame: copy "
-        "from a prepared frame (default), fill (a memset), stamp (first and last element)",
+        default=None,
+        help="restrict the zero-copy rows and Ray's rendered ones to one render (default: "
+        "stamp, first and last element: the verdict's crossing; and copy, every pixel from a "
+        "prepared frame, in the same repetitions); fill: a memset",
     )
     parser.add_argument("--no-ray", action="store_true", help="leave Ray out")
     parser.add_argument("--no-gstreamer", action="store_true", help="leave GStreamer out")
     args = parser.parse_args(argv)
+    renders = [args.render] if args.render else [VERDICT_RENDER, "copy"]
     plan = dict(QUICK if args.quick else FULL)
     if args.reps:
         plan["reps"] = args.reps
@@ -543,7 +704,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ray = RayPeer(ray_module, None if cpus is None else cpus[1])
     began = _perf()
     try:
-        got = measure(plan, cpus, gst, ray, RENDERS[args.render])
+        got = measure(plan, cpus, gst, ray, {name: RENDERS[name] for name in renders})
     finally:
         if gst is not None:
             gst.close()
@@ -565,10 +726,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(
         f"# {time.strftime('%Y-%m-%d %H:%M')}, Python {platform.python_version()}, "
         f"{', '.join(versions)}, {os.cpu_count()} CPUs; placement {args.placement}; "
-        f"render {args.render}"
+        f"renders {', '.join(renders)}"
     )
     print()
-    print("\n".join(rows(got, skipped)))
+    print("\n".join(rows(got, skipped, renders)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,246 @@
+"""The floors of bench/hop.py's chain, no engine: the cheapest bounded chains Python can make.
+
+A source thread and four stage threads (``p1``..``p4``), each calling ``noop`` (``p4``: the
+chain's ``last``), each hand-off two C ``queue.SimpleQueue``s: the items, and ``capacity``
+free-slot tokens (the producer takes a token before it puts, the consumer gives it back as it
+takes the item). ``FloorStampedChain`` adds exactly bench/hop.py's hand-written chain's stamps;
+the ``Fused`` floors run ``p1``..``p4`` back to back on one thread after the source (the fused
+shape's floor). No engine of the same shape does less per item: bench/hop.py and
+bench/peers.py measure them beside the chains and print, per capacity, whether a floor reaches
+a target (:func:`floor_line`).
+"""
+
+from __future__ import annotations
+
+import queue
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from _report import STOP, ignore, noop, pulled, spread, verdict
+
+__all__ = [
+    "FloorChain",
+    "FloorStampedChain",
+    "FusedFloorChain",
+    "FusedFloorStampedChain",
+    "floor_line",
+]
+
+STAGES = ("p1", "p2", "p3", "p4")
+"""bench/hop.py's stage names (its chain: a source and these four)."""
+JOIN_S = 10.0
+
+_monotonic = time.monotonic
+
+
+class _HandOff:
+    """A bounded hand-off of two C queues: the items, and ``capacity`` free-slot tokens; the
+    producer takes a token before it puts, the consumer gives it back as it takes the item."""
+
+    __slots__ = ("items", "tokens")
+
+    def __init__(self, capacity: int) -> None:
+        self.items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self.tokens: queue.SimpleQueue[None] = queue.SimpleQueue()
+        for _ in range(capacity):
+            self.tokens.put(None)
+
+
+def _floor_source(pull: Callable[[], Any], out: _HandOff, stamps: bool) -> Callable[[], None]:
+    """A source thread body: take a token, put the next value (with ``stamps``, stamped as
+    bench/hop.py's ``_hand_source`` stamps it)."""
+    put, take = out.items.put, out.tokens.get
+
+    def bare() -> None:
+        for value in pulled(pull):
+            take()
+            put(value)
+        take()
+        put(STOP)
+
+    def stamped() -> None:
+        values = pulled(pull)
+        while True:
+            started = _monotonic()
+            value = next(values, STOP)
+            take()
+            if value is STOP:
+                put(STOP)
+                return
+            put((value, (("src.in", started), ("src.out", _monotonic()))))
+
+    return stamped if stamps else bare
+
+
+def _floor_stage(
+    names: Sequence[str],
+    fns: Sequence[Callable[[Any], Any]],
+    inbox: _HandOff,
+    outbox: _HandOff | None,
+    stamps: bool,
+) -> Callable[[], None]:
+    """A stage thread body: take an item, give its token back, call ``fns`` back to back (one
+    function: a stage; four: the fused shape's floor, always the end), put the result on unless
+    it is the end. With ``stamps``, each call is stamped as bench/hop.py's ``_hand_stage``
+    stamps it."""
+    get, give = inbox.items.get, inbox.tokens.put
+    end = outbox is None
+    put, take = (ignore, tuple) if outbox is None else (outbox.items.put, outbox.tokens.get)
+    hops = [(f"{name}.in", f"{name}.out") for name in names]
+
+    def one() -> None:
+        (fn,) = fns
+        while True:
+            value = get()
+            if value is STOP:
+                take()
+                put(STOP)
+                return
+            give(None)
+            out = fn(value)
+            if not end:
+                take()
+                put(out)
+
+    def one_stamped() -> None:
+        (fn,) = fns
+        ((in_hop, out_hop),) = hops
+        while True:
+            message = get()
+            if message is STOP:
+                take()
+                put(STOP)
+                return
+            give(None)
+            started = _monotonic()
+            payload, timeline = message
+            out = fn(payload)
+            timeline = timeline + ((in_hop, started), (out_hop, _monotonic()))  # noqa: RUF005
+            if not end:
+                take()
+                put((out, timeline))
+
+    def four() -> None:
+        f1, f2, f3, f4 = fns
+        while True:
+            value = get()
+            if value is STOP:
+                return
+            give(None)
+            f4(f3(f2(f1(value))))
+
+    def four_stamped() -> None:
+        f1, f2, f3, f4 = fns
+        (i1, o1), (i2, o2), (i3, o3), (i4, o4) = hops
+        while True:
+            message = get()
+            if message is STOP:
+                return
+            give(None)
+            started = _monotonic()
+            payload, timeline = message
+            out = f1(payload)
+            timeline = timeline + ((i1, started), (o1, _monotonic()))  # noqa: RUF005
+            started = _monotonic()
+            out = f2(out)
+            timeline = timeline + ((i2, started), (o2, _monotonic()))  # noqa: RUF005
+            started = _monotonic()
+            out = f3(out)
+            timeline = timeline + ((i3, started), (o3, _monotonic()))  # noqa: RUF005
+            started = _monotonic()
+            out = f4(out)
+            timeline = timeline + ((i4, started), (o4, _monotonic()))  # noqa: RUF005
+
+    if len(fns) == 1:
+        return one_stamped if stamps else one
+    if not end:
+        raise RuntimeError("the fused shape's floor is the chain's end")
+    return four_stamped if stamps else four
+
+
+class FloorChain:
+    """The floor, no engine: ``src`` and ``p1``..``p4`` as plain threads, each hand-off a
+    ``_HandOff`` of two C ``queue.SimpleQueue``s, no stamps: the cheapest bounded
+    thread-per-stage chain Python can make (``stamps``: with the hand-written chain's stamps;
+    ``fused``: ``p1``..``p4`` back to back on one thread after the source, the fused shape's
+    floor)."""
+
+    stamps = False
+    fused = False
+
+    def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
+        fns = [noop] * (len(STAGES) - 1) + [last]
+        pairs = zip(STAGES, fns, strict=True)
+        groups = [(STAGES, fns)] if self.fused else [((name,), [fn]) for name, fn in pairs]
+        hand_offs = [_HandOff(capacity) for _ in groups]
+        bodies = [_floor_source(pull, hand_offs[0], self.stamps)]
+        for index, (names, group) in enumerate(groups):
+            outbox = hand_offs[index + 1] if index + 1 < len(hand_offs) else None
+            bodies.append(_floor_stage(names, group, hand_offs[index], outbox, self.stamps))
+        self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join(JOIN_S)
+            if thread.is_alive():
+                raise RuntimeError("floor chain did not finish")
+
+
+class FloorStampedChain(FloorChain):
+    """The floor with exactly the hand-written chain's stamps."""
+
+    stamps = True
+
+
+class FusedFloorChain(FloorChain):
+    """The fused shape's floor: a source thread, one thread calling ``p1``..``p4`` back to
+    back; no stamps."""
+
+    fused = True
+
+
+class FusedFloorStampedChain(FusedFloorChain):
+    """The fused shape's floor with the hand-written chain's stamps on each of the 4 calls."""
+
+    stamps = True
+
+
+def floor_line(
+    capacity: int,
+    shapes: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+    baseline: Sequence[float],
+    against: str,
+    target: float,
+) -> str:
+    """One line: whether each floor shape, ``(name, plain, stamped)`` figures of the run,
+    reaches ``target`` times ``baseline`` (the median of the ratios paired by repetition, as a
+    row's verdict; the better of the two: a stamped figure above the plain one is noise, and
+    counts)."""
+    parts, missed = [], 0
+    for name, plain, stamped in shapes:
+        ratios, _ = verdict(plain, baseline, None)
+        stamped_ratios, _ = verdict(stamped, baseline, None)
+        best = max(statistics.median(ratios), statistics.median(stamped_ratios))
+        missed += best < target
+        parts.append(
+            f"{name} {spread(ratios, 2, 'x')}, with the stamps {spread(stamped_ratios, 2, 'x')}:"
+            f" {'reaches it' if best >= target else 'below it'}"
+        )
+    shape = "this shape" if len(shapes) == 1 else "these shapes"
+    bound = (
+        f"no chain of {shape} in Python reached the target in this run, not even one that "
+        "does nothing but its hand-offs and calls"
+        if missed == len(shapes)
+        else "a bare chain reached the target in this run: what an engine adds decides"
+    )
+    return (
+        f"- capacity {capacity}, the target ≥ {target:.1f}x {against}: {'; '.join(parts)}. "
+        f"So {bound}."
+    )
