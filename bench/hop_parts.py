@@ -20,9 +20,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from reactivex import Observable, Observer, abc
+from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 # `python bench/hop_parts.py` from a checkout where the package is not installed: the repo root
@@ -34,11 +35,13 @@ from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
-from rxstream.item import PipelineItem, _base, _sourced, _trusted_metadata, now
+from rxstream.item import PipelineItem, _sourced, _trusted_metadata, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import pipe_operator
 from rxstream.operators._source import SourcePuller
+from rxstream.runtime._fuse import fused_chain
 from rxstream.runtime._port import Port
+from rxstream.runtime._run import Run
 from rxstream.runtime._thread import DequeThread, StageThread, VirtualClock
 
 BATCH = 256
@@ -159,16 +162,45 @@ def pipe_part(items: int) -> None:
         on_next(_ITEM)
 
 
+def fused_part(items: int) -> None:
+    """``bench/hop.py``'s fused shape on ``p1``'s thread: one operator over four no-op pipes
+    (each member's counters, stale check, two stamps; one item built at the end)."""
+    observers: list[abc.ObserverBase[PipelineItem]] = []
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        observers.append(observer)
+        return Disposable()
+
+    shells = []
+    for name in ("p1", "p2", "p3", "p4"):
+        shell = _shell(name)
+        shell.target_fn = noop
+        shells.append(shell)
+    stream = fused_chain(Observable(subscribe), shells, _GENERATIONS)
+    attach(stream, _sink, _sink, lambda: None)
+    on_next = observers[0].on_next
+    for _ in range(items):
+        on_next(_ITEM)
+
+
+class _Tail:
+    """A pipeline's last node, as far as its collector reads it."""
+
+    stage = SimpleNamespace(is_sink=False)
+
+
 def collector_part(items: int) -> None:
-    """The end's collector as ``Run._collector`` builds it (a reactivex ``Observer``)."""
-    counters = _counters()
-    generations = _GENERATIONS
-
-    def collect(item: PipelineItem) -> None:
-        if generations.is_stale(_base(item)):
-            counters.drop("stale")
-
-    on_next = Observer(collect, _sink, lambda: None).on_next
+    """The end's collector as ``Run._collector`` builds it (collecting nothing, as in hop.py)."""
+    tail = _Tail()
+    run = SimpleNamespace(
+        outputs={tail: []},
+        collect=None,
+        generations=_GENERATIONS,
+        shells={tail: _shell("p4")},
+        fail=_sink,
+        _end_completed=lambda: None,
+    )
+    on_next = Run._collector(run, tail)[0]  # type: ignore[arg-type]
     for _ in range(items):
         on_next(_ITEM)
 
@@ -225,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
         ("the port's admission (stale, cutover, flush checks)", admission_part),
         ("a pipe's on_next: counters, 2 stamps, no-op, new item", pipe_part),
         ("  of which one clock read (a stamp)", clock_part),
-        ("the end's collector (reactivex Observer)", collector_part),
+        ("four fused pipes' on_next (p1's thread in the fused shape)", fused_part),
+        ("the end's collector", collector_part),
         ("a source's pull + the pump's take_waited", source_part),
     ]
     empty = ns_per_item(_loop, items, reps)
