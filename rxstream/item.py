@@ -237,6 +237,28 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     return fresh
 
 
+def _linked(item: PipelineItem, payload: Any, row: list[Any], first: int) -> PipelineItem:
+    """``payload`` with ``item``'s metadata plus the stamps ``row[first + 1:]`` (flat: ``hop,
+    t…``) as one link of the chain (a fused chain's stamps, written in place per item).
+
+    ``row[first]`` is overwritten with ``item``'s link: the new link is ``row[first:]`` as
+    one tuple, no other tuple made.
+    """
+    state = item.__dict__
+    base = state.get("_md")
+    if base is None:
+        base, link = state["metadata"], None
+    else:
+        link = state["_st"]
+    row[first] = link
+    fresh = _new(PipelineItem)
+    fresh_state = fresh.__dict__
+    fresh_state["payload"] = payload
+    fresh_state["_md"] = base
+    fresh_state["_st"] = tuple(row[first:] if first else row)
+    return fresh
+
+
 def _sourced(
     payload: Any,
     metadata: PipelineMetadata,
