@@ -35,7 +35,7 @@ from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
-from rxstream.item import PipelineItem, _sourced, _trusted_metadata, now
+from rxstream.item import PipelineItem, _chain_of, _from_parts, _trusted_metadata, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import pipe_operator
 from rxstream.operators._source import SourcePuller
@@ -49,7 +49,8 @@ BATCH = 256
 
 _GENERATIONS = Generations()
 _METADATA = _trusted_metadata(0, 0, False, 0, 0, False, None, 0, 0, ())
-_ITEM = _sourced(1, _METADATA, (), "src.in", 1.0, "src.out", 2.0)
+_ITEM = _from_parts(1, _METADATA, _chain_of(("src.in", 1.0, "src.out", 2.0)))
+"""A source's item as it leaves the source: its metadata and the chain's first link."""
 
 
 def _sink(_value: Any) -> None:

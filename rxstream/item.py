@@ -261,15 +261,35 @@ def _linked(item: PipelineItem, payload: Any, row: list[Any], first: int) -> Pip
 
 def _sourced(
     payload: Any,
-    metadata: PipelineMetadata,
+    prompt_generation: int,
+    flush_generation: int,
+    cutover: bool,
+    drop_generation: int,
+    pts: int,
+    input_seq: int,
+    input_at_ms: int,
     origin: tuple[Any, ...],
     in_hop: str,
     started: float,
     out_hop: str,
     done: float,
 ) -> PipelineItem:
-    """A source's new item: ``metadata`` (its timeline empty) and the stamps ``origin`` (flat,
-    may be empty), ``(in_hop, started)``, ``(out_hop, done)`` as the chain's first link."""
+    """A source's new item and its metadata, trusted (as :func:`_trusted_metadata`'s: the
+    fields given, not ``idle``, no ``capture_ts``, the timeline empty), in one call a pull;
+    the stamps ``origin`` (flat, may be empty), ``(in_hop, started)``, ``(out_hop, done)``
+    are the chain's first link."""
+    metadata = _new(PipelineMetadata)
+    fields = metadata.__dict__
+    fields["prompt_generation"] = prompt_generation
+    fields["flush_generation"] = flush_generation
+    fields["cutover"] = cutover
+    fields["drop_generation"] = drop_generation
+    fields["pts"] = pts
+    fields["idle"] = False
+    fields["capture_ts"] = None
+    fields["input_seq"] = input_seq
+    fields["input_at_ms"] = input_at_ms
+    fields["timeline"] = ()
     fresh = _new(PipelineItem)
     state = fresh.__dict__
     state["payload"] = payload

@@ -171,31 +171,46 @@ class SourcePuller:
         origin: tuple[Any, ...] = ()  # flat: hop, t
         if isinstance(value, InputSample):
             started = now()  # the wait for a sample is the input queue's, before .in
-            input_seq, input_at_ms = value.input_seq, value.input_at_ms
+            input_seq = value.input_seq
+            input_at_ms = value.input_at_ms if input_seq else 0
             origin = ("input.recv", value.received)
             value = value.payload
         elif cutover:  # a steer during this pull counts from the pull's start
             origin = ("steer", min(gens.steered_at, started))
-        metadata = _trusted_metadata(  # the frozen __init__ is slow per item
+        self._prompt = prompt
+        count = self._count
+        self._count = count + 1
+        counters.items_out += 1
+        if not self._timing:
+            metadata = _trusted_metadata(  # the frozen __init__ is slow per item
+                prompt,
+                gens.flush,
+                cutover,
+                gens.drop,
+                count,
+                False,
+                None,
+                input_seq,
+                input_at_ms,
+                (),
+            )
+            return _item(value, metadata)
+        # the item, its metadata and its chain's first link made in one call
+        return _sourced(
+            value,
             prompt,
             gens.flush,
             cutover,
             gens.drop,
-            self._count,
-            False,
-            None,
+            count,
             input_seq,
-            input_at_ms if input_seq else 0,
-            (),  # the stamps go on the item's chain
+            input_at_ms,
+            origin,
+            self._in_hop,
+            started,
+            self._out_hop,
+            now(),
         )
-        self._prompt = prompt
-        self._count += 1
-        counters.items_out += 1
-        if not self._timing:
-            return _item(value, metadata)
-        # the chain's first link is built as one tuple (measured: it more than halves
-        # timing's cost per pull)
-        return _sourced(value, metadata, origin, self._in_hop, started, self._out_hop, now())
 
     def take_waited(self) -> float:
         """Seconds the last pulls spent waiting for client samples (idle, not work)."""
