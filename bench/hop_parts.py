@@ -3,8 +3,9 @@
 The parts of one item's trip through one stage of ``bench/hop.py``'s chain, each timed in a
 loop with nothing contending (no other thread, no wake-ups): the put into the stage's inbox,
 the stage thread's take and delivery under a backlog, the port's admission, the pipe's
-``on_next`` (its counters, two stamps, the function, the new item), the chain's end (the
-collector) and the source's pull. What the table leaves out is what only a threaded run has:
+``on_next`` (its counters, two stamps, the function, the new item), four fused pipes'
+``on_next`` (``p1``'s thread in the opt-in fused shape), the chain's end (the collector) and
+the source's pull. What the table leaves out is what only a threaded run has:
 wake-ups, the GIL hand-offs and lock contention; ``bench/hop.py``'s CPU-per-item rows hold
 everything. Figures are ns per item, the minimum of ``--reps`` timings of ``--items`` items
 (the least disturbed by other work on the machine), less the empty loop's.
