@@ -3,8 +3,9 @@
 The parts of one item's trip through one stage of ``bench/hop.py``'s chain, each timed in a
 loop with nothing contending (no other thread, no wake-ups): the put into the stage's inbox,
 the stage thread's take and delivery under a backlog, the port's admission, the pipe's
-``on_next`` (its counters, two stamps, the function, the new item), the chain's end (the
-collector) and the source's pull. What the table leaves out is what only a threaded run has:
+``on_next`` (its counters, two stamps, the function, the new item), four fused pipes'
+``on_next`` (``p1``'s thread in the opt-in fused shape), the chain's end (the collector) and
+the source's pull. What the table leaves out is what only a threaded run has:
 wake-ups, the GIL hand-offs and lock contention; ``bench/hop.py``'s CPU-per-item rows hold
 everything. Figures are ns per item, the minimum of ``--reps`` timings of ``--items`` items
 (the least disturbed by other work on the machine), less the empty loop's.
@@ -20,9 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from reactivex import Observable, Observer, abc
+from reactivex import Observable, abc
 from reactivex.disposable import Disposable
 
 # `python bench/hop_parts.py` from a checkout where the package is not installed: the repo root
@@ -34,11 +36,13 @@ from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
-from rxstream.item import PipelineItem, _base, _sourced, _trusted_metadata, now
+from rxstream.item import PipelineItem, _chain_of, _from_parts, _trusted_metadata, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import pipe_operator
 from rxstream.operators._source import SourcePuller
+from rxstream.runtime._fuse import fused_chain
 from rxstream.runtime._port import Port
+from rxstream.runtime._run import Run
 from rxstream.runtime._thread import DequeThread, StageThread, VirtualClock
 
 BATCH = 256
@@ -46,7 +50,8 @@ BATCH = 256
 
 _GENERATIONS = Generations()
 _METADATA = _trusted_metadata(0, 0, False, 0, 0, False, None, 0, 0, ())
-_ITEM = _sourced(1, _METADATA, (), "src.in", 1.0, "src.out", 2.0)
+_ITEM = _from_parts(1, _METADATA, _chain_of(("src.in", 1.0, "src.out", 2.0)))
+"""A source's item as it leaves the source: its metadata and the chain's first link."""
 
 
 def _sink(_value: Any) -> None:
@@ -159,28 +164,61 @@ def pipe_part(items: int) -> None:
         on_next(_ITEM)
 
 
+def fused_part(items: int) -> None:
+    """``bench/hop.py``'s fused shape on ``p1``'s thread: one operator over four no-op pipes
+    (each member's counters, stale check, two stamps; one item built at the end)."""
+    observers: list[abc.ObserverBase[PipelineItem]] = []
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        observers.append(observer)
+        return Disposable()
+
+    shells = []
+    for name in ("p1", "p2", "p3", "p4"):
+        shell = _shell(name)
+        shell.target_fn = noop
+        shells.append(shell)
+    stream = fused_chain(Observable(subscribe), shells, _GENERATIONS)
+    attach(stream, _sink, _sink, lambda: None)
+    on_next = observers[0].on_next
+    for _ in range(items):
+        on_next(_ITEM)
+
+
+class _Tail:
+    """A pipeline's last node, as far as its collector reads it."""
+
+    stage = SimpleNamespace(is_sink=False)
+
+
 def collector_part(items: int) -> None:
-    """The end's collector as ``Run._collector`` builds it (a reactivex ``Observer``)."""
-    counters = _counters()
-    generations = _GENERATIONS
-
-    def collect(item: PipelineItem) -> None:
-        if generations.is_stale(_base(item)):
-            counters.drop("stale")
-
-    on_next = Observer(collect, _sink, lambda: None).on_next
+    """The end's collector as ``Run._collector`` builds it (collecting nothing, as in hop.py)."""
+    tail = _Tail()
+    run = SimpleNamespace(
+        outputs={tail: []},
+        collect=None,
+        generations=_GENERATIONS,
+        shells={tail: _shell("p4")},
+        fail=_sink,
+        _end_completed=lambda: None,
+    )
+    end: Any = Run._collector(run, tail)  # type: ignore[arg-type]
+    on_next = getattr(end, "on_next", None) or end[0]  # an engine before it: an Observer
     for _ in range(items):
         on_next(_ITEM)
 
 
 def source_part(items: int) -> None:
-    """A source's pull (metadata, first stamps) from a plain iterator, as the pump does it."""
+    """A source's pull (metadata, first stamps) from a plain iterator, as the pump does it
+    (whose ``take_waited`` is only for a client input's pulls)."""
     puller = SourcePuller(range(items + 1), _shell("src", "source"))
     puller.open()
     pull, waited = puller.pull, puller.take_waited
+    waits = getattr(puller, "waits", True)  # an engine before it asked every pull
     for _ in range(items):
         pull()
-        waited()
+        if waits:
+            waited()
 
 
 def clock_part(items: int) -> None:
@@ -225,8 +263,9 @@ def main(argv: list[str] | None = None) -> None:
         ("the port's admission (stale, cutover, flush checks)", admission_part),
         ("a pipe's on_next: counters, 2 stamps, no-op, new item", pipe_part),
         ("  of which one clock read (a stamp)", clock_part),
-        ("the end's collector (reactivex Observer)", collector_part),
-        ("a source's pull + the pump's take_waited", source_part),
+        ("four fused pipes' on_next (p1's thread in the fused shape)", fused_part),
+        ("the end's collector", collector_part),
+        ("a source's pull (and the pump's take_waited if it asks)", source_part),
     ]
     empty = ns_per_item(_loop, items, reps)
     print(f"# python bench/hop_parts.py --items {items} --reps {reps}; rxstream at {revision()}")

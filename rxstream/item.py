@@ -237,22 +237,67 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     return fresh
 
 
+def _linked(item: PipelineItem, payload: Any, row: list[Any], first: int) -> PipelineItem:
+    """``payload`` with ``item``'s metadata plus the stamps ``row[first + 1:]`` (flat: ``hop,
+    t…``) as one link of the chain (a fused chain's stamps, written in place per item).
+
+    ``row[first]`` is overwritten with ``item``'s link: the new link is ``row[first:]`` as
+    one tuple, no other tuple made.
+    """
+    state = item.__dict__
+    base = state.get("_md")
+    if base is None:
+        base, link = state["metadata"], None
+    else:
+        link = state["_st"]
+    row[first] = link
+    fresh = _new(PipelineItem)
+    fresh_state = fresh.__dict__
+    fresh_state["payload"] = payload
+    fresh_state["_md"] = base
+    fresh_state["_st"] = tuple(row[first:] if first else row)
+    return fresh
+
+
 def _sourced(
     payload: Any,
-    metadata: PipelineMetadata,
+    prompt_generation: int,
+    flush_generation: int,
+    cutover: bool,
+    drop_generation: int,
+    pts: int,
+    input_seq: int,
+    input_at_ms: int,
     origin: tuple[Any, ...],
     in_hop: str,
     started: float,
     out_hop: str,
     done: float,
 ) -> PipelineItem:
-    """A source's new item: ``metadata`` (its timeline empty) and the stamps ``origin`` (flat,
-    may be empty), ``(in_hop, started)``, ``(out_hop, done)`` as the chain's first link."""
+    """A source's new item and its metadata, trusted (as :func:`_trusted_metadata`'s: the
+    fields given, not ``idle``, no ``capture_ts``, the timeline empty), in one call a pull;
+    the stamps ``origin`` (flat, may be empty), ``(in_hop, started)``, ``(out_hop, done)``
+    are the chain's first link."""
+    metadata = _new(PipelineMetadata)
+    fields = metadata.__dict__
+    fields["prompt_generation"] = prompt_generation
+    fields["flush_generation"] = flush_generation
+    fields["cutover"] = cutover
+    fields["drop_generation"] = drop_generation
+    fields["pts"] = pts
+    fields["idle"] = False
+    fields["capture_ts"] = None
+    fields["input_seq"] = input_seq
+    fields["input_at_ms"] = input_at_ms
+    fields["timeline"] = ()
     fresh = _new(PipelineItem)
     state = fresh.__dict__
     state["payload"] = payload
     state["_md"] = metadata
-    state["_st"] = (None, *origin, in_hop, started, out_hop, done)
+    if origin:
+        state["_st"] = (None, *origin, in_hop, started, out_hop, done)
+    else:  # the common case, built without unpacking (~50 ns)
+        state["_st"] = (None, in_hop, started, out_hop, done)
     return fresh
 
 

@@ -77,6 +77,32 @@ def test_fused_chain_gives_the_unfused_outputs_stamps_and_counts() -> None:
             assert stamps[f"{after}.in"] == stamps[f"{before}.out"]  # no queue between them
 
 
+@pytest.mark.parametrize("at", [0, 1, 3])
+def test_a_fused_member_that_returns_an_item_keeps_its_stamps_as_unfused(at: int) -> None:
+    """A pipe returning a PipelineItem mid-chain: its metadata, then its and later stamps."""
+
+    def relabel(x: int) -> Any:
+        timeline = (("origin", 1.0),)
+        return PipelineItem(x, rxstream.PipelineMetadata(pts=7 * x, timeline=timeline))
+
+    def build(ctx: rxstream.Context, fuse: bool) -> rxstream.Pipeline:
+        pipeline: rxstream.Pipeline | rxstream.Stage = ctx.source(range(50), name="src")
+        for index in range(4):
+            fn = relabel if index == at else inc
+            pipeline = pipeline | ctx.pipe(fn, name=f"p{index + 1}", fuse=fuse and index > 0)
+        return pipeline | ctx.stream("out")
+
+    plain_ctx, fused_ctx = fresh(), fresh()
+    plain_items = run(build(plain_ctx, False), plain_ctx)
+    fused_items = run(build(fused_ctx, True), fused_ctx)
+    expected = ["origin"] + [f"p{i + 1}.{end}" for i in range(at, 4) for end in ("in", "out")]
+    assert [hops(i) for i in fused_items] == [expected] * 50
+    assert [hops(i) for i in plain_items] == [expected] * 50
+    assert [(i.payload, i.metadata.pts) for i in fused_items] == [
+        (i.payload, i.metadata.pts) for i in plain_items
+    ]
+
+
 def test_fused_stages_run_on_their_upstreams_thread(ctx: rxstream.Context) -> None:
     """A fused pipe runs on its upstream's thread: a source's pump or a pipe's stage thread."""
     seen: dict[str, set[str]] = {}

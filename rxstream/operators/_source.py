@@ -57,10 +57,16 @@ class SourcePuller:
         self._spec = spec
         self._shell = shell
         self._next: Callable[[], Any] = _exhausted
-        self._first: Any = _END
         self._count = 0
         self._closer: Callable[[], Any] | None = None
         self._prompt = shell.generations.prompt
+        # what every pull reads, looked up once (fixed for the run)
+        self._counters = shell.counters
+        self._generations = shell.generations
+        self._timing = shell.timing
+        self._in_hop, self._out_hop = shell.in_hop, shell.out_hop
+        self.waits = isinstance(spec, InputFeed)
+        """Whether pulls may wait for client samples (:meth:`take_waited` has something)."""
         if isinstance(spec, InputFeed):
             spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
             if not shell.driven:  # a new run (start()) gives every client a fresh budget
@@ -96,8 +102,16 @@ class SourcePuller:
         result = spec()
         if isinstance(result, Iterator | AsyncIterator):
             return self._stream(result)
-        self._first = result
-        return spec  # type: ignore[no-any-return]
+        return self._then(result, spec)
+
+    def _then(self, first: Any, rest: Callable[[], Any]) -> Callable[[], Any]:
+        """A frame function's stream: ``first`` (its result at open), then ``rest()`` a pull."""
+
+        def once() -> Any:
+            self._next = rest
+            return first
+
+        return once
 
     def _stream(self, stream: Any) -> Callable[[], Any]:
         if isinstance(stream, AsyncIterator):
@@ -130,14 +144,11 @@ class SourcePuller:
         finished, so the next pull ends it); otherwise the failure is a
         :class:`PipelineError` naming the source and the item's ``pts``.
         """
-        shell = self._shell
         started = now()
         try:
-            if self._first is not _END:
-                value, self._first = self._first, _END
-            else:
-                value = self._next()
+            value = self._next()
         except Exception as exc:
+            shell = self._shell
             if shell.on_error == "skip":
                 shell.skipped(exc, pts=self._count, input_seq=0, dropped=False)
                 return SKIPPED  # type: ignore[no-any-return]
@@ -146,46 +157,60 @@ class SourcePuller:
             return None
         if value is _NONE_WAITING:
             return SKIPPED  # type: ignore[no-any-return]
-        counters = shell.counters
+        counters = self._counters
         counters.items_in += 1
         if isinstance(value, PipelineItem):
+            shell = self._shell
             metadata = _with_stamps(value.metadata, shell.stamps(started))
+            self._count += 1
+            return shell.emit(value.payload, metadata)
+        gens = self._generations
+        prompt = gens.prompt
+        cutover = prompt > self._prompt
+        input_seq = input_at_ms = 0
+        origin: tuple[Any, ...] = ()  # flat: hop, t
+        if isinstance(value, InputSample):
+            started = now()  # the wait for a sample is the input queue's, before .in
+            input_seq = value.input_seq
+            input_at_ms = value.input_at_ms if input_seq else 0
+            origin = ("input.recv", value.received)
             value = value.payload
-        else:
-            gens = shell.generations
-            prompt = gens.prompt
-            cutover = prompt > self._prompt
-            input_seq = input_at_ms = 0
-            origin: tuple[Any, ...] = ()  # flat: hop, t
-            if isinstance(value, InputSample):
-                started = now()  # the wait for a sample is the input queue's, before .in
-                input_seq, input_at_ms = value.input_seq, value.input_at_ms
-                origin = ("input.recv", value.received)
-                value = value.payload
-            elif cutover:  # a steer during this pull counts from the pull's start
-                origin = ("steer", min(gens.steered_at, started))
+        elif cutover:  # a steer during this pull counts from the pull's start
+            origin = ("steer", min(gens.steered_at, started))
+        self._prompt = prompt
+        count = self._count
+        self._count = count + 1
+        counters.items_out += 1
+        if not self._timing:
             metadata = _trusted_metadata(  # the frozen __init__ is slow per item
                 prompt,
                 gens.flush,
                 cutover,
                 gens.drop,
-                self._count,
+                count,
                 False,
                 None,
                 input_seq,
-                input_at_ms if input_seq else 0,
-                (),  # the stamps go on the item's chain
+                input_at_ms,
+                (),
             )
-            self._prompt = prompt
-            self._count += 1
-            counters.items_out += 1
-            if not shell.timing:
-                return _item(value, metadata)
-            # the chain's first link is built as one tuple (measured: it more than halves
-            # timing's cost per pull)
-            return _sourced(value, metadata, origin, shell.in_hop, started, shell.out_hop, now())
-        self._count += 1
-        return shell.emit(value, metadata)
+            return _item(value, metadata)
+        # the item, its metadata and its chain's first link made in one call
+        return _sourced(
+            value,
+            prompt,
+            gens.flush,
+            cutover,
+            gens.drop,
+            count,
+            input_seq,
+            input_at_ms,
+            origin,
+            self._in_hop,
+            started,
+            self._out_hop,
+            now(),
+        )
 
     def take_waited(self) -> float:
         """Seconds the last pulls spent waiting for client samples (idle, not work)."""

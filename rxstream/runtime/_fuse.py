@@ -25,7 +25,7 @@ from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import DEFAULT_CAPACITY
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, _base, _stamped, now
+from rxstream.item import PipelineItem, _base, _linked, _stamped, now
 from rxstream.operators._core import attach
 from rxstream.operators._pipe import caller
 from rxstream.runtime._plan import Plan
@@ -149,9 +149,10 @@ def fused_chain(
     between two members drops the item at the next one. An item that needs none of these
     (the quick path) skips the checks while nothing changes, found by one compare a member.
     """
-    # what the per-item loop reads, looked up once: each member's function, counters, hops
+    # what the per-item loop reads, looked up once: each member's function, counters, and
+    # where its two times go in the row of stamps (below)
     steps = [
-        (index, caller(shell.target_fn, shell), shell.counters, shell.in_hop, shell.out_hop)
+        (index, caller(shell.target_fn, shell), shell.counters, 4 * index + 2)
         for index, shell in enumerate(shells)
     ]
     timing = shells[0].timing
@@ -165,6 +166,12 @@ def fused_chain(
         admissions = [shell.admission() for shell in shells]
         on_next_down = observer.on_next
         last = len(steps) - 1
+        # an item's stamps, written in place (two times a member) and made the chain's new
+        # link in one tuple at the end: ``[link, in, t, out, t, in, t, out, t…]``, the hop
+        # names written once (no tuple or list made per member or per item)
+        row: list[Any] = [None]
+        for shell in shells:
+            row += (shell.in_hop, 0.0, shell.out_hop, 0.0)
 
         def on_next(item: PipelineItem) -> None:
             nonlocal floor
@@ -177,9 +184,9 @@ def fused_chain(
                 epoch = -1
             checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
             payload = item.payload
-            stamps: list[Any] = []  # flat: hop, t, hop, t…
+            first = 0  # where the kept stamps' link goes in ``row``
             started = now() if timing else 0.0  # one clock read a member: its .out, next .in
-            for index, call, counters, in_hop, out_hop in steps:
+            for index, call, counters, at in steps:
                 if generations.epoch != epoch:
                     epoch = -1
                     if not admissions[index].admit(base):
@@ -199,17 +206,21 @@ def fused_chain(
                 counters.items_out += 1
                 if isinstance(payload, PipelineItem):  # the function set the metadata itself
                     item, payload = payload, payload.payload
-                    stamps.clear()
+                    first = at - 2  # the earlier members' stamps go with the item it replaced
                     if index < last:
                         base = _base(item)
                         epoch = -1  # the next members check what they get
                 if timing:
                     done = now()
-                    stamps += (in_hop, started, out_hop, done)
+                    row[at] = started
+                    row[at + 2] = done
                     started = done
             if checked > floor:  # every member admitted this flush generation
                 floor = checked
-            on_next_down(_stamped(item, payload, tuple(stamps)))
+            if timing:
+                on_next_down(_linked(item, payload, row, first))
+            else:
+                on_next_down(_stamped(item, payload, ()))
 
         return attach(upstream, on_next, observer.on_error, observer.on_completed, scheduler)
 

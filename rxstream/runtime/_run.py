@@ -47,6 +47,9 @@ from rxstream.topology._edges import (
 )
 from rxstream.typing import ItemStream
 
+_End = tuple[Callable[[PipelineItem], None], Callable[[Exception], None], Callable[[], None]]
+"""A pipeline end's ``on_next``, ``on_error`` and ``on_completed``."""
+
 __all__ = ["DoneEvent", "Run"]
 
 _log = structlog.get_logger("rxstream")
@@ -213,10 +216,8 @@ class Run(ABC):
             streams[node] = stream
         self._write_boundaries(streams)
         for tail in self.tails:
-            collector = self._collector(tail)
-            self._subscriptions.add(
-                attach(streams[tail], collector.on_next, collector.on_error, collector.on_completed)
-            )
+            on_next, on_error, on_completed = self._collector(tail)
+            self._subscriptions.add(attach(streams[tail], on_next, on_error, on_completed))
 
     # --- rank boundaries ----------------------------------------------------------------------
 
@@ -314,25 +315,45 @@ class Run(ABC):
 
         return Observable(subscribe)
 
-    def _collector(self, tail: Node) -> abc.ObserverBase[PipelineItem]:
-        from reactivex import Observer
+    def _collector(self, tail: Node) -> _End:
+        """The end of ``tail``'s stream: its ``on_next``, ``on_error``, ``on_completed``.
 
+        Reactivex's ``Observer`` contract (nothing after the first error or completion) kept
+        in one flag, without that class's two method calls an item (the run owns both ends).
+        """
         outputs = self.outputs
         collect = self.collect is not None
-        gens = self.generations
+        is_stale = self.generations.is_stale
         counters = self.shells[tail].counters
         drop = counters.drop
+        fail = self.fail
+        completed = self._end_completed
+        stopped = False
 
         sink = tail.stage.is_sink  # a sink has egressed the item already: it is delivered
 
         def on_next(item: PipelineItem) -> None:
-            if not sink and gens.is_stale(_base(item)):  # the end is a hop too
+            if stopped:
+                return
+            if not sink and is_stale(_base(item)):  # the end is a hop too
                 counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
             elif collect:  # keep no item alive that nobody asked for
                 outputs[tail].append(item.payload if self.collect == "payloads" else item)
 
-        return Observer(on_next, self.fail, self._end_completed)
+        def on_error(error: Exception) -> None:
+            nonlocal stopped
+            if not stopped:
+                stopped = True
+                fail(error)
+
+        def on_completed() -> None:
+            nonlocal stopped
+            if not stopped:
+                stopped = True
+                completed()
+
+        return on_next, on_error, on_completed
 
     # --- outcome ----------------------------------------------------------------------------
 

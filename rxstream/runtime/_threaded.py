@@ -140,22 +140,29 @@ class ThreadedRun(Run):
         counters = puller.counters
         charge_stalls_to(counters)
         perf = time.perf_counter
+        on_next = observer.on_next
+        waits = puller.waits  # only a client input's pulls wait (for samples)
         try:
             puller.open()
+            pull = puller.pull
+            started = perf()  # one clock read a turn: a turn's end starts the next
             while not self._halted:
-                started = perf()
                 stalled = counters.stalled_s
-                item = puller.pull()
-                waited = puller.take_waited()
-                counters.wait_s += waited
+                item = pull()
+                waited = 0.0
+                if waits:
+                    waited = puller.take_waited()
+                    counters.wait_s += waited
                 if item is None:
                     counters.work_s += perf() - started - waited
                     observer.on_completed()
                     return
                 if item is not SKIPPED:
-                    observer.on_next(item)  # with the stages fused into the source, if any
+                    on_next(item)  # with the stages fused into the source, if any
                 # a blocked hand-off downstream is stalled time, not work (as a stage's)
-                counters.work_s += perf() - started - waited - (counters.stalled_s - stalled)
+                done = perf()
+                counters.work_s += done - started - waited - (counters.stalled_s - stalled)
+                started = done
         except BaseException as exc:
             self.fail(exc)
         finally:
