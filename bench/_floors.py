@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from _report import STOP, ignore, noop, pulled, spread, verdict
+from _report import STOP, Threads, ignore, noop, pulled, spread, verdict
 
 __all__ = [
     "FloorChain",
@@ -161,12 +161,15 @@ def _floor_stage(
     return four_stamped if stamps else four
 
 
-class FloorChain:
+class FloorChain(Threads):
     """The floor, no engine: ``src`` and ``p1``..``p4`` as plain threads, each hand-off a
     ``_HandOff`` of two C ``queue.SimpleQueue``s, no stamps: the cheapest bounded
     thread-per-stage chain Python can make (``stamps``: with the hand-written chain's stamps;
     ``fused``: ``p1``..``p4`` back to back on one thread after the source, the fused shape's
     floor)."""
+
+    what = "floor chain"
+    join_s = JOIN_S
 
     stamps = False
     fused = False
@@ -181,16 +184,6 @@ class FloorChain:
             outbox = hand_offs[index + 1] if index + 1 < len(hand_offs) else None
             bodies.append(_floor_stage(names, group, hand_offs[index], outbox, self.stamps))
         self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def wait(self) -> None:
-        for thread in self._threads:
-            thread.join(JOIN_S)
-            if thread.is_alive():
-                raise RuntimeError("floor chain did not finish")
 
 
 class FloorStampedChain(FloorChain):

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import statistics
 import subprocess
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP", "ignore", "noop", "p99", "pulled", "revision", "spread", "verdict"]
+__all__ = ["STOP", "Threads", "ignore", "noop", "p99", "pulled", "revision", "spread", "verdict"]
 
 STOP: Any = object()
 """What a ``pull`` returns to end :func:`pulled`."""
@@ -78,3 +79,22 @@ def verdict(
     ratios = [v / b for v, b in zip(values, baseline, strict=True)]
     result = "info" if check is None else "PASS" if check(statistics.median(ratios)) else "FAIL"
     return ratios, result
+
+
+class Threads:
+    """A chain of plain threads (``self._threads``, made by the subclass): started together,
+    each joined within ``join_s``; ``what`` names the chain in the error."""
+
+    what = "chain"
+    join_s = 10.0
+    _threads: list[threading.Thread]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def wait(self) -> None:
+        for thread in self._threads:
+            thread.join(self.join_s)
+            if thread.is_alive():
+                raise RuntimeError(f"{self.what} did not finish")

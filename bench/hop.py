@@ -72,7 +72,7 @@ from reactivex.scheduler import EventLoopScheduler
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _floors import FloorChain, FloorStampedChain, floor_line
-from _report import STOP, ignore, noop, p99, pulled, revision, spread, verdict
+from _report import STOP, Threads, ignore, noop, p99, pulled, revision, spread, verdict
 
 import rxstream
 
@@ -136,8 +136,11 @@ def _hand_stage(
     return body
 
 
-class HandChain:
+class HandChain(Threads):
     """``src`` and ``p1``..``p4`` as plain threads over ``queue.Queue(maxsize=capacity)``."""
+
+    what = "hand-written chain"
+    join_s = JOIN_S
 
     def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
         queues: list[queue.Queue[Any]] = [queue.Queue(capacity) for _ in STAGES]
@@ -147,16 +150,6 @@ class HandChain:
             outbox = queues[index + 1] if index + 1 < len(queues) else None
             bodies.append(_hand_stage(name, fn, queues[index], outbox))
         self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
-
-    def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
-
-    def wait(self) -> None:
-        for thread in self._threads:
-            thread.join(JOIN_S)
-            if thread.is_alive():
-                raise RuntimeError("hand-written chain did not finish")
 
 
 # --- the rxstream chain ---------------------------------------------------------------------
