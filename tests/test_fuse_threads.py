@@ -10,6 +10,8 @@ from typing import Any
 import hypothesis.strategies as st
 import pytest
 from hypothesis import HealthCheck, given, settings
+from reactivex import Observable
+from reactivex.subject import Subject
 
 import rxstream
 from rxstream import PipelineError, StageBuildError
@@ -75,6 +77,50 @@ def test_fused_chain_gives_the_unfused_outputs_stamps_and_counts() -> None:
         assert times == sorted(times)
         for before, after in (("p1", "p2"), ("p2", "p3"), ("p3", "p4")):
             assert stamps[f"{after}.in"] == stamps[f"{before}.out"]  # no queue between them
+
+
+def test_an_item_fed_back_into_a_fused_chain_by_a_member_keeps_both_items_stamps() -> None:
+    """A member whose call sends another item through the same chain (a user's feedback loop
+    through a subject): each item's stamps stay its own, in order, an inner item set by a
+    member included (a shared row of stamps once gave the outer item the inner's times)."""
+    subject: Subject[int] = Subject()
+
+    def merged(upstream: Observable[Any]) -> Observable[Any]:
+        def subscribe(observer: Any, scheduler: Any = None) -> Any:
+            subject.subscribe(observer.on_next)
+            return upstream.subscribe(observer.on_next, observer.on_error, observer.on_completed)
+
+        return Observable(subscribe)
+
+    def feeding(x: int) -> Any:
+        if x == 2:
+            subject.on_next(100)  # the inner item runs through a, b, c before this call returns
+        if x == 101:
+            return PipelineItem(x, rxstream.PipelineMetadata(pts=100))
+        return x
+
+    ctx = fresh()
+    source = [
+        PipelineItem(i, rxstream.PipelineMetadata(pts=i, input_seq=i + 1, input_at_ms=1))
+        for i in range(3)
+    ]
+    pipeline = (
+        ctx.source(source, name="src")
+        | ctx.rx(merged, name="m")
+        | ctx.pipe(inc, name="a", fuse=True)
+        | ctx.pipe(feeding, name="b", fuse=True)
+        | ctx.pipe(inc, name="c", fuse=True)
+    )
+    items = run(pipeline | ctx.stream("out"), ctx)  # the sink folds each input's record
+    assert [i.payload for i in items] == [2, 102, 3, 4]
+    for item in items:
+        times = [t for _, t in item.metadata.timeline]
+        assert all(isinstance(t, float) for t in times)
+        assert times == sorted(times)
+    outer = items[2].metadata.timeline
+    assert [hop for hop, _ in outer][-6:] == ["a.in", "a.out", "b.in", "b.out", "c.in", "c.out"]
+    inner = dict(items[1].metadata.timeline)
+    assert dict(outer)["b.in"] < inner["b.out"] < dict(outer)["b.out"]  # inside the outer's call
 
 
 @pytest.mark.parametrize("at", [0, 1, 3])

@@ -172,55 +172,64 @@ def fused_chain(
         row: list[Any] = [None]
         for shell in shells:
             row += (shell.in_hop, 0.0, shell.out_hop, 0.0)
+        busy = False  # an item is in the members' hands (its times half written in ``row``)
 
         def on_next(item: PipelineItem) -> None:
-            nonlocal floor
-            base = _base(item)
-            epoch = generations.epoch
-            # the quick path: no cutover to count, no flush a member has to reset for, not
-            # stale; a change of the generations (a function steering or flushing) ends it.
-            # Off it, ``epoch`` is -1: every member's compare fails and it admits the item.
-            if base.cutover or base.flush_generation > floor or is_stale(base):
-                epoch = -1
-            checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
-            payload = item.payload
-            first = 0  # where the kept stamps' link goes in ``row``
-            started = now() if timing else 0.0  # one clock read a member: its .out, next .in
-            for index, call, counters, at in steps:
-                if generations.epoch != epoch:
+            nonlocal floor, busy
+            # a member's call that led back here (a user's feedback loop through a subject)
+            # must not write over the outer item's times: the inner item gets a row its own
+            mine = list(row) if busy else row
+            busy = True
+            try:
+                base = _base(item)
+                epoch = generations.epoch
+                # the quick path: no cutover to count, no flush a member has to reset for, not
+                # stale; a change of the generations (a function steering or flushing) ends it.
+                # Off it, ``epoch`` is -1: every member's compare fails and it admits the item.
+                if base.cutover or base.flush_generation > floor or is_stale(base):
                     epoch = -1
-                    if not admissions[index].admit(base):
+                checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
+                payload = item.payload
+                first = 0  # where the kept stamps' link goes in ``row``
+                started = now() if timing else 0.0  # one clock read a member: its .out, next .in
+                for index, call, counters, at in steps:
+                    if generations.epoch != epoch:
+                        epoch = -1
+                        if not admissions[index].admit(base):
+                            return
+                        checked = min(checked, base.flush_generation)
+                    counters.items_in += 1
+                    try:
+                        payload = call(payload)
+                    except Exception as exc:
+                        shells[index].failed(observer, item, exc)
                         return
-                    checked = min(checked, base.flush_generation)
-                counters.items_in += 1
-                try:
-                    payload = call(payload)
-                except Exception as exc:
-                    shells[index].failed(observer, item, exc)
-                    return
-                except BaseException as exc:  # not on_error's: the run ends naming the stage
-                    counters.drop("error")  # the item is lost here
-                    if not driven:  # a drive raises it as it is, fused or not
-                        shells[index].crashed(exc)
-                    raise
-                counters.items_out += 1
-                if isinstance(payload, PipelineItem):  # the function set the metadata itself
-                    item, payload = payload, payload.payload
-                    first = at - 2  # the earlier members' stamps go with the item it replaced
-                    if index < last:
-                        base = _base(item)
-                        epoch = -1  # the next members check what they get
+                    except BaseException as exc:  # not on_error's: the run ends naming the stage
+                        counters.drop("error")  # the item is lost here
+                        if not driven:  # a drive raises it as it is, fused or not
+                            shells[index].crashed(exc)
+                        raise
+                    counters.items_out += 1
+                    if isinstance(payload, PipelineItem):  # the function set the metadata itself
+                        item, payload = payload, payload.payload
+                        first = at - 2  # the earlier members' stamps go with the item it replaced
+                        if index < last:
+                            base = _base(item)
+                            epoch = -1  # the next members check what they get
+                    if timing:
+                        done = now()
+                        mine[at] = started
+                        mine[at + 2] = done
+                        started = done
+                if checked > floor:  # every member admitted this flush generation
+                    floor = checked
                 if timing:
-                    done = now()
-                    row[at] = started
-                    row[at + 2] = done
-                    started = done
-            if checked > floor:  # every member admitted this flush generation
-                floor = checked
-            if timing:
-                on_next_down(_linked(item, payload, row, first))
-            else:
-                on_next_down(_stamped(item, payload, ()))
+                    on_next_down(_linked(item, payload, mine, first))
+                else:
+                    on_next_down(_stamped(item, payload, ()))
+            finally:
+                if mine is row:
+                    busy = False
 
         return attach(upstream, on_next, observer.on_error, observer.on_completed, scheduler)
 
