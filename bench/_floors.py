@@ -228,8 +228,9 @@ def floor_line(
         )
     shape = "this shape" if len(shapes) == 1 else "these shapes"
     bound = (
-        f"no chain of {shape} in Python reached the target in this run, not even one that "
-        "does nothing but its hand-offs and calls"
+        f"the floor of {shape}, a chain that does nothing but its hand-offs and calls, did "
+        "not reach the target in this run (its own slots of the repetitions: under load a "
+        "chain measured in another slot can read higher)"
         if missed == len(shapes)
         else "a bare chain reached the target in this run: what an engine adds decides"
     )
