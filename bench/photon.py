@@ -8,12 +8,13 @@ chromium (Playwright) on one session, per video path: ``?video=webcodecs``, ``jp
 presents; what issue 14 measured). ``--rounds`` times each path gets a page of its own, in an
 order rotated each round, and jumps its share of ``--moves`` after ``--settle-s`` seconds (a
 page load stalls the shared cores, and the path that came first would pay it alone). On each
-page the pointer jumps between the four corners of a square over the picture, each jump
-waiting for the last to show. The page measures each jump on its own side: from the pointer
-event (``event.timeStamp``) to the first rendering update (``requestAnimationFrame``) whose
-displayed pixels show the light at the new spot (read back from the canvas, or from the
-``<video>`` element drawn into a canvas). Beside it: the server's ``total_ms`` of the same
-inputs and the ``photon_ms`` the session logged for them (the page's
+page the pointer jumps between the four corners of a square over the picture, each jump waiting
+for the last to show, then 60 ms and a random part of a frame period (so that jumps land at
+every phase of the demo's 24 fps tick, on every path alike). The page measures each jump on its
+own side: from the pointer event (``event.timeStamp``) to the first rendering update
+(``requestAnimationFrame``) whose displayed pixels show the light at the new spot (read back
+from the canvas, or from the ``<video>`` element drawn into a canvas). Beside it: the server's
+``total_ms`` of the same inputs and the ``photon_ms`` the session logged for them (the page's
 report joined to the record, ``[photon:video]``), on screen minus ``total_ms`` move by move
 (the page's part, whatever the server's time did meanwhile), the p50s of the page's steps
 (``rxstream.trace``), on MSE how far the ``<video>`` played behind its newest frame, and what
@@ -32,6 +33,7 @@ import asyncio
 import importlib.util
 import json
 import math
+import random
 import shutil
 import sys
 import tempfile
@@ -62,6 +64,8 @@ QUERIES = {path: f"video={path}" for path in PATHS} | {"mse-legacy": "video=mse&
 """The page's query per path: ``mse-legacy`` is the MSE page as users had it before WebCodecs
 (``pointermove``, no ``requestVideoFrameCallback``): what issue 14 measured, the target's
 comparison."""
+PERIOD_MS = 1000 / 24
+"""The demo's frame period: its clock ticks and its pace both run at 24 fps."""
 CORNERS = ((0.2, 0.3), (0.8, 0.7), (0.8, 0.3), (0.2, 0.7))
 
 PROBE_JS = """
@@ -184,6 +188,7 @@ def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[s
     box = page.locator(shown).bounding_box()
     assert box is not None
     out: list[dict[str, Any]] = []
+    phases = random.Random(0)  # the same spread of waits on every page
     for index in range(moves):
         x, y = CORNERS[index % len(CORNERS)]
         before = page.evaluate("window.__probe.results.length")
@@ -200,7 +205,10 @@ def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[s
         if result.get("lag") is not None:
             move["lag"] = float(result["lag"])
         out.append(move)
-        page.wait_for_timeout(60)  # let the frame after settle before the next jump
+        # let the frame after settle, then a random part of a frame period: the next jump
+        # lands at any phase of the demo's 24 fps tick, on every path alike (a fixed wait
+        # after the last jump showed put each path's jumps at one phase of the tick, its own)
+        page.wait_for_timeout(60 + phases.uniform(0, PERIOD_MS))
     return out
 
 
@@ -297,8 +305,6 @@ def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[s
 HELD_BY = ("window", "pace")
 """The demo's stages that hold an item: ``window`` until the clock's next 1/24 s tick closes
 it, ``pace`` until its output slot."""
-PERIOD_MS = 1000 / 24
-"""The demo's frame period: its clock ticks and its pace both run at 24 fps."""
 
 
 def half_bound(wc: dict[str, float], legacy: dict[str, float]) -> str:
