@@ -9,16 +9,17 @@ presents; what issue 14 measured). ``--rounds`` times each path gets a page of i
 order rotated each round, and jumps its share of ``--moves`` after ``--settle-s`` seconds (a
 page load stalls the shared cores, and the path that came first would pay it alone). On each
 page the pointer jumps between the four corners of a square over the picture, each jump waiting
-for the last to show, then 60 ms and a random part of a frame period (so that jumps land at
-every phase of the demo's 24 fps tick, on every path alike). The page measures each jump on its
-own side: from the pointer event (``event.timeStamp``) to the first rendering update
-(``requestAnimationFrame``) whose displayed pixels show the light at the new spot (read back
-from the canvas, or from the ``<video>`` element drawn into a canvas). Beside it: the server's
-``total_ms`` of the same inputs and the ``photon_ms`` the session logged for them (the page's
-report joined to the record, ``[photon:video]``), on screen minus ``total_ms`` move by move
-(the page's part, whatever the server's time did meanwhile), the p50s of the page's steps
-(``rxstream.trace``), on MSE how far the ``<video>`` played behind its newest frame, and what
-each path's pages did with their frames (drawn, skipped late, keyframes asked for).
+for the last to show, then 60 ms and a part of a frame period (the parts spread evenly over the
+period, the same on every path, so that jumps land at every phase of the demo's 24 fps tick).
+The page measures each jump on its own side: from the pointer event (``event.timeStamp``) to
+the first rendering update (``requestAnimationFrame``) whose displayed pixels show the light at
+the new spot (read back from the canvas, or from the ``<video>`` element drawn into a canvas).
+Beside it: the server's ``total_ms`` of the same inputs and the ``photon_ms`` the session
+logged for them (the page's report joined to the record, ``[photon:video]``), on screen minus
+``total_ms`` move by move (the page's part, whatever the server's time did meanwhile), the p50s
+of the page's steps (``rxstream.trace``), on MSE how far the ``<video>`` played behind its
+newest frame, and what each path's pages did with their frames (drawn, skipped late, keyframes
+asked for).
 
 Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, and <= 0.5x
 the MSE path's on-screen p50 (``mse-legacy``'s; today's ``mse`` beside it).
@@ -181,14 +182,24 @@ class DemoServer:
         self.thread.join(10)
 
 
-def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[str, Any]]:
-    """Jump the pointer ``moves`` times; per jump the page's on-screen ms and its input_seq."""
+def measure_moves(
+    page: Any, moves: int, timeout_ms: int = 5_000, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Jump the pointer ``moves`` times; per jump the page's on-screen ms and its input_seq.
+
+    After a jump shows, the next waits 60 ms and a part of a frame period: the ``moves`` parts
+    spread evenly over the period (one at random in each ``1/moves`` of it, in a shuffled
+    order; ``seed`` picks them), so the jumps land at every phase of the demo's 24 fps tick,
+    and every path given the same seed gets the same phases.
+    """
     page.evaluate(PROBE_JS)
     shown = "#video" if page.evaluate("window.rxstream.video") == "mse" else "#canvas"
     box = page.locator(shown).bounding_box()
     assert box is not None
     out: list[dict[str, Any]] = []
-    phases = random.Random(0)  # the same spread of waits on every page
+    phases = random.Random(seed)
+    spread = [(k + phases.random()) * PERIOD_MS / moves for k in range(moves)]
+    phases.shuffle(spread)
     for index in range(moves):
         x, y = CORNERS[index % len(CORNERS)]
         before = page.evaluate("window.__probe.results.length")
@@ -205,10 +216,9 @@ def measure_moves(page: Any, moves: int, timeout_ms: int = 5_000) -> list[dict[s
         if result.get("lag") is not None:
             move["lag"] = float(result["lag"])
         out.append(move)
-        # let the frame after settle, then a random part of a frame period: the next jump
-        # lands at any phase of the demo's 24 fps tick, on every path alike (a fixed wait
+        # let the frame after settle, then this jump's part of a frame period (a fixed wait
         # after the last jump showed put each path's jumps at one phase of the tick, its own)
-        page.wait_for_timeout(60 + phases.uniform(0, PERIOD_MS))
+        page.wait_for_timeout(60 + spread[index])
     return out
 
 
@@ -284,7 +294,7 @@ def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[s
                 page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
                 page.wait_for_timeout(settle_s * 1000)  # the page load's stall drains
                 used[path] = page.evaluate("window.rxstream.showing")
-                batch = measure_moves(page, share)
+                batch = measure_moves(page, share, seed=round_)  # each path the same phases
                 if path != "mse-legacy":  # the old page sends no reports
                     last = f"window.rxstream.photon['video#{batch[-1]['input_seq']}']"
                     page.wait_for_function(f"{last} !== undefined", timeout=5_000)
