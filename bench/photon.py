@@ -312,6 +312,10 @@ def run(moves: int, log: Path, rounds: int = 3, settle_s: float = 3.0) -> dict[s
     return {"moves": measured, "paths": used, "rows": rows, "frames": frames}
 
 
+CLIENT_HOPS = ("up", "net", "decode", "present")
+"""The client hops of a record's page part (``ClientTiming``), as the table prints them."""
+
+
 HELD_BY = ("window", "pace")
 """The demo's stages that hold an item: ``window`` until the clock's next 1/24 s tick closes
 it, ``pace`` until its output slot."""
@@ -395,10 +399,18 @@ def _rows(
         clients = [
             c for m in moves if m["input_seq"] in records and (c := records[m["input_seq"]].client)
         ]
-        for hop in ("up", "net", "decode", "present"):
+        for hop in CLIENT_HOPS:
             values = [v for c in clients if (v := getattr(c, f"{hop}_ms")) is not None]
             rows[path][f"{hop}_p50"] = percentile(values, 50) if values else float("nan")
     return rows
+
+
+def per_path(title: str, rows: dict[str, dict[str, float]], fields: list[tuple[str, str]]) -> str:
+    """``title`` then, per path, each ``(name, key)`` of ``fields`` as ``name value``."""
+    return title + "; ".join(
+        f"{path} " + " ".join(f"{name} {row[key]:.1f}" for name, key in fields)
+        for path, row in rows.items()
+    )
 
 
 def main() -> None:
@@ -432,26 +444,17 @@ def main() -> None:
             f"{row['total_p50']:19.1f} {row['total_p95']:6.1f}  {row['photon_p50']:20.1f} "
             f"{row['photon_n']:5d} {row['apart_max']:22.1f}"
         )
-    print(
-        "the page's part, p50: "
-        + "; ".join(
-            f"{path} "
-            + " ".join(
-                f"{hop} {row[hop + '_p50']:.1f}" for hop in ("up", "net", "decode", "present")
-            )
-            for path, row in rows.items()
-        )
-    )
+    print(per_path("the page's part, p50: ", rows, [(hop, hop + "_p50") for hop in CLIENT_HOPS]))
     print(
         "on screen minus the same move's total_ms, p50 (the page's part, move by move): "
         + "; ".join(f"{path} {row['beyond_p50']:.1f}" for path, row in rows.items())
     )
     print(
-        "the page's steps, p50 (rxstream.trace; arrived->parsed->submitted->decoded->drawn->"
-        "presented): "
-        + "; ".join(
-            f"{path} " + " ".join(f"{step} {row[step + '_step_p50']:.1f}" for step in STEPS)
-            for path, row in rows.items()
+        per_path(
+            "the page's steps, p50 (rxstream.trace; arrived->parsed->submitted->decoded->drawn->"
+            "presented): ",
+            rows,
+            [(step, step + "_step_p50") for step in STEPS],
         )
     )
     print(
@@ -475,11 +478,11 @@ def main() -> None:
         )
     print(half_bound(wc, legacy))
     print(
-        "the server's held part, p50 (window: the wait for the clock's tick; pace: for its "
-        "slot): "
-        + "; ".join(
-            f"{path} " + " ".join(f"{stage} {row[stage + '_hold_p50']:.1f}" for stage in HELD_BY)
-            for path, row in rows.items()
+        per_path(
+            "the server's held part, p50 (window: the wait for the clock's tick; pace: for its "
+            "slot): ",
+            rows,
+            [(stage, stage + "_hold_p50") for stage in HELD_BY],
         )
     )
     print(f"paths the page used: {result['paths']}")
