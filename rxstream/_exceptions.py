@@ -32,6 +32,8 @@
     │   └── DeploymentError      a serving config the model's topology refuses, every problem listed
     ├── StreamBufferClosed       an item put into a closed StreamBuffer (also a RuntimeError)
     ├── CodecError               a payload an egress codec cannot encode (also a ValueError)
+    ├── ItemRefused              a transport declined an item: its sink counts a drop (not a
+    │                            failure; in rxstream.transport)
     └── CudaIpcError             the CUDA IPC bridge refused a call (``rxstream.ipc``)
         ├── CudaDeviceError      export of a tensor that is not on a CUDA device (also a ValueError)
         ├── CudaUnavailableError a CUDA tensor in a process without CUDA (also a RuntimeError)
@@ -66,6 +68,7 @@ __all__ = [
     "DocValidationError",
     "FramingError",
     "InvalidSample",
+    "ItemRefused",
     "PayloadTooLarge",
     "PipelineError",
     "PipelineStateError",
@@ -224,6 +227,16 @@ class InvalidSample(SampleRefused):
         """The value refused (:data:`NO_VALUE` for a rule about a key: missing, unknown)."""
         got = "" if value is NO_VALUE else f", got {shown(value)}"
         super().__init__(stream, f"{where} {rule}{got} for client stream {stream!r}")
+
+
+class ItemRefused(RxStreamError):
+    """A transport declined an item (:meth:`~rxstream.transport.Transport.send` raised it):
+    the sink counts the item as dropped with ``reason`` and passes it no further. Not a
+    failure: the run goes on."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        self.reason = reason
+        super().__init__(message or f"item refused ({reason})")
 
 
 class SelfTestError(RxStreamError, AssertionError):

@@ -18,6 +18,7 @@ from typing import Any
 
 from reactivex import abc
 
+from rxstream._exceptions import ItemRefused
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
@@ -82,6 +83,9 @@ def sink_operator(
                 counters.items_in += 1
                 try:
                     send(stream, item)
+                except ItemRefused as refused:  # not sent, on purpose: a drop, not a failure
+                    counters.drop(refused.reason)
+                    return
                 except Exception as exc:
                     shell.failed(observer, item, exc)
                     return

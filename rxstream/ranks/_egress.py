@@ -9,6 +9,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from rxstream._exceptions import ItemRefused
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._threaded import ThreadedRun
@@ -118,7 +119,8 @@ class Egress(Transport):
 
     def send(self, stream: str, item: PipelineItem) -> None:
         inner = self._inner
-        if inner is not None and self._gate.admit():
+        if inner is not None:
+            self._gate.admit()
             inner.send(stream, item)
 
     def on_timing(self, record: TimingRecord) -> None:
@@ -137,25 +139,28 @@ class Egress(Transport):
 
 
 class _Gate:
-    """Admits at most ``frames`` items (all of them for ``None``); ``on_full`` after the last."""
+    """Admits at most ``frames`` items (all of them for ``None``); ``on_full`` after the last.
+
+    An item past them is refused with :class:`ItemRefused` (reason ``frames``): its sink
+    counts it as dropped, so the books balance and the sinks' ``out`` is what was sent.
+    """
 
     def __init__(self, frames: int | None, on_full: Callable[[], object]) -> None:
-        self._left = frames
+        self._left = self._frames = frames
         self._lock = threading.Lock()
         self.on_full = on_full
 
-    def admit(self) -> bool:
-        """Whether one more item may pass."""
+    def admit(self) -> None:
+        """Let one more item pass, or raise :class:`ItemRefused` (reason ``frames``)."""
         if self._left is None:
-            return True
+            return
         with self._lock:
             if self._left <= 0:
-                return False
+                raise ItemRefused("frames", f"past the {self._frames} frames asked for")
             self._left -= 1
             full = self._left == 0
         if full:
             self.on_full()
-        return True
 
 
 class Sender:
@@ -184,7 +189,8 @@ class Forward(Transport):
         return True
 
     def send(self, stream: str, item: PipelineItem) -> None:
-        if self.gate.admit() and self._sender is not None:
+        self.gate.admit()
+        if self._sender is not None:
             self._sender.send(("egress", stream, item))
 
     def on_timing(self, record: TimingRecord) -> None:

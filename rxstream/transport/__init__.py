@@ -2,7 +2,7 @@
 
 from typing import TYPE_CHECKING
 
-from rxstream._exceptions import CodecError
+from rxstream._exceptions import CodecError, ItemRefused
 from rxstream._util import fixup_module_metadata
 from rxstream.transport._base import CODECS, Session, Transport
 from rxstream.transport._codecs import (
@@ -28,6 +28,7 @@ __all__ = [
     "Encoder",
     "FileTransport",
     "H264Fragments",
+    "ItemRefused",
     "JpegEncoder",
     "MemoryTransport",
     "Rate",

@@ -1,0 +1,55 @@
+"""A transport may refuse an item (`ItemRefused`): the sink counts it as dropped, not egressed."""
+
+from __future__ import annotations
+
+import pytest
+
+import rxstream
+from rxstream.item import PipelineItem
+from rxstream.ranks._egress import Egress
+from rxstream.transport import ItemRefused, MemoryTransport, Session, Transport
+
+
+class OddRefused(Transport):
+    """Takes even payloads, refuses odd ones (reason ``odd``)."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def send(self, stream: str, item: PipelineItem) -> None:
+        if item.payload % 2:
+            raise ItemRefused("odd")
+        self.sent.append(item.payload)
+
+
+def test_a_refused_item_is_dropped_at_the_sink_with_the_transports_reason() -> None:
+    """The sink counts a refused item as dropped (its reason), not out; the run goes on."""
+    transport = OddRefused()
+    ctx = rxstream.Context(transport=transport)
+    pipeline = ctx.source(lambda: iter(range(7)), name="src") | ctx.stream("video")
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    pipeline.stop()
+    video = pipeline.statistics()["video"]
+    assert transport.sent == [0, 2, 4, 6]
+    assert (video.items_in, video.items_out, dict(video.dropped)) == (7, 4, {"odd": 3})
+
+
+def test_the_launchs_egress_refuses_past_its_frames_naming_the_reason() -> None:
+    """Egress passes exactly `frames` items on, then refuses each with reason `frames`."""
+    page = MemoryTransport()
+    egress = Egress(page, out=None, out_stream=None, frames=2, on_open=None)
+    egress.open(Session(streams={"video": "raw"}))
+    item = PipelineItem(0, rxstream.PipelineMetadata())
+    egress.send("video", item)
+    egress.send("video", item)
+    assert egress.ended  # the second was the last: the session ends
+    with pytest.raises(ItemRefused) as refused:
+        egress.send("video", item)
+    assert refused.value.reason == "frames"
+    assert "2 frames" in str(refused.value)
+    assert len(page.items("video")) == 2
