@@ -337,7 +337,8 @@ def test_find_client_stream_errors(
 
 
 def test_a_serving_config_lowers_a_declared_bound() -> None:
-    """client_streams lowers a declared bound and bounds an undeclared one; others stay."""
+    """client_streams lowers a declared bound and bounds an undeclared one; others stay; no
+    other section is taken."""
     limits = client_stream_limits(
         model_topology(), {"client_streams": {"mouse": {"max_items": 50}, "audio": {}}}
     )
@@ -345,7 +346,8 @@ def test_a_serving_config_lowers_a_declared_bound() -> None:
     limits = client_stream_limits(model_topology(), {"client_streams": {"audio": {"max_items": 9}}})
     assert limits == {"mouse": ClientStreamLimits(100), "audio": ClientStreamLimits(9)}
     assert client_stream_limits(model_topology(), None)["mouse"] == ClientStreamLimits(100)
-    assert client_stream_limits(model_topology(), {"other": 1})["mouse"] == ClientStreamLimits(100)
+    with pytest.raises(DeploymentError, match="other is not a section"):
+        client_stream_limits(model_topology(), {"other": 1})  # a misspelt section applies nothing
 
 
 def test_a_serving_config_that_raises_a_bound_is_rejected() -> None:
@@ -407,6 +409,10 @@ def test_validate_deployment_lists_every_problem() -> None:
             "client_streams must be a mapping of edge name -> {max_items: N}, got list",
         ),
         (
+            {"clientstreams": {"mouse": {"max_items": 3}}},
+            "clientstreams is not a section of the serving config (sections: client_streams)",
+        ),
+        (
             {"client_streams": {"mouse": 5}},
             "client_streams.mouse must be a mapping like {max_items: N}, got 5",
         ),
@@ -429,7 +435,7 @@ def test_validate_deployment_lists_every_problem() -> None:
     ],
 )
 def test_validate_deployment_config_shapes(config: Any, problem: str) -> None:
-    """A config of the wrong shape, an unknown setting or a bad bound is named."""
+    """A config of the wrong shape, an unknown section or setting, or a bad bound is named."""
     with pytest.raises(DeploymentError) as caught:
         validate_deployment(model_topology(), config)
     assert caught.value.problems == (problem,)

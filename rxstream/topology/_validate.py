@@ -24,6 +24,8 @@ from rxstream.topology._model import PartitionTopology, walk_driving_problems
 
 __all__ = ["client_stream_limits", "load_serving_config", "validate_deployment"]
 
+_SECTIONS = ("client_streams",)
+"""The serving config's top-level keys (a misspelt one would silently apply nothing)."""
 _SETTINGS = ("max_items",)
 
 
@@ -44,9 +46,10 @@ def load_serving_config(path: str | Path) -> Mapping[str, Any] | None:
 def validate_deployment(topology: PartitionTopology, config: Mapping[str, Any] | None) -> None:
     """Check ``config`` (the serving config, or ``None``) and ``topology`` together.
 
-    Rejects an unknown edge name, a connection between partitions given limits, a setting
-    that is not one, a bound that is not a positive int or is above the model's declared one,
-    and every walk-driving violation — all in one :class:`~rxstream.topology.DeploymentError`.
+    Rejects an unknown top-level section, an unknown edge name, a connection between
+    partitions given limits, a setting that is not one, a bound that is not a positive int or
+    is above the model's declared one, and every walk-driving violation — all in one
+    :class:`~rxstream.topology.DeploymentError`.
     """
     problems = list(walk_driving_problems(topology))
     problems.extend(_client_stream_problems(topology, config))
@@ -85,18 +88,23 @@ def _client_stream_problems(
         return []
     if not isinstance(config, Mapping):
         return [f"the serving config must be a mapping, got {type(config).__name__}"]
+    problems = [
+        f"{key} is not a section of the serving config (sections: {', '.join(_SECTIONS)})"
+        for key in config
+        if key not in _SECTIONS
+    ]
     streams = config.get("client_streams")
     if streams is None:
-        return []
+        return problems
     if not isinstance(streams, Mapping):
         return [
+            *problems,
             "client_streams must be a mapping of edge name -> {max_items: N}, "
-            f"got {type(streams).__name__}"
+            f"got {type(streams).__name__}",
         ]
     clients = {conn.edge_name: conn for conn in topology.client_connections()}
     others = {conn.edge_name: conn for conn in topology.connections if not conn.is_client_stream}
     known = ", ".join(clients) or "none"
-    problems: list[str] = []
     for name, entry in streams.items():
         if name in others:
             conn = others[name]
