@@ -149,6 +149,8 @@ up (about ten ticks): a ~5 ms hiccup upstream cost the next 0.4 s of inputs up t
 each (bench/photon.py's p95; docs/decisions.md)."""
 
 
+SAMPLE_S = 1 / 120
+"""The autopilot's mouse: 120 samples a second, as a gaming mouse reports."""
 POINTER = (rxstream.Field(float, min=0, max=1), rxstream.Field(float, min=0, max=1))
 """What a pointer sample must be: ``(x, y)``, each in [0, 1] (the page sends ``[x, y]``)."""
 
@@ -201,10 +203,15 @@ async def autopilot(pipeline: rxstream.Pipeline, ctx: rxstream.Context) -> None:
     starts and stops it."""
     on = ctx.control.desired.autopilot
     elapsed = 0.0
-    last = time.monotonic()
+    last = due = time.monotonic()
     steered = swapped = False
     while True:
-        await asyncio.sleep(1 / 120)
+        # to a deadline, not ``sleep(1 / 120)`` a step: each sleep overshoots (~2 ms here),
+        # which made ~98 samples a second; a step late by more than one period is not caught up
+        due += SAMPLE_S
+        if due < time.monotonic() - SAMPLE_S:
+            due = time.monotonic()
+        await asyncio.sleep(due - time.monotonic())
         now = time.monotonic()
         step, last = now - last, now
         if not on.value:

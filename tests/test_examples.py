@@ -151,3 +151,34 @@ def test_demo_autopilot_follows_the_doc_live(monkeypatch: pytest.MonkeyPatch) ->
         pilot.cancel()
 
     asyncio.run(scenario())
+
+
+def test_demo_autopilot_feeds_120_samples_a_second_though_each_sleep_overshoots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The autopilot keeps 120 Hz on a virtual clock whose every sleep runs 2 ms long."""
+    demo = load_demo(monkeypatch)
+    ctx = rxstream.Context()
+    demo.build(ctx)
+    ctx.control.set(autopilot=True)
+    clock = [100.0]
+    monkeypatch.setattr(demo, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    real_sleep = asyncio.sleep
+
+    async def late_sleep(seconds: float) -> None:  # as asyncio's timers do here: ~2 ms late
+        clock[0] += max(seconds, 0.0) + 0.002
+        await real_sleep(0)
+
+    monkeypatch.setattr(asyncio, "sleep", late_sleep)
+    fed: list[float] = []
+    pipeline = SimpleNamespace(feed=lambda _name, _sample: fed.append(clock[0]), update=print)
+
+    async def scenario() -> None:
+        pilot = asyncio.ensure_future(demo.autopilot(pipeline, ctx))
+        while clock[0] < 102.0:
+            await real_sleep(0)
+        pilot.cancel()
+
+    asyncio.run(scenario())
+    in_second = [t for t in fed if 101.0 <= t < 102.0]
+    assert 119 <= len(in_second) <= 121, len(in_second)
