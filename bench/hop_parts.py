@@ -16,7 +16,9 @@ Run ``python bench/hop_parts.py`` (a few seconds).
 capacity 2 (``bench/hop.py``'s ``FusedChain``: ``src`` and ``p1``'s thread over one inbox of
 2) beside its floors (bench/_floors.py's two-thread chains, without and with the stamps): the
 same 20k-item backlog run with both threads pinned to one CPU, with each on a CPU of its own,
-and where the OS puts them (nothing pinned, as bench/peers.py's in-process rows run). Per
+and where the OS puts them (nothing pinned, as bench/peers.py's in-process rows run);
+GStreamer's chain of bench/peers.py beside them (where Debian's ``python3-gst-1.0`` is), its
+child process on one CPU and where the OS puts it, and their ratios. Per
 thread, from ``/proc``: its voluntary context switches an item (the times it went to sleep:
 a wait for a free slot, for an item, or for the GIL) and its CPU an item
 (``time.thread_time``), over the run from its first item to its last. Linux only; about 30 s.
@@ -44,6 +46,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from _floors import FusedFloorChain, FusedFloorStampedChain
 from _report import STOP, noop, revision, spread
 from hop import FusedChain, RxsChain
+from peers import GstChain, gst_or_why
 
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import InboxSpec
@@ -349,10 +352,22 @@ def placement_table(items: int, reps: int) -> list[str]:
         placed_run(chain, items // 4, 2, None)
     placed_run(RxsChain, 100, 2, None)  # the engine's imports and first run out of the way
     got: dict[tuple[str, str], list[tuple[float, dict[str, tuple[float, float]]]]] = {}
-    for _ in range(reps):
-        for placement, cpus in where.items():
-            for name, chain in CHAINS:
-                got.setdefault((name, placement), []).append(placed_run(chain, items, 2, cpus))
+    gst, why = gst_or_why()
+    gst_got: dict[str, list[float]] = {}
+    try:
+        if gst is not None:
+            gst.ask(f"throughput {items // 4} 2")
+        for _ in range(reps):
+            for placement, cpus in where.items():
+                for name, chain in CHAINS:
+                    got.setdefault((name, placement), []).append(placed_run(chain, items, 2, cpus))
+                if gst is not None and placement != "two CPUs":  # its 6 threads: no 2-way split
+                    _pin_process(gst, set(allowed) if cpus is None else {cpus[0]})
+                    rate = gst.ask(f"throughput {items} 2")
+                    gst_got.setdefault(placement, []).append(rate)
+    finally:
+        if gst is not None:
+            gst.close()
     lines = [
         "| chain, capacity 2 | placement | k items/s | / the same chain on one CPU "
         "| src: sleeps an item | src: CPU µs an item | p1: sleeps an item | p1: CPU µs an item |",
@@ -373,7 +388,33 @@ def placement_table(items: int, reps: int) -> list[str]:
                     f"{statistics.median(counts[thread][1] for _, counts in runs) * 1e6:.1f}"
                 )
             lines.append("| " + " | ".join(cells) + " |")
+    if gst is None:
+        return [*lines, "", f"(GStreamer skipped: {why})"]
+    for placement, rates in gst_got.items():
+        lines.append(
+            f"| GStreamer `appsrc ! (queue ! identity) x4 ! appsink` | {placement} "
+            f"| {spread([rate / 1e3 for rate in rates])} | — | — | — | — | — |"
+        )
+    lines.append("")
+    for placement, rates in gst_got.items():
+        fused = [rate for rate, _ in got[(CHAINS[0][0], placement)]]
+        ratios = [ours / theirs for ours, theirs in zip(fused, rates, strict=True)]
+        lines.append(
+            f"- {placement}: rxstream fused / GStreamer, repetition by repetition, "
+            f"{spread(ratios, 2, 'x')} (issue 18's target ≥ 1.0x)"
+        )
     return lines
+
+
+def _pin_process(gst: GstChain, cpus: set[int]) -> None:
+    """Every thread of GStreamer's child process on ``cpus`` (threads it starts later
+    inherit it)."""
+    pid = gst.process.pid
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(task), cpus)
+        except OSError:  # a thread that ended meanwhile
+            continue
 
 
 def main(argv: list[str] | None = None) -> None:
