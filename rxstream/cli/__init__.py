@@ -23,6 +23,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from rxstream.cli._run import run
@@ -99,7 +100,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     timing = commands.add_parser("timing", help="summarise a [timing:<stream>] log")
     timing.add_argument("log", help="a JSON-lines log written by rxstream")
-    timing.add_argument("--plot", metavar="PNG", help="also draw per-hop bars and the CDF")
+    timing.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also draw per-hop bars and the CDF (the suffix's format: png, svg, pdf…; "
+        "no suffix: .png is added)",
+    )
     timing.add_argument("--json", action="store_true", help="print the summary as JSON")
     timing.add_argument("--stream", help="only this stream's records")
     timing.add_argument(
@@ -189,6 +195,12 @@ def _print_tail(exc: BaseException) -> None:
 
 
 def _timing(args: argparse.Namespace) -> int:
+    target = None
+    if args.plot:
+        target, problem = _plot_target(args.plot)
+        if target is None:  # before the log is read: one line, no table, no traceback
+            print(f"rxstream timing: {problem}", file=sys.stderr)
+            return 2
     try:
         log = load(args.log, include_self_test=args.include_self_test)
     except OSError as exc:
@@ -211,15 +223,37 @@ def _timing(args: argparse.Namespace) -> int:
                 f"left out: {log.self_tests} self-test record{'s' * (log.self_tests != 1)} "
                 "(--include-self-test keeps them)"
             )
-    if args.plot:
+    if target is not None:
         try:
-            plot(summary, log.records, args.plot)
+            plot(summary, log.records, target)
         except OSError as exc:
-            print(f"rxstream timing: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
+            print(f"rxstream timing: cannot write {target}: {exc.strerror}", file=sys.stderr)
             return 2
         if not args.json:
-            print(f"plot written to {args.plot}")
+            print(f"plot written to {target}")
     return 0
+
+
+def _plot_target(text: str) -> tuple[Path, None] | tuple[None, str]:
+    """Where ``--plot TEXT`` draws, or why it cannot (a folder, a format matplotlib lacks).
+
+    The format is the suffix's, as matplotlib reads it; a name without a suffix gets ``.png``
+    (``--plot report`` writes ``report.png``), and the line printed names the file written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(text)
+    if path.is_dir():
+        return None, f"--plot {text} is a folder; give a file name (such as {path / 'plot.png'})"
+    if not path.suffix:
+        path = path.with_name(f"{path.name}.png")
+    formats = sorted(FigureCanvasAgg.get_supported_filetypes())
+    kind = path.suffix[1:].lower()
+    if kind not in formats:
+        return None, (
+            f"--plot must end in one of the formats {', '.join(formats)}, got {text!r} "
+            f"(format {kind!r})"
+        )
+    return path, None
 
 
 def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
