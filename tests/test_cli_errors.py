@@ -160,3 +160,66 @@ def test_a_rank_without_stages_says_so_in_the_summary() -> None:
     assert done.stdout.endswith("\nrank 2\nno stages\n"), done.stdout
     headers = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
     assert headers == ["rank 0", "rank 1", "rank 2"]
+
+
+NO_SINK_APP = "def build(ctx):\n    return ctx.source(range(100)) | ctx.pipe(abs, name='keep')\n"
+NOT_A_PIPELINE_APP = "def build(ctx):\n    return 42\n"
+TWO_STREAMS_APP = (
+    "def build(ctx):\n"
+    "    up = ctx.source(range(100))\n"
+    "    return ctx.graph(up | ctx.stream('left'), up | ctx.stream('right'))\n"
+)
+
+USAGE: dict[str, Case] = {
+    "run: --out of an app without a stream": lambda tmp, _: (
+        [
+            "run",
+            _write(tmp / "nosink.py", NO_SINK_APP),
+            "--frames",
+            "20",
+            "--out",
+            str(tmp / "x.mp4"),
+        ],
+        r"^rxstream run: --out .*x\.mp4: the app has no ctx\.stream sink, so nothing would be "
+        r"written \(--out writes one of its streams\)$",
+    ),
+    "run: --out-stream the app lacks": lambda tmp, _: (
+        ["run", DEMO, "--frames", "3", "--out-stream", "audio", "--out", str(tmp / "a.mp4")],
+        r"^rxstream run: --out-stream must be one of the app's streams \('video'\), "
+        r"got 'audio'$",
+    ),
+    "run: --out of an app with two streams": lambda tmp, _: (
+        ["run", _write(tmp / "two.py", TWO_STREAMS_APP), "--out", str(tmp / "a.mp4")],
+        r"^rxstream run: --out .*a\.mp4: the app has 2 streams \('left', 'right'\); pick the "
+        r"one to write with --out-stream$",
+    ),
+    "run: build returns no Pipeline": lambda tmp, _: (
+        ["run", _write(tmp / "badret.py", NOT_A_PIPELINE_APP)],
+        r"^rxstream run: app '.*badret\.py': build\(ctx\) must return a Pipeline, got int 42$",
+    ),
+    "topology: build returns no Pipeline": lambda tmp, _: (
+        ["topology", _write(tmp / "badret.py", NOT_A_PIPELINE_APP)],
+        r"^rxstream topology: app '.*badret\.py': build\(ctx\) must return a Pipeline, "
+        r"got int 42$",
+    ),
+    "run: too few ranks": lambda tmp, _: (
+        ["run", RANKS_APP, "--frames", "10"],
+        r"^rxstream run: --ranks must be at least the ranks the app places stages on \(2\), "
+        r"got 1: run it with --ranks 2$",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE))
+def test_what_the_app_cannot_do_is_refused_before_anything_runs(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag the app cannot honour, or a build that is no Pipeline: one line, exit 2, no run."""
+    argv, pattern = USAGE[case](tmp_path, 0)
+    apps = set(tmp_path.iterdir())
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no self test, no statistics: nothing ran
+    assert err.count("\n") == 1, err
+    assert re.match(pattern, err.strip()), err
+    assert set(tmp_path.iterdir()) == apps  # no file written

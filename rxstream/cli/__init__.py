@@ -278,6 +278,7 @@ def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
 
 
 def _topology(args: argparse.Namespace) -> int:
+    from rxstream._exceptions import ArgumentTypeError
     from rxstream.context import Context
     from rxstream.ranks._app import load_app
     from rxstream.topology import (
@@ -304,6 +305,8 @@ def _topology(args: argparse.Namespace) -> int:
         app = load_app(args.app)
         app.check_ranks(args.ranks)
         pipeline = app(Context(world=args.ranks))
+    except ArgumentTypeError as exc:  # build(ctx) returned no Pipeline
+        return fail(str(exc), 2)
     except Exception as exc:
         return fail(str(exc), 1)
     try:

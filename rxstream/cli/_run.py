@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
+    from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
 __all__ = ["INTERRUPTED", "run"]
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
-    from rxstream._exceptions import SettingError
+    from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
     from rxstream.ranks._app import load_app
     from rxstream.ranks._launch import launch
@@ -86,6 +87,14 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         app.check_ranks(args.ranks)
     except ValueError as exc:
         return fail(str(exc), 2)
+    try:
+        problem = _check_app(app, args)
+    except (ArgumentTypeError, SettingError) as exc:
+        return fail(str(exc), 2)
+    except Exception as exc:  # the app's build failed: as the launch would have said it
+        return fail(str(exc), 1)
+    if problem is not None:
+        return fail(problem, 2)
     transport: Any = None
     if args.serve:
         from rxstream.transport import WebTransport
@@ -225,6 +234,47 @@ def _say(text: str) -> None:
     """Write to stderr from a signal handler (``print`` may be in the middle of a write)."""
     with contextlib.suppress(OSError):
         os.write(sys.stderr.fileno(), text.encode())
+
+
+def _check_app(app: App, args: argparse.Namespace) -> str | None:
+    """What the command line asks of the app that it cannot do, found before anything runs
+    (no self test, no rank, no file): ``None`` when nothing.
+
+    A ``build(ctx)`` app is built once in a scratch context, as ``rxstream topology`` builds
+    it (a build is cheap: stages are made, nothing runs), to see the ranks it places stages
+    on and the streams ``--out`` may write. An ``async def main(ctx)`` app without a build
+    builds its pipeline in ``main``: its problems are found when its run opens."""
+    from rxstream.ranks._app import AppContext
+    from rxstream.ranks._torchrun import torchrun_env
+
+    if app.build is None:
+        return None
+    job = torchrun_env()
+    world = args.ranks if job is None else job.world
+    pipeline = app(AppContext(settings=args.set, rank=0, world=world))  # refuses a non-Pipeline
+    placed = pipeline.plan.world
+    if job is None and placed > args.ranks:
+        return (
+            f"--ranks must be at least the ranks the app places stages on ({placed}), got "
+            f"{args.ranks}: run it with --ranks {placed}"
+        )
+    if args.out is None:
+        return None
+    streams = sorted(pipeline.session().streams)
+    shown = ", ".join(map(repr, streams))
+    if not streams:
+        return (
+            f"--out {args.out}: the app has no ctx.stream sink, so nothing would be written "
+            "(--out writes one of its streams)"
+        )
+    if args.out_stream is not None and args.out_stream not in streams:
+        return f"--out-stream must be one of the app's streams ({shown}), got {args.out_stream!r}"
+    if args.out_stream is None and len(streams) > 1:
+        return (
+            f"--out {args.out}: the app has {len(streams)} streams ({shown}); "
+            "pick the one to write with --out-stream"
+        )
+    return None
 
 
 def _prepare_output(flag: str, path: str) -> str | None:
