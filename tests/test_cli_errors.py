@@ -223,3 +223,26 @@ def test_what_the_app_cannot_do_is_refused_before_anything_runs(
     assert err.count("\n") == 1, err
     assert re.match(pattern, err.strip()), err
     assert set(tmp_path.iterdir()) == apps  # no file written
+
+
+@pytest.mark.parametrize("flag", ["--out", "--log"])
+@pytest.mark.parametrize("path", ["/proc/rxstream-x.out", "/proc/rxstream-a/b/x.out"])
+def test_an_output_place_that_cannot_be_written_is_refused_naming_the_flag(
+    flag: str, path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out``/``--log`` under /proc (writable by its bits for root): one line, exit 2."""
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", flag, path]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert re.match(rf"^rxstream run: {flag} {path}: cannot write in the folder /proc: \w", err)
+
+
+def test_a_refused_run_leaves_no_folder_nor_file_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked outputs are made only once every check passed: a later refusal leaves nothing."""
+    argv = ["run", RANKS_APP, "--out", str(tmp_path / "made" / "x.mp4")]
+    assert cli.main([*argv, "--log", str(tmp_path / "x.jsonl")]) == 2
+    assert "run it with --ranks 2" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

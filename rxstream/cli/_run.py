@@ -71,8 +71,9 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(f"cannot read {args.config}: {exc.strerror}", 2)
         except DeploymentError as exc:
             return fail(str(exc), 2)
-    for flag, path in (("--out", args.out), ("--log", args.log)):
-        problem = None if path is None else _prepare_output(flag, path)
+    outputs = [(flag, path) for flag, path in (("--out", args.out), ("--log", args.log)) if path]
+    for flag, path in outputs:
+        problem = _check_output(flag, path)
         if problem is not None:
             return fail(problem, 2)
     if args.serve and args.port not in (None, 0):
@@ -95,6 +96,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         return fail(str(exc), 1)
     if problem is not None:
         return fail(problem, 2)
+    try:
+        for flag, path in outputs:
+            _make_folder(flag, path)
+    except OSError as exc:
+        return fail(f"cannot create the folder {exc.filename}: {exc.strerror}", 2)
     transport: Any = None
     if args.serve:
         from rxstream.transport import WebTransport
@@ -277,11 +283,14 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     return None
 
 
-def _prepare_output(flag: str, path: str) -> str | None:
+def _check_output(flag: str, path: str) -> str | None:
     """Check an output file's place before anything runs: ``None`` when it can be written.
 
-    A missing folder is created, and the command says so; a folder that is a file, or a path
-    that is a folder, is refused."""
+    A folder that is a file, or a path that is a folder, is refused; so is a place where the
+    file cannot be made — tried, not guessed from permission bits (root passes those even on
+    ``/proc``): the file is created and removed again (an existing one is opened to append,
+    unchanged), a missing folder's first level made and removed. Nothing is left behind: a
+    missing folder is made by :func:`_make_folder` once every check passed."""
     target = Path(path)
     if target.is_dir():
         return f"{flag} {path} is a folder; give a file name"
@@ -289,15 +298,36 @@ def _prepare_output(flag: str, path: str) -> str | None:
     for above in (folder, *folder.parents):
         if above.exists() and not above.is_dir():
             return f"{flag} {path}: {above} is a file, not a folder"
-    if not folder.exists():
-        try:
-            folder.mkdir(parents=True)
-        except OSError as exc:
-            return f"{flag} {path}: cannot create the folder {folder}: {exc.strerror}"
-        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
-    if not os.access(folder, os.W_OK):
-        return f"{flag} {path}: the folder {folder} is not writable"
+    try:
+        if folder.exists():
+            _try_file(target)
+        else:
+            first = next(p for p in (folder, *folder.parents) if p.parent.exists())
+            first.mkdir()
+            first.rmdir()
+    except OSError as exc:
+        where = folder if folder.exists() else next(p for p in folder.parents if p.exists())
+        return f"{flag} {path}: cannot write in the folder {where}: {exc.strerror}"
     return None
+
+
+def _try_file(target: Path) -> None:
+    """Open ``target`` for writing and leave it as it was (removed again when it was not there)."""
+    try:
+        with target.open("x"):
+            pass
+    except FileExistsError:
+        with target.open("a"):
+            return
+    target.unlink()
+
+
+def _make_folder(flag: str, path: str) -> None:
+    """Make the missing folder of an output file (checked by :func:`_check_output`); say so."""
+    folder = Path(path).parent
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
 
 
 def _port_taken(host: str, port: int) -> str | None:
