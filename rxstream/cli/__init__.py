@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -26,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rxstream.cli._run import run
+from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
 from rxstream.timing import TimingLog, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
 
@@ -36,6 +37,22 @@ __all__ = ["main"]
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     args = _parser().parse_args(argv)
+    try:
+        return _command(args)
+    except BrokenPipeError:
+        # the reader of stdout is gone (`| head -1`): what is left to print goes nowhere, and
+        # the interpreter's own flush at exit finds devnull, not a second error (Python's
+        # "Note on SIGPIPE"); a run has ended by then, its file finished
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_STATUS
+    except KeyboardInterrupt:  # Ctrl-C before `run` took SIGINT over (or in another command)
+        print(f"\nrxstream {args.command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "timing":
         return _timing(args)
     import structlog

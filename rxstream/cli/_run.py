@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -13,25 +14,73 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
     from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
-__all__ = ["INTERRUPTED", "run"]
+__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "run"]
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
 SIGHUP 129 (128 + the signal's number)."""
 
 
+SIGPIPE_STATUS = 141
+"""The exit status once stdout's reader left (``rxstream topology APP | head -1``): 128 +
+SIGPIPE, as ``yes | head -1`` reports it under ``set -o pipefail``; no traceback."""
+
+
 def run(args: argparse.Namespace) -> int:
-    """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal)."""
+    """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal;
+    141 when the run went well but stdout's reader left)."""
     from rxstream.ranks._torchrun import torchrun_env
 
-    with _StopSignals(enabled=torchrun_env() is None) as signals:
-        return _run_app(args, signals)
+    guard = _StdoutGuard(sys.stdout)
+    sys.stdout = cast(TextIO, guard)
+    try:
+        with _StopSignals(enabled=torchrun_env() is None) as signals:
+            status = _run_app(args, signals)
+    finally:
+        sys.stdout = guard.stream
+    return SIGPIPE_STATUS if guard.broken and status == 0 else status
+
+
+class _StdoutGuard:
+    """``sys.stdout`` while ``rxstream run`` runs: once its reader left (``| head -1``), what
+    the app or the summary prints goes to devnull, and the run goes on to its end — the file
+    finished, every rank stopped — instead of failing at the next ``print``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _silence(self) -> None:
+        """Point stdout's descriptor at devnull: the pending bytes and the exit's flush go there."""
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError):  # a stream without a descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self.stream.fileno())
+            finally:
+                os.close(devnull)
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
@@ -96,6 +145,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         return fail(str(exc), 1)
     if problem is not None:
         return fail(problem, 2)
+    if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
+        return fail(f"interrupted before the run started ({signals.name})", 128 + signals.signum)
     try:
         for flag, path in outputs:
             _make_folder(flag, path)
@@ -247,14 +298,17 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     (no self test, no rank, no file): ``None`` when nothing.
 
     A ``build(ctx)`` app is built once in a scratch context, as ``rxstream topology`` builds
-    it (a build is cheap: stages are made, nothing runs), to see the ranks it places stages
-    on and the streams ``--out`` may write. An ``async def main(ctx)`` app without a build
+    it (a build is cheap: stages are made, nothing runs — but a ``ctx.self_test()`` block
+    inside ``build`` runs here too), to see the ranks it places stages on and the streams
+    ``--out`` may write. An ``async def main(ctx)`` app without a build
     builds its pipeline in ``main``: its problems are found when its run opens."""
     from rxstream.ranks._app import AppContext
     from rxstream.ranks._torchrun import torchrun_env
+    from rxstream.timing import configure_logging
 
     if app.build is None:
         return None
+    configure_logging(None, json=False, level=logging.WARNING)  # as the run's (quiet=True)
     job = torchrun_env()
     world = args.ranks if job is None else job.world
     pipeline = app(AppContext(settings=args.set, rank=0, world=world))  # refuses a non-Pipeline
