@@ -202,12 +202,14 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         )
     except KeyboardInterrupt:
         _clear(status)
+        _say_kept(args)
         return fail("interrupted, stopped", INTERRUPTED)
     except (SettingError, DeploymentError) as exc:
         _clear(status)
         return fail(str(exc), 2)
     except Exception as exc:
         _clear(status)
+        _say_kept(args)  # a stage failed: what the run wrote before is finished and stays
         if signals.signum is not None:  # what the stop left behind it: said, then the stop
             fail(str(exc), 1)
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
@@ -219,10 +221,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream.runtime import format_statistics
 
     print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
-    if args.out is not None:
-        print(f"video: {args.out}")
-    if args.log is not None:
-        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+    _say_kept(args)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
@@ -335,6 +334,34 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             "pick the one to write with --out-stream"
         )
     return None
+
+
+def _say_kept(args: argparse.Namespace) -> None:
+    """Name the files the run wrote (finished, also when it failed): the MP4 and its frames,
+    the timing log."""
+    if args.out is not None:
+        frames = _video_frames(args.out)
+        if frames is None:
+            print(f"video: {args.out} not written (no frame reached it)")
+        else:
+            print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
+    if args.log is not None and Path(args.log).exists():
+        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+
+
+def _video_frames(path: str) -> int | None:
+    """How many frames the MP4 at ``path`` holds (its packets, nothing decoded); ``None``
+    when there is no file, or none a demuxer can read."""
+    if not Path(path).is_file():
+        return None
+    import av
+
+    try:
+        with av.open(path) as container:
+            video = container.streams.video[0]
+            return sum(1 for packet in container.demux(video) if packet.size)
+    except (av.error.FFmpegError, IndexError):
+        return None
 
 
 def _check_output(flag: str, path: str) -> str | None:
