@@ -246,3 +246,11 @@ def test_a_refused_run_leaves_no_folder_nor_file_behind(
     assert cli.main([*argv, "--log", str(tmp_path / "x.jsonl")]) == 2
     assert "run it with --ranks 2" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stage_builder_given_no_callable_names_the_value() -> None:
+    """``ctx.pipe(42)``: the error names the builder, the rule, the type and the value."""
+    from rxstream import Context, StageBuildError
+
+    with pytest.raises(StageBuildError, match=r"^ctx\.pipe needs a callable, got int 42$"):
+        Context().pipe(42)  # type: ignore[arg-type]
