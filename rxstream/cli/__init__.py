@@ -9,10 +9,14 @@
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]``
   summarises a timing log per hop (count, p50/p95/p99 of queue-wait and compute), end to end,
   and names the slowest inputs; malformed lines are summarised in one line, the self test's
-  records are left out; a log with nothing to summarise is a one-line error (exit 1).
+  records are left out; a log with nothing to summarise is a one-line error (exit 1); a
+  ``--plot`` in no format matplotlib writes (the suffix's; none: ``.png``) one too (exit 2).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
+
+Every command stops quietly when its stdout's reader leaves (``| head -1``: exit 141) and
+after Ctrl-C (exit 130), without a traceback.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    command = "rxstream"
     try:
+        args = _parser().parse_args(argv)
+        command = f"rxstream {args.command}"
         return _command(args)
     except BrokenPipeError:
         # the reader of stdout is gone (`| head -1`): what is left to print goes nowhere, and
@@ -48,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         return SIGPIPE_STATUS
     except KeyboardInterrupt:  # Ctrl-C before `run` took SIGINT over (or in another command)
-        print(f"\nrxstream {args.command}: interrupted", file=sys.stderr)
+        print(f"\n{command}: interrupted", file=sys.stderr)
         return INTERRUPTED
 
 

@@ -310,7 +310,10 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     configure_logging(None, json=False, level=logging.WARNING)  # as the run's (quiet=True)
     job = torchrun_env()
     world = args.ranks if job is None else job.world
-    pipeline = app(AppContext(settings=args.set, rank=0, world=world))  # refuses a non-Pipeline
+    ctx = AppContext(settings=args.set, rank=0, world=world)
+    pipeline = app(ctx)  # refuses a non-Pipeline
+    if app.main is None:  # (a main may make the control doc itself)
+        ctx.check_settings()  # --set with no control doc to write to
     placed = pipeline.plan.world
     if job is None and placed > args.ranks:
         return (
