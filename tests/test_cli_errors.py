@@ -254,3 +254,18 @@ def test_a_stage_builder_given_no_callable_names_the_value() -> None:
 
     with pytest.raises(StageBuildError, match=r"^ctx\.pipe needs a callable, got int 42$"):
         Context().pipe(42)  # type: ignore[arg-type]
+
+
+def test_an_existing_output_file_that_is_not_writable_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ``--out`` file there already but not writable (its bits; root passes them, hence the
+    patch): one line naming the flag, exit 2, the file untouched."""
+    import os
+
+    video = tmp_path / "old.mp4"
+    video.write_bytes(b"old")
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != video)
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", "--out", str(video)]) == 2
+    assert capsys.readouterr().err == f"rxstream run: --out {video}: the file is not writable\n"
+    assert video.read_bytes() == b"old"

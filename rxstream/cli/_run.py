@@ -372,8 +372,8 @@ def _check_output(flag: str, path: str) -> str | None:
 
     A folder that is a file, or a path that is a folder, is refused; so is a place where the
     file cannot be made — tried, not guessed from permission bits (root passes those even on
-    ``/proc``): the file is created and removed again (an existing one is opened to append,
-    unchanged), a missing folder's first level made and removed. Nothing is left behind: a
+    ``/proc``): the file is created and removed again, a missing folder's first level made and
+    removed (an existing file is checked by its bits). Nothing is left behind: a
     missing folder is made by :func:`_make_folder` once every check passed."""
     target = Path(path)
     if target.is_dir():
@@ -382,9 +382,15 @@ def _check_output(flag: str, path: str) -> str | None:
     for above in (folder, *folder.parents):
         if above.exists() and not above.is_dir():
             return f"{flag} {path}: {above} is a file, not a folder"
+    if target.exists():  # (a FIFO is not opened: that would wait for its reader)
+        if not os.access(target, os.W_OK):
+            return f"{flag} {path}: the file is not writable"
+        return None
     try:
         if folder.exists():
-            _try_file(target)
+            with target.open("x"):
+                pass
+            target.unlink()
         else:
             first = next(p for p in (folder, *folder.parents) if p.parent.exists())
             first.mkdir()
@@ -393,17 +399,6 @@ def _check_output(flag: str, path: str) -> str | None:
         where = folder if folder.exists() else next(p for p in folder.parents if p.exists())
         return f"{flag} {path}: cannot write in the folder {where}: {exc.strerror}"
     return None
-
-
-def _try_file(target: Path) -> None:
-    """Open ``target`` for writing and leave it as it was (removed again when it was not there)."""
-    try:
-        with target.open("x"):
-            pass
-    except FileExistsError:
-        with target.open("a"):
-            return
-    target.unlink()
 
 
 def _make_folder(flag: str, path: str) -> None:
