@@ -695,3 +695,19 @@ def test_a_failed_run_names_the_video_and_log_it_kept(
         f"video: {video} {shown}" if frames else f"video: {video} {shown} (no frame reached it)",
         f"timing log: {log} (summarise it with: rxstream timing {log})",
     ]
+
+
+def test_a_run_that_wrote_no_frame_does_not_claim_an_older_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` over a file from before, and a stage that fails at the first frame: the line
+    says nothing was written, and the old file is not named as this run's."""
+    app = tmp_path / "fails_at_once.py"  # (load_app keeps a module by its file's name)
+    app.write_text(FAILS_AT_3_APP.replace("index == 3", "index == 0"))
+    video = tmp_path / "v.mp4"
+    assert cli.main(["run", FRAMES_APP, "--frames", "2", "--out", str(video)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"video: {video} (2 frames)"
+    assert cli.main(["run", str(app), "--out", str(video)]) == 1
+    assert capsys.readouterr().out == (
+        f"video: {video} not written (no frame reached it; the file is an older one)\n"
+    )

@@ -120,7 +120,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(f"cannot read {args.config}: {exc.strerror}", 2)
         except DeploymentError as exc:
             return fail(str(exc), 2)
-    outputs = [(flag, path) for flag, path in (("--out", args.out), ("--log", args.log)) if path]
+    outputs = [(f, p) for f, p in (("--out", args.out), ("--log", args.log)) if p is not None]
     for flag, path in outputs:
         problem = _check_output(flag, path)
         if problem is not None:
@@ -183,6 +183,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         )
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
+    before = _stamp(args.out)  # an older file there is not what this run kept
     try:
         result = launch(
             args.app,
@@ -202,14 +203,14 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         )
     except KeyboardInterrupt:
         _clear(status)
-        _say_kept(args)
+        _say_kept(args, before)
         return fail("interrupted, stopped", INTERRUPTED)
     except (SettingError, DeploymentError) as exc:
         _clear(status)
         return fail(str(exc), 2)
     except Exception as exc:
         _clear(status)
-        _say_kept(args)  # a stage failed: what the run wrote before is finished and stays
+        _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays
         if signals.signum is not None:  # what the stop left behind it: said, then the stop
             fail(str(exc), 1)
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
@@ -221,7 +222,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream.runtime import format_statistics
 
     print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
-    _say_kept(args)
+    _say_kept(args, before)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
@@ -339,12 +340,29 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     return None
 
 
-def _say_kept(args: argparse.Namespace) -> None:
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    """The (inode, modification time) of the file at ``path``; ``None`` when there is none."""
+    try:
+        found = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if found is None else (found.st_ino, found.st_mtime_ns)
+
+
+def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None) -> None:
     """Name the files the run wrote (finished, also when it failed): the MP4 and its frames,
-    the timing log."""
+    the timing log; ``before`` is the ``--out`` file's :func:`_stamp` before the run. Under
+    torchrun, rank 0 alone (it writes the file)."""
+    from rxstream.ranks._torchrun import torchrun_env
+
+    job = torchrun_env()
+    if job is not None and job.rank != 0:
+        return
     if args.out is not None:
         frames = _video_frames(args.out)
-        if frames is None:
+        if frames is not None and before is not None and _stamp(args.out) == before:
+            print(f"video: {args.out} not written (no frame reached it; the file is an older one)")
+        elif frames is None:
             print(f"video: {args.out} not written (no frame reached it)")
         else:
             print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
