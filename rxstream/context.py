@@ -16,7 +16,7 @@ from typing import Any, get_args
 from reactivex import Observable
 
 from rxstream._environment import Environment
-from rxstream._exceptions import StageBuildError
+from rxstream._exceptions import StageBuildError, shown
 from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
@@ -508,7 +508,7 @@ def _fn_name(fn: object, default: str) -> str:
 
 def _check_callable(fn: object, kind: str) -> None:
     if not callable(fn):
-        raise StageBuildError(f"ctx.{kind} needs a callable, got {type(fn).__name__}")
+        raise StageBuildError(f"ctx.{kind} needs a callable, got {type(fn).__name__} {shown(fn)}")
 
 
 def _no_operator(_shell: object) -> Any:

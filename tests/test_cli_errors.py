@@ -160,3 +160,112 @@ def test_a_rank_without_stages_says_so_in_the_summary() -> None:
     assert done.stdout.endswith("\nrank 2\nno stages\n"), done.stdout
     headers = [line for line in done.stdout.splitlines() if line.startswith("rank ")]
     assert headers == ["rank 0", "rank 1", "rank 2"]
+
+
+NO_SINK_APP = "def build(ctx):\n    return ctx.source(range(100)) | ctx.pipe(abs, name='keep')\n"
+NOT_A_PIPELINE_APP = "def build(ctx):\n    return 42\n"
+TWO_STREAMS_APP = (
+    "def build(ctx):\n"
+    "    up = ctx.source(range(100))\n"
+    "    return ctx.graph(up | ctx.stream('left'), up | ctx.stream('right'))\n"
+)
+
+USAGE: dict[str, Case] = {
+    "run: --out of an app without a stream": lambda tmp, _: (
+        [
+            "run",
+            _write(tmp / "nosink.py", NO_SINK_APP),
+            "--frames",
+            "20",
+            "--out",
+            str(tmp / "x.mp4"),
+        ],
+        r"^rxstream run: --out .*x\.mp4: the app has no ctx\.stream sink, so nothing would be "
+        r"written \(--out writes one of its streams\)$",
+    ),
+    "run: --out-stream the app lacks": lambda tmp, _: (
+        ["run", DEMO, "--frames", "3", "--out-stream", "audio", "--out", str(tmp / "a.mp4")],
+        r"^rxstream run: --out-stream must be one of the app's streams \('video'\), "
+        r"got 'audio'$",
+    ),
+    "run: --out of an app with two streams": lambda tmp, _: (
+        ["run", _write(tmp / "two.py", TWO_STREAMS_APP), "--out", str(tmp / "a.mp4")],
+        r"^rxstream run: --out .*a\.mp4: the app has 2 streams \('left', 'right'\); pick the "
+        r"one to write with --out-stream$",
+    ),
+    "run: build returns no Pipeline": lambda tmp, _: (
+        ["run", _write(tmp / "badret.py", NOT_A_PIPELINE_APP)],
+        r"^rxstream run: app '.*badret\.py': build\(ctx\) must return a Pipeline, got int 42$",
+    ),
+    "topology: build returns no Pipeline": lambda tmp, _: (
+        ["topology", _write(tmp / "badret.py", NOT_A_PIPELINE_APP)],
+        r"^rxstream topology: app '.*badret\.py': build\(ctx\) must return a Pipeline, "
+        r"got int 42$",
+    ),
+    "run: too few ranks": lambda tmp, _: (
+        ["run", RANKS_APP, "--frames", "10"],
+        r"^rxstream run: --ranks must be at least the ranks the app places stages on \(2\), "
+        r"got 1: run it with --ranks 2$",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(USAGE))
+def test_what_the_app_cannot_do_is_refused_before_anything_runs(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A flag the app cannot honour, or a build that is no Pipeline: one line, exit 2, no run."""
+    argv, pattern = USAGE[case](tmp_path, 0)
+    apps = set(tmp_path.iterdir())
+    assert cli.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""  # no self test, no statistics: nothing ran
+    assert err.count("\n") == 1, err
+    assert re.match(pattern, err.strip()), err
+    assert set(tmp_path.iterdir()) == apps  # no file written
+
+
+@pytest.mark.parametrize("flag", ["--out", "--log"])
+@pytest.mark.parametrize("path", ["/proc/rxstream-x.out", "/proc/rxstream-a/b/x.out"])
+def test_an_output_place_that_cannot_be_written_is_refused_naming_the_flag(
+    flag: str, path: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out``/``--log`` under /proc (writable by its bits for root): one line, exit 2."""
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", flag, path]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert re.match(rf"^rxstream run: {flag} {path}: cannot write in the folder /proc: \w", err)
+
+
+def test_a_refused_run_leaves_no_folder_nor_file_behind(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Checked outputs are made only once every check passed: a later refusal leaves nothing."""
+    argv = ["run", RANKS_APP, "--out", str(tmp_path / "made" / "x.mp4")]
+    assert cli.main([*argv, "--log", str(tmp_path / "x.jsonl")]) == 2
+    assert "run it with --ranks 2" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stage_builder_given_no_callable_names_the_value() -> None:
+    """``ctx.pipe(42)``: the error names the builder, the rule, the type and the value."""
+    from rxstream import Context, StageBuildError
+
+    with pytest.raises(StageBuildError, match=r"^ctx\.pipe needs a callable, got int 42$"):
+        Context().pipe(42)  # type: ignore[arg-type]
+
+
+def test_an_existing_output_file_that_is_not_writable_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An ``--out`` file there already but not writable (its bits; root passes them, hence the
+    patch): one line naming the flag, exit 2, the file untouched."""
+    import os
+
+    video = tmp_path / "old.mp4"
+    video.write_bytes(b"old")
+    monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != video)
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", "--out", str(video)]) == 2
+    assert capsys.readouterr().err == f"rxstream run: --out {video}: the file is not writable\n"
+    assert video.read_bytes() == b"old"

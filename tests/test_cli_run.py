@@ -663,3 +663,51 @@ def test_self_test_missing_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """An app without a self test block exits 2."""
     assert cli.main(["test", RANKS_APP]) == 2
     assert "has no self test" in capsys.readouterr().err
+
+
+FAILS_AT_3_APP = """\
+import numpy as np
+
+
+def build(ctx):
+    def paint(index):
+        if index == 3:
+            raise RuntimeError("paint broke at frame 3")
+        return np.full((16, 16, 3), index, dtype=np.uint8)
+
+    return ctx.source(range(100)) | ctx.pipe(paint, name="paint") | ctx.stream("video")
+"""
+
+
+def test_a_failed_run_names_the_video_and_log_it_kept(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A stage that raises: the error, and the MP4 (with its frames) and log that stay."""
+    app = tmp_path / "fails.py"
+    app.write_text(FAILS_AT_3_APP)
+    video, log = tmp_path / "v.mp4", tmp_path / "t.jsonl"
+    assert cli.main(["run", str(app), "--out", str(video), "--log", str(log)]) == 1
+    out, err = capsys.readouterr()
+    assert "paint broke at frame 3" in err
+    frames = len(decoded_frames(video)) if video.exists() else 0
+    shown = f"({frames} frame{'s' * (frames != 1)})" if frames else "not written"
+    assert out.splitlines() == [
+        f"video: {video} {shown}" if frames else f"video: {video} {shown} (no frame reached it)",
+        f"timing log: {log} (summarise it with: rxstream timing {log})",
+    ]
+
+
+def test_a_run_that_wrote_no_frame_does_not_claim_an_older_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` over a file from before, and a stage that fails at the first frame: the line
+    says nothing was written, and the old file is not named as this run's."""
+    app = tmp_path / "fails_at_once.py"  # (load_app keeps a module by its file's name)
+    app.write_text(FAILS_AT_3_APP.replace("index == 3", "index == 0"))
+    video = tmp_path / "v.mp4"
+    assert cli.main(["run", FRAMES_APP, "--frames", "2", "--out", str(video)]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == f"video: {video} (2 frames)"
+    assert cli.main(["run", str(app), "--out", str(video)]) == 1
+    assert capsys.readouterr().out == (
+        f"video: {video} not written (no frame reached it; the file is an older one)\n"
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,48 @@ def test_summaries_leave_the_self_test_out_unless_asked(tmp_path: Path) -> None:
     kept = rxstream_timing(str(path), "--include-self-test", "--json", cwd=tmp_path)
     assert kept.returncode == 0
     assert json.loads(kept.stdout)["records"] == 4
+
+
+@pytest.mark.parametrize(
+    ("plot", "expected"),
+    [
+        (
+            "plot.xyz",
+            r"^rxstream timing: --plot must end in one of the formats .*\bpng\b.*\bsvg\b.*, "
+            r"got 'plot\.xyz' \(format 'xyz'\)$",
+        ),
+        ("folder", r"^rxstream timing: --plot folder is a folder; give a file name .*$"),
+    ],
+)
+def test_plot_to_a_format_or_a_folder_it_cannot_write_is_one_line_and_exit_2(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    plot: str,
+    expected: str,
+) -> None:
+    """``--plot`` with an unknown suffix or naming a folder: one line, exit 2, no table, no file."""
+    from rxstream import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "folder").mkdir()
+    assert cli.main(["timing", str(GOLDEN), "--plot", plot]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1, err
+    assert re.match(expected, err.strip()), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+    assert list((tmp_path / "folder").iterdir()) == []
+
+
+def test_plot_without_a_suffix_names_the_png_it_wrote(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--plot report`` writes ``report.png`` and the closing line names that file."""
+    from rxstream import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["timing", str(GOLDEN), "--plot", "report"]) == 0
+    assert capsys.readouterr().out.endswith("\nplot written to report.png\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.png"]
+    assert (tmp_path / "report.png").read_bytes().startswith(b"\x89PNG")

@@ -9,23 +9,29 @@
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]``
   summarises a timing log per hop (count, p50/p95/p99 of queue-wait and compute), end to end,
   and names the slowest inputs; malformed lines are summarised in one line, the self test's
-  records are left out; a log with nothing to summarise is a one-line error (exit 1).
+  records are left out; a log with nothing to summarise is a one-line error (exit 1); a
+  ``--plot`` in no format matplotlib writes (the suffix's; none: ``.png``) one too (exit 2).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
+
+Every command stops quietly when its stdout's reader leaves (``| head -1``: exit 141) and
+after Ctrl-C (exit 130), without a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import traceback
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
-from rxstream.cli._run import run
+from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
 from rxstream.timing import TimingLog, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
 
@@ -34,7 +40,25 @@ __all__ = ["main"]
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
-    args = _parser().parse_args(argv)
+    command = "rxstream"
+    try:
+        args = _parser().parse_args(argv)
+        command = f"rxstream {args.command}"
+        return _command(args)
+    except BrokenPipeError:
+        # the reader of stdout is gone (`| head -1`): what is left to print goes nowhere, and
+        # the interpreter's own flush at exit finds devnull, not a second error (Python's
+        # "Note on SIGPIPE"); a run has ended by then, its file finished
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return SIGPIPE_STATUS
+    except KeyboardInterrupt:  # Ctrl-C before `run` took SIGINT over (or in another command)
+        print(f"\n{command}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def _command(args: argparse.Namespace) -> int:
     if args.command == "timing":
         return _timing(args)
     import structlog
@@ -99,7 +123,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     timing = commands.add_parser("timing", help="summarise a [timing:<stream>] log")
     timing.add_argument("log", help="a JSON-lines log written by rxstream")
-    timing.add_argument("--plot", metavar="PNG", help="also draw per-hop bars and the CDF")
+    timing.add_argument(
+        "--plot",
+        metavar="PNG",
+        help="also draw per-hop bars and the CDF (the suffix's format: png, svg, pdf…; "
+        "no suffix: .png is added)",
+    )
     timing.add_argument("--json", action="store_true", help="print the summary as JSON")
     timing.add_argument("--stream", help="only this stream's records")
     timing.add_argument(
@@ -189,6 +218,12 @@ def _print_tail(exc: BaseException) -> None:
 
 
 def _timing(args: argparse.Namespace) -> int:
+    target = None
+    if args.plot:
+        target, problem = _plot_target(args.plot)
+        if target is None:  # before the log is read: one line, no table, no traceback
+            print(f"rxstream timing: {problem}", file=sys.stderr)
+            return 2
     try:
         log = load(args.log, include_self_test=args.include_self_test)
     except OSError as exc:
@@ -211,15 +246,37 @@ def _timing(args: argparse.Namespace) -> int:
                 f"left out: {log.self_tests} self-test record{'s' * (log.self_tests != 1)} "
                 "(--include-self-test keeps them)"
             )
-    if args.plot:
+    if target is not None:
         try:
-            plot(summary, log.records, args.plot)
+            plot(summary, log.records, target)
         except OSError as exc:
-            print(f"rxstream timing: cannot write {args.plot}: {exc.strerror}", file=sys.stderr)
+            print(f"rxstream timing: cannot write {target}: {exc.strerror}", file=sys.stderr)
             return 2
         if not args.json:
-            print(f"plot written to {args.plot}")
+            print(f"plot written to {target}")
     return 0
+
+
+def _plot_target(text: str) -> tuple[Path, None] | tuple[None, str]:
+    """Where ``--plot TEXT`` draws, or why it cannot (a folder, a format matplotlib lacks).
+
+    The format is the suffix's, as matplotlib reads it; a name without a suffix gets ``.png``
+    (``--plot report`` writes ``report.png``), and the line printed names the file written."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(text)
+    if path.is_dir():
+        return None, f"--plot {text} is a folder; give a file name (such as {path / 'plot.png'})"
+    if not path.suffix:
+        path = path.with_name(f"{path.name}.png")
+    formats = sorted(FigureCanvasAgg.get_supported_filetypes())
+    kind = path.suffix[1:].lower()
+    if kind not in formats:
+        return None, (
+            f"--plot must end in one of the formats {', '.join(formats)}, got {text!r} "
+            f"(format {kind!r})"
+        )
+    return path, None
 
 
 def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
@@ -244,6 +301,7 @@ def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:
 
 
 def _topology(args: argparse.Namespace) -> int:
+    from rxstream._exceptions import ArgumentTypeError
     from rxstream.context import Context
     from rxstream.ranks._app import load_app
     from rxstream.topology import (
@@ -270,6 +328,8 @@ def _topology(args: argparse.Namespace) -> int:
         app = load_app(args.app)
         app.check_ranks(args.ranks)
         pipeline = app(Context(world=args.ranks))
+    except ArgumentTypeError as exc:  # build(ctx) returned no Pipeline
+        return fail(str(exc), 2)
     except Exception as exc:
         return fail(str(exc), 1)
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -13,28 +14,77 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
+    from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
-__all__ = ["INTERRUPTED", "run"]
+__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "run"]
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
 SIGHUP 129 (128 + the signal's number)."""
 
 
+SIGPIPE_STATUS = 141
+"""The exit status once stdout's reader left (``rxstream topology APP | head -1``): 128 +
+SIGPIPE, as ``yes | head -1`` reports it under ``set -o pipefail``; no traceback."""
+
+
 def run(args: argparse.Namespace) -> int:
-    """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal)."""
+    """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal;
+    141 when the run went well but stdout's reader left)."""
     from rxstream.ranks._torchrun import torchrun_env
 
-    with _StopSignals(enabled=torchrun_env() is None) as signals:
-        return _run_app(args, signals)
+    guard = _StdoutGuard(sys.stdout)
+    sys.stdout = cast(TextIO, guard)
+    try:
+        with _StopSignals(enabled=torchrun_env() is None) as signals:
+            status = _run_app(args, signals)
+    finally:
+        sys.stdout = guard.stream
+    return SIGPIPE_STATUS if guard.broken and status == 0 else status
+
+
+class _StdoutGuard:
+    """``sys.stdout`` while ``rxstream run`` runs: once its reader left (``| head -1``), what
+    the app or the summary prints goes to devnull, and the run goes on to its end — the file
+    finished, every rank stopped — instead of failing at the next ``print``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _silence(self) -> None:
+        """Point stdout's descriptor at devnull: the pending bytes and the exit's flush go there."""
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError):  # a stream without a descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self.stream.fileno())
+            finally:
+                os.close(devnull)
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
-    from rxstream._exceptions import SettingError
+    from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
     from rxstream.ranks._app import load_app
     from rxstream.ranks._launch import launch
@@ -70,8 +120,9 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(f"cannot read {args.config}: {exc.strerror}", 2)
         except DeploymentError as exc:
             return fail(str(exc), 2)
-    for flag, path in (("--out", args.out), ("--log", args.log)):
-        problem = None if path is None else _prepare_output(flag, path)
+    outputs = [(f, p) for f, p in (("--out", args.out), ("--log", args.log)) if p is not None]
+    for flag, path in outputs:
+        problem = _check_output(flag, path)
         if problem is not None:
             return fail(problem, 2)
     if args.serve and args.port not in (None, 0):
@@ -86,6 +137,21 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         app.check_ranks(args.ranks)
     except ValueError as exc:
         return fail(str(exc), 2)
+    try:
+        problem = _check_app(app, args)
+    except (ArgumentTypeError, SettingError) as exc:
+        return fail(str(exc), 2)
+    except Exception as exc:  # the app's build failed: as the launch would have said it
+        return fail(str(exc), 1)
+    if problem is not None:
+        return fail(problem, 2)
+    if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
+        return fail(f"interrupted before the run started ({signals.name})", 128 + signals.signum)
+    try:
+        for flag, path in outputs:
+            _make_folder(flag, path)
+    except OSError as exc:
+        return fail(f"cannot create the folder {exc.filename}: {exc.strerror}", 2)
     transport: Any = None
     if args.serve:
         from rxstream.transport import WebTransport
@@ -117,6 +183,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         )
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
+    before = _stamp(args.out)  # an older file there is not what this run kept
     try:
         result = launch(
             args.app,
@@ -136,12 +203,14 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         )
     except KeyboardInterrupt:
         _clear(status)
+        _say_kept(args, before)
         return fail("interrupted, stopped", INTERRUPTED)
     except (SettingError, DeploymentError) as exc:
         _clear(status)
         return fail(str(exc), 2)
     except Exception as exc:
         _clear(status)
+        _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays
         if signals.signum is not None:  # what the stop left behind it: said, then the stop
             fail(str(exc), 1)
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
@@ -153,10 +222,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream.runtime import format_statistics
 
     print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
-    if args.out is not None:
-        print(f"video: {args.out}")
-    if args.log is not None:
-        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+    _say_kept(args, before)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
@@ -227,11 +293,106 @@ def _say(text: str) -> None:
         os.write(sys.stderr.fileno(), text.encode())
 
 
-def _prepare_output(flag: str, path: str) -> str | None:
+def _check_app(app: App, args: argparse.Namespace) -> str | None:
+    """What the command line asks of the app that it cannot do, found before anything runs
+    (no self test, no rank, no file): ``None`` when nothing.
+
+    A ``build(ctx)`` app is built once in a scratch context, as ``rxstream topology`` builds
+    it (a build is cheap: stages are made, nothing runs — but a ``ctx.self_test()`` block
+    inside ``build`` runs here too), to see the ranks it places stages on and the streams
+    ``--out`` may write. An ``async def main(ctx)`` app without a build
+    builds its pipeline in ``main``: its problems are found when its run opens."""
+    from rxstream.ranks._app import AppContext
+    from rxstream.ranks._torchrun import torchrun_env
+    from rxstream.timing import configure_logging
+
+    if app.build is None:
+        return None
+    configure_logging(None, json=False, level=logging.WARNING)  # as the run's (quiet=True)
+    job = torchrun_env()
+    world = args.ranks if job is None else job.world
+    ctx = AppContext(settings=args.set, rank=0, world=world)
+    pipeline = app(ctx)  # refuses a non-Pipeline
+    if app.main is None:  # (a main may make the control doc itself)
+        ctx.check_settings()  # --set with no control doc to write to
+    placed = pipeline.plan.world
+    if job is None and placed > args.ranks:
+        return (
+            f"--ranks must be at least the ranks the app places stages on ({placed}), got "
+            f"{args.ranks}: run it with --ranks {placed}"
+        )
+    if args.out is None:
+        return None
+    streams = sorted(pipeline.session().streams)
+    shown = ", ".join(map(repr, streams))
+    if not streams:
+        return (
+            f"--out {args.out}: the app has no ctx.stream sink, so nothing would be written "
+            "(--out writes one of its streams)"
+        )
+    if args.out_stream is not None and args.out_stream not in streams:
+        return f"--out-stream must be one of the app's streams ({shown}), got {args.out_stream!r}"
+    if args.out_stream is None and len(streams) > 1:
+        return (
+            f"--out {args.out}: the app has {len(streams)} streams ({shown}); "
+            "pick the one to write with --out-stream"
+        )
+    return None
+
+
+def _stamp(path: str | None) -> tuple[int, int] | None:
+    """The (inode, modification time) of the file at ``path``; ``None`` when there is none."""
+    try:
+        found = os.stat(path) if path is not None else None
+    except OSError:
+        return None
+    return None if found is None else (found.st_ino, found.st_mtime_ns)
+
+
+def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None) -> None:
+    """Name the files the run wrote (finished, also when it failed): the MP4 and its frames,
+    the timing log; ``before`` is the ``--out`` file's :func:`_stamp` before the run. Under
+    torchrun, rank 0 alone (it writes the file)."""
+    from rxstream.ranks._torchrun import torchrun_env
+
+    job = torchrun_env()
+    if job is not None and job.rank != 0:
+        return
+    if args.out is not None:
+        frames = _video_frames(args.out)
+        if frames is not None and before is not None and _stamp(args.out) == before:
+            print(f"video: {args.out} not written (no frame reached it; the file is an older one)")
+        elif frames is None:
+            print(f"video: {args.out} not written (no frame reached it)")
+        else:
+            print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
+    if args.log is not None and Path(args.log).exists():
+        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+
+
+def _video_frames(path: str) -> int | None:
+    """How many frames the MP4 at ``path`` holds (its packets, nothing decoded); ``None``
+    when there is no file, or none a demuxer can read."""
+    if not Path(path).is_file():
+        return None
+    import av
+
+    try:
+        with av.open(path) as container:
+            video = container.streams.video[0]
+            return sum(1 for packet in container.demux(video) if packet.size)
+    except (av.error.FFmpegError, IndexError):
+        return None
+
+
+def _check_output(flag: str, path: str) -> str | None:
     """Check an output file's place before anything runs: ``None`` when it can be written.
 
-    A missing folder is created, and the command says so; a folder that is a file, or a path
-    that is a folder, is refused."""
+    A folder that is a file, or a path that is a folder, is refused; so is a place where the
+    file cannot be made — tried, not guessed from permission bits (root passes those even on
+    ``/proc``): the file is created and removed again, a missing folder's first level made and
+    removed (an existing file is checked by its bits). Nothing is left behind: a
+    missing folder is made by :func:`_make_folder` once every check passed."""
     target = Path(path)
     if target.is_dir():
         return f"{flag} {path} is a folder; give a file name"
@@ -239,15 +400,31 @@ def _prepare_output(flag: str, path: str) -> str | None:
     for above in (folder, *folder.parents):
         if above.exists() and not above.is_dir():
             return f"{flag} {path}: {above} is a file, not a folder"
-    if not folder.exists():
-        try:
-            folder.mkdir(parents=True)
-        except OSError as exc:
-            return f"{flag} {path}: cannot create the folder {folder}: {exc.strerror}"
-        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
-    if not os.access(folder, os.W_OK):
-        return f"{flag} {path}: the folder {folder} is not writable"
+    if target.exists():  # (a FIFO is not opened: that would wait for its reader)
+        if not os.access(target, os.W_OK):
+            return f"{flag} {path}: the file is not writable"
+        return None
+    try:
+        if folder.exists():
+            with target.open("x"):
+                pass
+            target.unlink()
+        else:
+            first = next(p for p in (folder, *folder.parents) if p.parent.exists())
+            first.mkdir()
+            first.rmdir()
+    except OSError as exc:
+        where = folder if folder.exists() else next(p for p in folder.parents if p.exists())
+        return f"{flag} {path}: cannot write in the folder {where}: {exc.strerror}"
     return None
+
+
+def _make_folder(flag: str, path: str) -> None:
+    """Make the missing folder of an output file (checked by :func:`_check_output`); say so."""
+    folder = Path(path).parent
+    if not folder.exists():
+        folder.mkdir(parents=True)
+        print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
 
 
 def _port_taken(host: str, port: int) -> str | None:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import AppEntryError, ArgumentError, SettingError
+from rxstream._exceptions import (
+    AppEntryError,
+    ArgumentError,
+    ArgumentTypeError,
+    SettingError,
+    shown,
+)
 from rxstream._settings import apply_settings
 from rxstream.context import Context
 from rxstream.doc import Doc
@@ -54,7 +60,13 @@ class App:
             raise AppEntryError(
                 f"app {self.entry!r} has no build(ctx) -> Pipeline, only an async main(ctx)"
             )
-        return self.build(ctx)
+        pipeline = self.build(ctx)
+        if not isinstance(pipeline, Pipeline):
+            raise ArgumentTypeError(
+                f"app {self.entry!r}: build(ctx) must return a Pipeline, got "
+                f"{type(pipeline).__name__} {shown(pipeline)}"
+            )
+        return pipeline
 
 
 def load_app(entry: str) -> App:
