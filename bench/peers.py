@@ -461,7 +461,7 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                     got.setdefault(key, []).append(value)
 
             pin(None)  # in one process: every thread anywhere, as GStreamer's child
-            due = [p for p in sets if p == OS or not both or (rep and rep % 2 == 1)]
+            due = [p for p in sets if p == OS or not both or rep % 2 == 1]
             for placement in due if (rep // 2) % 2 == 0 else due[::-1]:
                 in_process_placed(add, plan, gst, None if placement == OS else one)
             pin(None if cpus is None else cpus[0])  # across: this process on one CPU
@@ -554,21 +554,21 @@ def rows(
             row(f"{label}{measure}", f"{prefix}{key}", variant, "GStreamer", scale, target,
                 check, info=placement != OS)  # fmt: skip
 
-    hop, ten = "in-process hop latency, 1 in flight (µs/hop)", "in-process throughput, backlog"
+    hop, backlog = "in-process hop latency, 1 in flight (µs/hop)", "in-process throughput, backlog"
     placed(hop, "hop", "rxstream", us, "—", None)
     for capacity in (2, 256):
-        placed(f"{ten}, capacity {capacity} (k items/s)", f"tput {capacity}", "rxstream", k,
+        placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", "rxstream", k,
                "≥ 1.0x", lambda r: r >= 1.0)  # fmt: skip
     # the opt-in fused shape (p2..p4 fuse=True on p1's thread) against the same GStreamer
     # chain (a queue, so a thread, before every identity)
     placed(hop, "hop", FUSED, us, "—", None)
     for capacity in (2, 256):
-        placed(f"{ten}, capacity {capacity} (k items/s)", f"tput {capacity}", FUSED, k,
+        placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", FUSED, k,
                "≥ 1.0x", lambda r: r >= 1.0)  # fmt: skip
     # the floors, no engine, against the same GStreamer chain: information
     for capacity in (2, 256):
         for name, _chain in FLOORS:
-            placed(f"{ten}, capacity {capacity} (k items/s)", f"tput {capacity}", name, k,
+            placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", name, k,
                    "(rxstream's: ≥ 1.0x)", None)  # fmt: skip
     for render in renders:  # the zero-copy rows, a render at a time; stamp's the verdict
         ray_rendered = rendered(RAY_RENDERED, render)
