@@ -2,14 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["STOP", "Threads", "ignore", "noop", "p99", "pulled", "revision", "spread", "verdict"]
+__all__ = [
+    "ONE_CPU",
+    "OS",
+    "PLACEMENT_LABELS",
+    "STOP",
+    "Threads",
+    "ignore",
+    "noop",
+    "on_cpus",
+    "one_cpu",
+    "p99",
+    "placements",
+    "pulled",
+    "revision",
+    "spread",
+    "verdict",
+]
 
 STOP: Any = object()
 """What a ``pull`` returns to end :func:`pulled`."""
@@ -98,3 +117,72 @@ class Threads:
             thread.join(self.join_s)
             if thread.is_alive():
                 raise RuntimeError(f"{self.what} did not finish")
+
+
+# --- --placement: the in-process rows where the OS puts the threads, or all on one CPU ------
+
+OS, ONE_CPU = "os", "one"
+"""``--placement``'s sets of in-process rows: where the OS puts every thread (the tables as
+they always were), and every thread of both sides pinned to one CPU."""
+PLACEMENT_LABELS = {OS: "OS", ONE_CPU: "one CPU"}
+"""How a row names its placement where a run prints more than the ``os`` set."""
+
+
+def one_cpu() -> tuple[int | None, str]:
+    """The CPU the ``one`` rows run on (the first this process may use), or ``None`` and why
+    there is none (not Linux, or fewer than 2 CPUs allowed: one CPU would be no choice)."""
+    if not sys.platform.startswith("linux") or not hasattr(os, "sched_setaffinity"):
+        return None, f"pinning needs Linux (sched_setaffinity, /proc); this is {sys.platform}"
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return None, f"this process may run on CPU {allowed} only: pinned is where it runs"
+    return allowed[0], ""
+
+
+def placements(wanted: str) -> tuple[list[str], int | None, str]:
+    """The sets of rows ``--placement wanted`` runs (``os``, ``one``, ``both``: ``os`` then
+    ``one``), the CPU of the ``one`` set, and why the ``one`` set is left out (empty if not)."""
+    if wanted == OS:
+        return [OS], None, ""
+    cpu, why = one_cpu()
+    if cpu is None:
+        return [OS], None, f"--placement {wanted}: {why}; the os rows only"
+    return ([ONE_CPU] if wanted == ONE_CPU else [OS, ONE_CPU]), cpu, ""
+
+
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(task) for task in os.listdir(f"/proc/{pid}/task")]
+    except FileNotFoundError:  # the process ended
+        return []
+
+
+@contextmanager
+def on_cpus(cpus: set[int] | None, pid: int | None = None) -> Iterator[None]:
+    """Every thread of process ``pid`` (this one by default) on ``cpus`` for the block, then
+    each back on the mask it had (a thread started meanwhile: on the calling thread's, the
+    process's main thread's for another process). Threads started in the block inherit the
+    mask from the thread that starts them, C threads too. ``None``: nothing changes."""
+    if cpus is None:
+        yield
+        return
+    pid = os.getpid() if pid is None else pid
+    masks: dict[int, set[int]] = {}
+    for task in _tasks(pid):
+        try:
+            masks[task] = os.sched_getaffinity(task)
+            os.sched_setaffinity(task, cpus)
+        except OSError:  # a thread that ended meanwhile
+            continue
+    fallback = masks.get(pid if pid != os.getpid() else threading.get_native_id())
+    try:
+        yield
+    finally:
+        for task in _tasks(pid):
+            mask = masks.get(task, fallback)
+            if mask is None:
+                continue
+            try:
+                os.sched_setaffinity(task, mask)
+            except OSError:  # a thread that ended meanwhile
+                continue

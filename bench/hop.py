@@ -44,6 +44,17 @@ Measures:
 4. ``pipeline.drive(frames=N)`` (4 pipes, no threads) vs a plain reactivex
    ``from_iterable(range(N)).pipe(ops.map(noop) x4)``: ns per item per stage.
 
+Placement (``--placement``, issue 18): by default (``os``) the threads run where the OS puts
+them, and on 2 vCPUs that is a draw, run by run (docs/performance.md, F3's section): a
+2-thread chain split across the vCPUs pays a cross-CPU wake-up a hand-off. ``one`` runs
+measures 1-3 with every thread of the process on one CPU (``os.sched_setaffinity`` on every
+thread before each measure, threads started meanwhile inherit it, each mask restored after),
+all rows labelled ``[one CPU]``, no verdicts (info). ``both`` runs the two sets interleaved,
+the one-CPU set in every other repetition (about half the repetitions: the run stays within
+~1.6x the default's time), each row labelled with its placement, the verdicts the ``[OS]``
+rows'. Measure 4 (one thread, no hand-off) runs unpinned either way. Where fewer than 2 CPUs
+are allowed, or not on Linux, ``one`` and ``both`` say why and run ``os``.
+
 Run ``python bench/hop.py`` (about a minute) or ``python bench/hop.py --quick``
 (a few seconds, a smoke run whose ratios are indicative only).
 """
@@ -73,7 +84,22 @@ from reactivex.scheduler import EventLoopScheduler
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _floors import FloorChain, FloorStampedChain, floor_line
-from _report import STOP, Threads, ignore, noop, p99, pulled, revision, spread, verdict
+from _report import (
+    ONE_CPU,
+    OS,
+    PLACEMENT_LABELS,
+    STOP,
+    Threads,
+    ignore,
+    noop,
+    on_cpus,
+    p99,
+    placements,
+    pulled,
+    revision,
+    spread,
+    verdict,
+)
 
 import rxstream
 
@@ -357,7 +383,10 @@ def rx_map_s(items: int, stages: int) -> float:
 
 @dataclass
 class Row:
-    """One line of the table: rxstream's figures, the baseline's, paired by repetition."""
+    """One line of the table: rxstream's figures, the baseline's, paired by repetition.
+
+    ``info``: the target is shown, its check said, but it is not a verdict (the one-CPU rows:
+    the issue's verdicts are the ``os`` rows')."""
 
     measure: str
     unit: str
@@ -366,6 +395,7 @@ class Row:
     baseline: list[float]
     target: str
     check: Callable[[float], bool] | None
+    info: bool = False
 
 
 def table(rows: Sequence[Row]) -> str:
@@ -377,10 +407,14 @@ def table(rows: Sequence[Row]) -> str:
     ]
     for row in rows:
         ratios, result = verdict(row.value, row.baseline, row.check)
+        target = row.target
+        if row.info and row.check is not None:
+            target = f"({row.target}: the OS rows' target)"
+            result = f"info ({'at the target' if result == 'PASS' else 'below the target'})"
         lines.append(
             f"| {row.measure} ({row.unit}) | {spread(row.value)} "
             f"| {row.baseline_name} | {spread(row.baseline)} "
-            f"| {spread(ratios, 2, 'x')} | {row.target} | {result} |"
+            f"| {spread(ratios, 2, 'x')} | {target} | {result} |"
         )
     return "\n".join(lines)
 
@@ -389,17 +423,14 @@ FLOOR = "floor, C queues (no engine)"
 FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
 THREADED_TARGET = 1.5
 """Issue 18's backlog throughput target, a thread a stage, over the hand-written chain."""
+BIG = 256
 
 
-def measure(reps: int, trips: int, items: int, drive_items: int) -> tuple[list[Row], list[str]]:
-    """Every variant once per repetition, interleaved, then the table's rows and the floors'
-    lines (:func:`floor_line`)."""
-    big = 256
-    got: dict[str, list[float]] = {}
-
-    def add(key: str, value: float) -> None:
-        got.setdefault(key, []).append(value)
-
+def _in_process(
+    add: Callable[[str, float], None], trips: int, items: int, *, observe_on: bool = True
+) -> None:
+    """One repetition of the rows whose threads ``--placement`` places: hop latency and
+    throughput at capacities 2 and 256 of every chain and floor, and ``observe_on``'s."""
     chains: tuple[tuple[str, Chain], ...] = (
         ("rxs", RxsChain),
         ("hand", HandChain),
@@ -407,20 +438,52 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> tuple[list[R
     )
     # the floors (no engine): throughput only, interleaved with the chains
     floors: tuple[tuple[str, Chain], ...] = (("floor", FloorChain), ("floor st", FloorStampedChain))
-    for _rep in range(reps):
-        for key, chain in chains:
+    for key, chain in chains:
+        gc.collect()
+        samples = latency(chain, trips)
+        add(f"{key} p50", statistics.median(samples) * 1e6)
+        add(f"{key} p99", p99(samples) * 1e6)
+    for capacity in (2, BIG):
+        for key, chain in chains + floors:
             gc.collect()
-            samples = latency(chain, trips)
-            add(f"{key} p50", statistics.median(samples) * 1e6)
-            add(f"{key} p99", p99(samples) * 1e6)
-        for capacity in (2, big):
-            for key, chain in chains + floors:
-                gc.collect()
-                cpu: list[float] = []
-                add(f"{key} {capacity}", throughput(chain, items, capacity, cpu=cpu) / 1e3)
-                add(f"{key} {capacity} cpu", cpu[0] * 1e6)
+            cpu: list[float] = []
+            add(f"{key} {capacity}", throughput(chain, items, capacity, cpu=cpu) / 1e3)
+            add(f"{key} {capacity} cpu", cpu[0] * 1e6)
+    if observe_on:
         gc.collect()
         add("observe_on", rx_observe_on_throughput(items) / 1e3)
+
+
+def measure(
+    reps: int,
+    trips: int,
+    items: int,
+    drive_items: int,
+    sets: Sequence[str] = (OS,),
+    cpu: int | None = None,
+) -> tuple[list[Row], list[str]]:
+    """Every variant once per repetition, interleaved, then the table's rows and the floors'
+    lines (:func:`floor_line`).
+
+    ``sets``: the placements of the in-process rows (``os``; ``one``, every thread of the
+    process on ``cpu``; both: the ``one`` set in every other repetition, first in every other
+    of those). The ``drive`` rows (one thread, no hand-off) run once a repetition, unpinned.
+    """
+    got: dict[str, list[float]] = {}
+
+    def adder(placement: str) -> Callable[[str, float], None]:
+        def add(key: str, value: float) -> None:
+            got.setdefault(f"{placement} {key}", []).append(value)
+
+        return add
+
+    both = len(sets) > 1
+    for rep in range(reps):
+        due = [placement for placement in sets if placement == OS or not both or rep % 2 == 0]
+        for placement in due if (rep // 2) % 2 == 0 else due[::-1]:
+            with on_cpus(None if placement == OS else {cpu} if cpu is not None else None):
+                _in_process(adder(placement), trips, items)
+        add = adder("drive")
         for name, run in (("drive", drive_s), ("rx map", rx_map_s)):
             gc.collect()
             four = run(drive_items, 4)
@@ -429,75 +492,98 @@ def measure(reps: int, trips: int, items: int, drive_items: int) -> tuple[list[R
             add(name, four / (drive_items * 4) * 1e9)
             add(f"{name} marginal", (eight - four) / (drive_items * 4) * 1e9)
 
+    per_set: list[list[Row]] = []
+    notes: list[str] = []
+    for placement in sets:
+        label = f"[{PLACEMENT_LABELS[placement]}] " if list(sets) != [OS] else ""
+        placed = {key.split(" ", 1)[1]: value for key, value in got.items()
+                  if key.startswith(f"{placement} ")}  # fmt: skip
+        set_rows, set_notes = _rows(placed, items, label, info=placement != OS)
+        per_set.append(set_rows)
+        notes += [f"- {label.strip()}{note[1:]}" if label else note for note in set_notes]
+    # a measure's rows together, a placement a row
+    rows = [row for same in zip(*per_set, strict=True) for row in same]
+    drive = {key.split(" ", 1)[1]: value for key, value in got.items() if key.startswith("drive ")}
+    rows.append(
+        Row(f"drive(frames={drive_items}), 4 pipes, all cost / 4", "ns/item/stage",
+            drive["drive"], "reactivex from_iterable + ops.map x4", drive["rx map"], "—", None)
+    )  # fmt: skip
+    rows.append(
+        Row(f"drive(frames={drive_items}), each stage (8 pipes - 4 pipes) / 4", "ns/item/stage",
+            drive["drive marginal"], "reactivex ops.map, (8 maps - 4 maps) / 4",
+            drive["rx map marginal"], "≤ 3x", lambda r: r <= 3.0)
+    )  # fmt: skip
+    return rows, notes
+
+
+def _rows(
+    got: dict[str, list[float]], items: int, label: str, *, info: bool
+) -> tuple[list[Row], list[str]]:
+    """One placement's rows (each measure prefixed with ``label``; ``info``: its targets shown,
+    no verdicts) and its floors' lines."""
+    big = BIG
     hand = "hand-written queue.Queue chain"
-    backlog = f"throughput, {items // 1000 or items}{'k' if items >= 1000 else ''} backlog"
+    backlog = f"{label}throughput, {items // 1000 or items}{'k' if items >= 1000 else ''} backlog"
     rows = [
-        Row("hop latency, 1 in flight, median", "µs/hop", got["rxs p50"], hand,
-            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25),
-        Row("hop latency, 1 in flight, p99", "µs/hop", got["rxs p99"], hand,
+        Row(f"{label}hop latency, 1 in flight, median", "µs/hop", got["rxs p50"], hand,
+            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25, info),
+        Row(f"{label}hop latency, 1 in flight, p99", "µs/hop", got["rxs p99"], hand,
             got["hand p99"], "—", None),
     ]  # fmt: skip
     for capacity in (2, big):  # issue 18: batched hand-offs, ≥ 1.5x the hand-written chain
         rows.append(
             Row(f"{backlog}, capacity {capacity}", "k items/s", got[f"rxs {capacity}"],
                 f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity}"],
-                "≥ 1.5x", lambda r: r >= 1.5)
+                "≥ 1.5x", lambda r: r >= 1.5, info)
         )  # fmt: skip
     # the floors, no engine (issue 18): the cheapest bounded thread-a-stage chain, against the
     # same hand-written chain; information, the target column says rxstream's
+    floor_backlog = backlog.removeprefix(label)
     for capacity in (2, big):
-        for key, label in (("floor", FLOOR), ("floor st", FLOOR_STAMPED)):
+        for key, name in (("floor", FLOOR), ("floor st", FLOOR_STAMPED)):
             rows.append(
-                Row(f"{label}: {backlog}, capacity {capacity}", "k items/s",
+                Row(f"{label}{name}: {floor_backlog}, capacity {capacity}", "k items/s",
                     got[f"{key} {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
                     got[f"hand {capacity}"], "(rxstream's: ≥ 1.5x)", None)
             )  # fmt: skip
             rows.append(
-                Row(f"{label}: CPU per item, all threads, {backlog}, capacity {capacity}",
-                    "µs/item", got[f"{key} {capacity} cpu"],
+                Row(f"{label}{name}: CPU per item, all threads, {floor_backlog}, "
+                    f"capacity {capacity}", "µs/item", got[f"{key} {capacity} cpu"],
                     f"hand-written, queue.Queue(maxsize={capacity})",
                     got[f"hand {capacity} cpu"], "—", None)
             )  # fmt: skip
     for capacity in (2, big):  # the same runs' CPU: what a loaded machine disturbs least
         rows.append(
-            Row(f"CPU per item, all threads, {backlog}, capacity {capacity}", "µs/item",
-                got[f"rxs {capacity} cpu"], f"hand-written, queue.Queue(maxsize={capacity})",
-                got[f"hand {capacity} cpu"], "—", None)
+            Row(f"{label}CPU per item, all threads, {floor_backlog}, capacity {capacity}",
+                "µs/item", got[f"rxs {capacity} cpu"],
+                f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity} cpu"],
+                "—", None)
         )  # fmt: skip
     for capacity, target in ((2, None), (big, 3.0)):  # observe_on is unbounded: the backlog row
         rows.append(
             Row(f"{backlog}, capacity {capacity}", "k items/s", got[f"rxs {capacity}"],
                 "reactivex observe_on(EventLoopScheduler()) x4, unbounded", got["observe_on"],
-                "≥ 3x" if target else "—", (lambda r: r >= 3.0) if target else None)
+                "≥ 3x" if target else "—", (lambda r: r >= 3.0) if target else None, info)
         )  # fmt: skip
     # the opt-in fused shape (issue 18): p2..p4 fuse=True onto p1's thread, against the same
     # hand-written chain (a thread per stage) of the same repetitions
-    fused = "opt-in fused shape (p2..p4 fuse=True on p1's thread)"
+    fused = f"{label}opt-in fused shape (p2..p4 fuse=True on p1's thread)"
     rows.append(
         Row(f"{fused}: hop latency, 1 in flight, median", "µs/hop", got["fused p50"], hand,
-            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25)
+            got["hand p50"], "≤ 1.25x", lambda r: r <= 1.25, info)
     )  # fmt: skip
     for capacity in (2, big):
         rows.append(
-            Row(f"{fused}: {backlog}, capacity {capacity}", "k items/s",
+            Row(f"{fused}: {floor_backlog}, capacity {capacity}", "k items/s",
                 got[f"fused {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
-                got[f"hand {capacity}"], "≥ 1.5x", lambda r: r >= 1.5)
+                got[f"hand {capacity}"], "≥ 1.5x", lambda r: r >= 1.5, info)
         )  # fmt: skip
         rows.append(
-            Row(f"{fused}: CPU per item, all threads, {backlog}, capacity {capacity}",
+            Row(f"{fused}: CPU per item, all threads, {floor_backlog}, capacity {capacity}",
                 "µs/item", got[f"fused {capacity} cpu"],
                 f"hand-written, queue.Queue(maxsize={capacity})", got[f"hand {capacity} cpu"],
                 "—", None)
         )  # fmt: skip
-    rows.append(
-        Row(f"drive(frames={drive_items}), 4 pipes, all cost / 4", "ns/item/stage",
-            got["drive"], "reactivex from_iterable + ops.map x4", got["rx map"], "—", None)
-    )  # fmt: skip
-    rows.append(
-        Row(f"drive(frames={drive_items}), each stage (8 pipes - 4 pipes) / 4", "ns/item/stage",
-            got["drive marginal"], "reactivex ops.map, (8 maps - 4 maps) / 4",
-            got["rx map marginal"], "≤ 3x", lambda r: r <= 3.0)
-    )  # fmt: skip
     notes = [
         floor_line(capacity, [("the floor (5 threads, C queues)", got[f"floor {capacity}"],
                                got[f"floor st {capacity}"])],
@@ -512,20 +598,41 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
     parser.add_argument("--items", type=int, default=None, help="backlog size (throughput)")
+    parser.add_argument(
+        "--placement",
+        choices=("os", "one", "both"),
+        default="os",
+        help="where the in-process rows' threads run: os, where the OS puts them (default); "
+        "one, every thread of the process on one CPU; both, the two sets interleaved, the "
+        "one-CPU set in every other repetition (its rows info, the OS rows the verdicts). The "
+        "drive rows (one thread) run unpinned",
+    )
     args = parser.parse_args(argv)
     reps = args.reps or (3 if args.quick else 11)
     items = args.items or (2_000 if args.quick else 20_000)
     trips = 100 if args.quick else 1_000
     drive_items = 1_000 if args.quick else 5_000
+    sets, cpu, why = placements(args.placement)
 
     began = _perf()
-    rows, notes = measure(reps, trips, items, drive_items)
+    rows, notes = measure(reps, trips, items, drive_items, sets, cpu)
     took = _perf() - began
     command = " ".join(["python bench/hop.py", *(sys.argv[1:] if argv is None else argv)])
     print(
         f"# {command}: {reps} repetitions, interleaved; latency {trips} round trips each, "
         f"throughput {items} items, drive {drive_items} items; took {took:.0f} s"
     )
+    if len(sets) > 1:
+        print(
+            f"# placement both: the [OS] rows in every repetition, the [one CPU] rows (every "
+            f"thread of the process on CPU {cpu}, the mask restored after each measure) in "
+            f"{(reps + 1) // 2} of them, every other one, before the OS set in every other of "
+            f"those; verdicts: the OS rows'"
+        )
+    elif sets == [ONE_CPU]:
+        print(f"# placement one: every thread of the process on CPU {cpu}; no verdicts (info)")
+    if why:
+        print(f"# {why}")
     print(
         f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
         f"rxstream {rxstream.__version__} at {revision()}, {os.cpu_count()} CPUs"

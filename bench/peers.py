@@ -27,6 +27,16 @@ In one process, the chain of bench/hop.py (a source thread and 4 pass-through st
 Measures: hop latency with one item in flight (round trip / 6 hops, median), and throughput
 with a backlog (``--items`` items, queues of capacity 2 and 256).
 
+Where the in-process rows' threads run (issue 18; bench/hop.py's ``--placement``): by default
+where the OS puts them, a draw on 2 vCPUs. ``--placement one`` runs them with every thread of
+both sides on one CPU: this process's (``os.sched_setaffinity`` on each of its threads, the
+masks restored after) and GStreamer's child's, pinned the same way before it builds its
+pipeline, so its C threads (started from its pinned threads) inherit the mask; its rows are
+labelled ``[one CPU]``, info. ``--placement both``: the ``[OS]`` and ``[one CPU]`` sets
+interleaved, the one-CPU set in every other recorded repetition (no warm-up of its own), the
+verdicts the ``[OS]`` rows'. With ``one`` and ``both`` the rows across processes run as with
+``cross``: they are two processes by design.
+
 Across processes (this process the producer, one consumer process; by default the producer
 pinned to CPU 0 and every consumer to CPU 1, as bench/ipc.py does; ``--placement os`` leaves
 it to the scheduler). Every consumer touches the item (first and last element) and answers
@@ -121,7 +131,7 @@ from _floors import (
     floor_line,
 )
 from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
-from _report import revision, spread, verdict
+from _report import ONE_CPU, OS, PLACEMENT_LABELS, on_cpus, placements, revision, spread, verdict
 from hop import FusedChain, RxsChain, latency, throughput
 from ipc import leased_sender, leasing
 
@@ -397,11 +407,34 @@ def across(add: Add, plan: Plan, name: str, put: Put, ack: Ack, frames: bool, sp
         add(("sparse lat", name), round_trips(put, ack, small_payload, trips, GAP_S))
 
 
+def in_process_placed(add: Add, plan: Plan, gst: GstChain | None, cpu: int | None) -> None:
+    """:func:`in_process` with every thread of this process and of GStreamer's child process
+    (its C threads too: they start from its pinned threads) on ``cpu`` (``None``: where the
+    OS puts them), each mask restored after; the rows' keys prefixed ``one `` when pinned."""
+    if cpu is None:
+        in_process(add, plan, gst)
+        return
+
+    def add_one(key: tuple[str, str], value: float) -> None:
+        add((f"{ONE_CPU} {key[0]}", key[1]), value)
+
+    child = None if gst is None else gst.process.pid
+    with on_cpus({cpu}), on_cpus(None if child is None else {cpu}, child):
+        in_process(add_one, plan, gst)
+
+
 def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
-            ray: RayPeer | None, renders: dict[str, Render]) -> Got:  # fmt: skip
+            ray: RayPeer | None, renders: dict[str, Render],
+            sets: Sequence[str] = (OS,), one: int | None = None) -> Got:  # fmt: skip
     """Every variant once per repetition, interleaved (repetition 0 warms up, unrecorded);
-    the zero-copy and Ray's rendered rows once per render in ``renders``."""
+    the zero-copy and Ray's rendered rows once per render in ``renders``.
+
+    ``sets``: the placements of the in-process rows (``os``; ``one``, every thread of both
+    sides on CPU ``one``; both: the ``one`` set in every other recorded repetition, first in
+    every other of those, none in the warm-up). The rows across processes: as ``cpus`` says.
+    """
     got: Got = {}
+    both = len(sets) > 1
     peers: dict[str, RingPeer | PipePeer] = {
         RING: RingPeer(boundary=False),
         BOUNDARY: RingPeer(boundary=True),
@@ -428,7 +461,9 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
                     got.setdefault(key, []).append(value)
 
             pin(None)  # in one process: every thread anywhere, as GStreamer's child
-            in_process(add, plan, gst)
+            due = [p for p in sets if p == OS or not both or rep % 2 == 1]
+            for placement in due if (rep // 2) % 2 == 0 else due[::-1]:
+                in_process_placed(add, plan, gst, None if placement == OS else one)
             pin(None if cpus is None else cpus[0])  # across: this process on one CPU
             gc.collect()
             gc.disable()
@@ -477,10 +512,15 @@ def measure(plan: Plan, cpus: tuple[int, int] | None, gst: GstChain | None,
 # --- the table ----------------------------------------------------------------------------
 
 
-def rows(got: Got, skipped: dict[str, str], renders: Sequence[str]) -> list[str]:
+def rows(
+    got: Got, skipped: dict[str, str], renders: Sequence[str], sets: Sequence[str] = (OS,)
+) -> list[str]:
     """The markdown table: medians [min-max], the ratio of each repetition's pair, verdicts;
     then a line a capacity on the in-process floors and a line a whole-frame render on the
-    bound it puts on the zero-copy rows (both from the run's figures)."""
+    bound it puts on the zero-copy rows (both from the run's figures). ``sets``: the
+    placements of the in-process rows; with more than ``os``, each such row is labelled with
+    its own (``[OS]``, ``[one CPU]``), a measure's rows together, and the one-CPU rows show
+    their targets without a verdict (info)."""
     lines = [
         "| measure | rxstream | median [min-max] | against | median [min-max] "
         "| ratio median [min-max] | target | result |",
@@ -489,61 +529,47 @@ def rows(got: Got, skipped: dict[str, str], renders: Sequence[str]) -> list[str]
     us, k = 1e6, 1e-3
 
     def row(measure: str, key: str, variant: str, against: str, scale: float, target: str,
-            check: Callable[[float], bool] | None) -> None:  # fmt: skip
+            check: Callable[[float], bool] | None, info: bool = False) -> None:  # fmt: skip
         mine, theirs = got.get((key, variant)), got.get((key, against))
         if mine is None or theirs is None:
             return
         mine, theirs = [v * scale for v in mine], [v * scale for v in theirs]
         ratios, result = verdict(mine, theirs, check)
+        if info and check is not None:
+            target = f"({target}: the OS rows' target)"
+            result = f"info ({'at the target' if result == 'PASS' else 'below the target'})"
         lines.append(
             f"| {measure} | {variant} | {spread(mine)} | {against} | {spread(theirs)} "
             f"| {spread(ratios, 2, 'x')} | {target} | {result} |"
         )
 
-    row(
-        "in-process hop latency, 1 in flight (µs/hop)",
-        "hop",
-        "rxstream",
-        "GStreamer",
-        us,
-        "—",
-        None,
-    )
+    labelled = list(sets) != [OS]
+
+    def placed(measure: str, key: str, variant: str, scale: float, target: str,
+               check: Callable[[float], bool] | None) -> None:  # fmt: skip
+        """An in-process row against GStreamer, once a placement in ``sets``."""
+        for placement in sets:
+            label = f"[{PLACEMENT_LABELS[placement]}] " if labelled else ""
+            prefix = "" if placement == OS else f"{placement} "
+            row(f"{label}{measure}", f"{prefix}{key}", variant, "GStreamer", scale, target,
+                check, info=placement != OS)  # fmt: skip
+
+    hop, backlog = "in-process hop latency, 1 in flight (µs/hop)", "in-process throughput, backlog"
+    placed(hop, "hop", "rxstream", us, "—", None)
     for capacity in (2, 256):
-        row(
-            f"in-process throughput, backlog, capacity {capacity} (k items/s)",
-            f"tput {capacity}",
-            "rxstream",
-            "GStreamer",
-            k,
-            "≥ 1.0x",
-            lambda r: r >= 1.0,
-        )
+        placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", "rxstream", k,
+               "≥ 1.0x", lambda r: r >= 1.0)  # fmt: skip
     # the opt-in fused shape (p2..p4 fuse=True on p1's thread) against the same GStreamer
     # chain (a queue, so a thread, before every identity)
-    row("in-process hop latency, 1 in flight (µs/hop)", "hop", FUSED, "GStreamer", us, "—", None)
+    placed(hop, "hop", FUSED, us, "—", None)
     for capacity in (2, 256):
-        row(
-            f"in-process throughput, backlog, capacity {capacity} (k items/s)",
-            f"tput {capacity}",
-            FUSED,
-            "GStreamer",
-            k,
-            "≥ 1.0x",
-            lambda r: r >= 1.0,
-        )
+        placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", FUSED, k,
+               "≥ 1.0x", lambda r: r >= 1.0)  # fmt: skip
     # the floors, no engine, against the same GStreamer chain: information
     for capacity in (2, 256):
         for name, _chain in FLOORS:
-            row(
-                f"in-process throughput, backlog, capacity {capacity} (k items/s)",
-                f"tput {capacity}",
-                name,
-                "GStreamer",
-                k,
-                "(rxstream's: ≥ 1.0x)",
-                None,
-            )
+            placed(f"{backlog}, capacity {capacity} (k items/s)", f"tput {capacity}", name, k,
+                   "(rxstream's: ≥ 1.0x)", None)  # fmt: skip
     for render in renders:  # the zero-copy rows, a render at a time; stamp's the verdict
         ray_rendered = rendered(RAY_RENDERED, render)
         crossing = render == VERDICT_RENDER
@@ -606,11 +632,13 @@ def rows(got: Got, skipped: dict[str, str], renders: Sequence[str]) -> list[str]
     row(sparse, "sparse lat", RING, PIPE, us, "—", None)
     row("idle consumer, nothing sent (% of a core)", "idle cpu", RING, RAY, 100.0, "—", None)
     lines.append("")
-    for capacity in (2, 256):
-        tput = f"tput {capacity}"
+    for placement, capacity in itertools.product(sets, (2, 256)):
+        tput = f"{'' if placement == OS else f'{placement} '}tput {capacity}"
+        label = f"[{PLACEMENT_LABELS[placement]}] " if labelled else ""
         if (tput, "GStreamer") in got:
             lines.append(
-                floor_line(
+                f"- {label}"
+                + floor_line(
                     capacity,
                     [
                         ("the 5-thread floor", got[tput, FLOOR_5], got[tput, FLOOR_5_STAMPED]),
@@ -623,7 +651,7 @@ def rows(got: Got, skipped: dict[str, str], renders: Sequence[str]) -> list[str]
                     got[tput, "GStreamer"],
                     "GStreamer's, in process",
                     1.0,
-                )
+                )[2:]
             )
     for render in renders:
         if render != VERDICT_RENDER:
@@ -677,10 +705,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
     parser.add_argument(
         "--placement",
-        choices=("cross", "os"),
+        choices=("cross", "os", "one", "both"),
         default="cross",
         help="cross: across processes, this one on CPU 0 and the consumers on CPU 1 "
-        "(default); os: the scheduler places them",
+        "(default); os: the scheduler places them; in both, the in-process rows where the OS "
+        "puts their threads. one: the in-process rows with every thread of both sides "
+        "(GStreamer's child too) on one CPU; both: those and the OS's, interleaved, the "
+        "one-CPU set in every other repetition (its rows info, the OS rows the verdicts); with "
+        "one and both the rows across processes run as with cross",
     )
     parser.add_argument(
         "--render",
@@ -703,7 +735,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if gst is None:
         skipped["GStreamer"] = why
     ray_module, why = (None, "--no-ray") if args.no_ray else ray_or_why()
-    cpus = (0, 1) if args.placement == "cross" and (os.cpu_count() or 1) >= 2 else None
+    sets, one, one_why = placements(OS if args.placement in ("cross", "os") else args.placement)
+    across_os = args.placement == "os"
+    cpus = (0, 1) if not across_os and (os.cpu_count() or 1) >= 2 else None
     ray = None
     if ray_module is None:
         skipped["Ray"] = why
@@ -711,7 +745,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         ray = RayPeer(ray_module, None if cpus is None else cpus[1])
     began = _perf()
     try:
-        got = measure(plan, cpus, gst, ray, {name: RENDERS[name] for name in renders})
+        got = measure(plan, cpus, gst, ray, {name: RENDERS[name] for name in renders}, sets, one)
     finally:
         if gst is not None:
             gst.close()
@@ -735,8 +769,24 @@ def main(argv: Sequence[str] | None = None) -> None:
         f"{', '.join(versions)}, {os.cpu_count()} CPUs; placement {args.placement}; "
         f"renders {', '.join(renders)}"
     )
+    if len(sets) > 1:
+        print(
+            f"# placement both: the in-process [OS] rows in every repetition, the [one CPU] "
+            f"rows (every thread of this process and of GStreamer's child on CPU {one}, the "
+            f"masks restored after) in {(plan['reps'] + 1) // 2} of them, every other one, "
+            f"first in every other of those; verdicts: the OS rows'; the rows across "
+            f"processes as cross"
+        )
+    elif sets == [ONE_CPU]:
+        print(
+            f"# placement one: the in-process rows with every thread of this process and of "
+            f"GStreamer's child on CPU {one}, no verdicts (info); the rows across processes as "
+            f"cross"
+        )
+    if one_why:
+        print(f"# {one_why}")
     print()
-    print("\n".join(rows(got, skipped, renders)))
+    print("\n".join(rows(got, skipped, renders, sets)))
 
 
 if __name__ == "__main__":
