@@ -168,7 +168,8 @@ class Lessor:
                 if timeout is not None and timeout < wait:
                     wait, patient = max(timeout, 0.0), False
                 deadline = now + wait
-            if now >= deadline or not self._handed_back(deadline - now):
+            # ``min``: ``(now + wait) - now`` may round above ``wait`` (the clock reads ~1e4 s)
+            if now >= deadline or not self._handed_back(min(deadline - now, wait)):
                 if patient:
                     self.patience = 0.0
                 return False
