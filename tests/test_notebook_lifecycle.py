@@ -1,0 +1,179 @@
+"""A notebook user's lifecycle: wait() after stop/drive, a failed state, abandoned pipelines,
+two pipelines on one stream, interrupts, readable reprs."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+import pytest
+
+import rxstream
+from rxstream import PipelineError, PipelineStateError
+from rxstream.testing import live_threads
+
+
+def endless() -> Iterator[int]:
+    yield from itertools.count()
+
+
+def fail_at(n: int) -> Callable[[], Iterator[int]]:
+    def bad() -> Iterator[int]:
+        for x in itertools.count():
+            if x == n:
+                raise ValueError(f"bad frame {x}")
+            yield x
+
+    return bad
+
+
+def failed(pipeline: rxstream.Pipeline) -> rxstream.Pipeline:
+    """``pipeline`` with its threaded run failed (its threads ended)."""
+    pipeline.start()
+    done = threading.Event()
+    pipeline._over.on_done(done.set)
+    assert done.wait(10)
+    return pipeline
+
+
+def in_wait(frame: FrameType | None) -> bool:
+    """Whether ``frame`` is a lock wait inside ``Pipeline.wait``."""
+    if frame is None or "threading" not in frame.f_code.co_filename:
+        return False
+    while frame is not None:
+        if frame.f_code is rxstream.Pipeline.wait.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def test_wait_after_stop_returns_at_once(ctx: rxstream.Context) -> None:
+    """wait() after stop() returns True (the run is over) instead of blocking forever."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    pipeline.start()
+    pipeline.stop()
+    assert pipeline.wait(timeout=10) is True
+    assert pipeline.state == "stopped"
+
+
+def test_wait_returns_when_another_thread_stops_the_run(ctx: rxstream.Context) -> None:
+    """A wait() under way returns once stop() is called from elsewhere."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    pipeline.start()
+    stopper = threading.Timer(0.0, pipeline.stop)
+    stopper.start()
+    assert pipeline.wait(timeout=10) is True
+    stopper.join()
+
+
+def test_wait_after_drive_is_a_state_error(ctx: rxstream.Context) -> None:
+    """wait() after drive() (nothing ran on threads) says so instead of hanging."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    assert pipeline.drive(frames=2) == [0, 1]
+    with pytest.raises(PipelineStateError, match=r"^wait\(\) after drive\(\)"):
+        pipeline.wait(timeout=10)
+
+
+def test_a_failed_run_is_not_running(ctx: rxstream.Context) -> None:
+    """After a source fails, running is False and the state is 'failed', with its error."""
+    pipeline = failed(ctx.source(fail_at(5)) | ctx.stream("out"))
+    assert pipeline.running is False
+    assert pipeline.state == "failed"
+    assert isinstance(pipeline.error, PipelineError)
+    pipeline.stop()
+    assert pipeline.state == "stopped"
+
+
+def test_start_and_drive_after_a_failure_name_it(ctx: rxstream.Context) -> None:
+    """start()/drive() on a failed run name the failure and what to do, not 'running'."""
+    pipeline = failed(ctx.source(fail_at(5), name="bad") | ctx.stream("out"))
+    for call in (pipeline.start, lambda: pipeline.drive(frames=1)):
+        with pytest.raises(
+            PipelineStateError,
+            match=r"after the run failed: stage 'bad' failed .*bad frame 5; stop\(\) it "
+            r"\(or wait\(\), which raises the error\) first",
+        ):
+            call()
+    with pytest.raises(PipelineError, match="bad frame 5"):
+        pipeline.wait(timeout=10)
+    assert pipeline.drive(frames=2) == [0, 1]  # once waited (stopped), it runs again
+
+
+def test_a_completed_run_restarts_without_a_stop(ctx: rxstream.Context) -> None:
+    """A run whose source ended is 'completed'; start() ends it and starts afresh."""
+    pipeline = ctx.source([1, 2, 3]) | ctx.stream("out")
+    pipeline.start()
+    done = threading.Event()
+    pipeline._over.on_done(done.set)
+    assert done.wait(10)
+    assert pipeline.state == "completed"
+    assert not pipeline.running
+    pipeline.start()
+    assert pipeline.wait(timeout=10)
+    assert pipeline.statistics()["out"].items_out == 3
+
+
+def test_an_abandoned_pipeline_stops_rebuilding(ctx: rxstream.Context) -> None:
+    """A doc write rebuilds the bound stage of live pipelines only, not of collected ones."""
+    doc = ctx.doc("model", defaults={"k": 1})
+    builds: list[int] = []
+
+    def make(snapshot: rxstream.doc.Snapshot) -> Callable[[int], int]:
+        builds.append(snapshot["k"])
+        return lambda x: x * snapshot["k"]
+
+    pipeline = None
+    for _ in range(3):  # a cell run three times: each run leaves the last pipeline behind
+        pipeline = ctx.source(endless) | doc.bind(make, [doc.desired.k]) | ctx.stream("out")
+        pipeline.drive(frames=2)
+    assert builds == [1, 1, 1]
+    gc.collect()
+    doc.set(k=5)
+    assert builds == [1, 1, 1, 5]  # once: for the one pipeline still reachable
+    assert pipeline is not None
+    assert pipeline.drive(frames=1) == [10]
+
+
+def test_two_pipelines_may_not_feed_one_stream(ctx: rxstream.Context) -> None:
+    """Starting a pipeline whose stream another running one feeds is refused, named."""
+    first = ctx.source(endless, name="a") | ctx.stream("render")
+    second = ctx.source(endless, name="b") | ctx.stream("render")
+    first.start()
+    try:
+        with pytest.raises(
+            PipelineStateError,
+            match=r"^start\(\): stream 'render' is already fed by a running pipeline of this "
+            r"context \(<Pipeline a \| render>\); stop\(\) that one first",
+        ):
+            second.start()
+        assert "rxstream:b" not in [t.name for t in live_threads()]
+    finally:
+        first.stop()
+    second.start()  # once the first stopped
+    second.stop()
+
+
+def test_an_interrupt_during_wait_stops_the_run(ctx: rxstream.Context) -> None:
+    """Ctrl-C (KeyboardInterrupt) in wait() stops the run, as background() and run() do."""
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    pipeline.start()
+    main = threading.get_ident()
+
+    def interrupt() -> None:
+        while not in_wait(sys._current_frames().get(main)):  # the main thread blocks in it
+            time.sleep(0.001)
+        signal.pthread_kill(main, signal.SIGINT)  # as Ctrl-C (it wakes a blocked wait)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.wait()
+    interrupter.join()
+    assert pipeline.state == "stopped"
+    assert live_threads() == []
