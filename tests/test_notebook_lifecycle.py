@@ -16,6 +16,7 @@ import pytest
 
 import rxstream
 from rxstream import PipelineError, PipelineStateError
+from rxstream.notebook import StatsView, background, stop_all
 from rxstream.testing import live_threads
 
 
@@ -177,3 +178,68 @@ def test_an_interrupt_during_wait_stops_the_run(ctx: rxstream.Context) -> None:
     interrupter.join()
     assert pipeline.state == "stopped"
     assert live_threads() == []
+
+
+# --- rxstream.notebook: background runs and the statistics view ---------------------------
+
+
+@pytest.fixture
+def no_background_left() -> Iterator[None]:
+    """The test ends with its background runs stopped, whatever it asserted."""
+    yield
+    stop_all()
+
+
+def test_a_failed_background_run_says_so_and_is_printed(
+    ctx: rxstream.Context, capsys: pytest.CaptureFixture[str], no_background_left: None
+) -> None:
+    """A background run whose source fails reads failed (handle, view) and prints the error."""
+    pipeline = ctx.source(fail_at(5), name="bad") | ctx.stream("out")
+    bg = background(pipeline)
+    done = threading.Event()
+    pipeline._over.on_done(done.set)  # after the handle's own callback
+    assert done.wait(10)
+    assert not bg.running
+    assert bg.state.startswith("failed: stage 'bad' failed")
+    assert repr(bg) == f"<Background {pipeline!r} {bg.state}>"
+    view = StatsView(pipeline, interval=60.0)
+    try:
+        caption = "<caption>&lt;Pipeline bad | out&gt;: failed: stage &#x27;bad&#x27; failed"
+        assert caption in view.html()
+    finally:
+        view.close()
+    printed = capsys.readouterr().err
+    assert "the background run of <Pipeline bad | out> failed: stage 'bad' failed" in printed
+    assert "bad frame 5" in printed
+
+
+def test_background_again_replaces_the_previous_run(
+    ctx: rxstream.Context, no_background_left: None
+) -> None:
+    """Re-running a background(...) cell stops the previous run of the same stream first."""
+    handles = [
+        background(ctx.source(endless, name=f"src{i}") | ctx.stream("render")) for i in range(3)
+    ]
+    assert [h.running for h in handles] == [False, False, True]
+    assert [h.state for h in handles[:2]] == ["stopped", "stopped"]
+    names = sorted(t.name for t in live_threads())
+    assert names == ["rxstream:render", "rxstream:src2"]
+    again = background(handles[2].pipeline)  # the same pipeline: restarted, not refused
+    assert again.running
+    assert sorted(t.name for t in live_threads()) == names  # one run, not two
+
+
+def test_background_again_after_a_failure_starts_afresh(
+    ctx: rxstream.Context, capsys: pytest.CaptureFixture[str], no_background_left: None
+) -> None:
+    """background(pipeline) on a pipeline whose background run failed starts it again."""
+    pipeline = ctx.source(fail_at(5), name="bad") | ctx.stream("out")
+    done = threading.Event()
+    background(pipeline)
+    pipeline._over.on_done(done.set)
+    assert done.wait(10)
+    bg = background(pipeline)
+    assert bg.state in ("running", "failed: " + str(pipeline.error))
+    with pytest.raises(PipelineError, match="bad frame 5"):
+        bg.hold(10)
+    assert "failed" in capsys.readouterr().err  # the first failure, printed as it happened
