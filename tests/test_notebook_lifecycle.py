@@ -17,6 +17,7 @@ import pytest
 import rxstream
 from rxstream import PipelineError, PipelineStateError
 from rxstream.notebook import StatsView, background, stop_all
+from rxstream.runtime._handoff import TOKENS_MAX
 from rxstream.testing import live_threads
 
 
@@ -243,3 +244,40 @@ def test_background_again_after_a_failure_starts_afresh(
     with pytest.raises(PipelineError, match="bad frame 5"):
         bg.hold(10)
     assert "failed" in capsys.readouterr().err  # the first failure, printed as it happened
+
+
+# --- live statistics ----------------------------------------------------------------------
+
+
+def until(predicate: Callable[[], bool], what: str) -> None:
+    """Poll ``predicate`` until it holds; fail naming ``what`` after 10 s."""
+    deadline = time.monotonic() + 10.0
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize("capacity", [8, TOKENS_MAX + 1], ids=["c-queues", "deque"])
+def test_a_busy_stage_s_work_reads_live(ctx: rxstream.Context, capacity: int) -> None:
+    """Under a backlog that never ends, the busy stage's work_s grows as items leave it."""
+    gate = threading.Event()
+
+    def slow(x: int) -> int:
+        gate.wait(10)  # the inbox fills first: every delivery after the first is a backlog
+        time.sleep(0.001)  # the stage's work: slower than the source
+        return x
+
+    pipeline = (
+        ctx.source(endless) | ctx.pipe(slow, name="slow", capacity=capacity) | ctx.stream("out")
+    )
+    pipeline.start()
+    try:
+        stats = pipeline.statistics
+        until(lambda: stats()["slow"].inbox_depth >= 8, "a full inbox")
+        gate.set()
+        until(lambda: stats()["slow"].items_out >= 3, "3 items out")
+        first = stats()["slow"]
+        until(lambda: stats()["slow"].items_out >= first.items_out + 3, "3 more items out")
+        assert stats()["slow"].work_s > first.work_s > 0
+    finally:
+        pipeline.stop()
