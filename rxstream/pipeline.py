@@ -266,11 +266,7 @@ class Pipeline:
         """Refuse a start while another running pipeline of this context feeds a stream of
         this one (their items would interleave on it)."""
         mine = {name for name, stage in self.stages.items() if stage.kind == "stream"}
-        with _started_lock:
-            others = [p for p in _started if p is not self and p._context is self._context]
-        for other in others:
-            if other.state != "running":
-                continue
+        for other in running_pipelines(self._context):
             shared = sorted(
                 mine & {name for name, stage in other.stages.items() if stage.kind == "stream"}
             )
@@ -567,6 +563,13 @@ class Pipeline:
 
 
 compose_with(Pipeline)  # `stage | x` builds a Pipeline (stage.py is the layer below)
+
+
+def running_pipelines(context: Context) -> list[Pipeline]:
+    """The pipelines of ``context`` whose threaded run is going (started, not yet over)."""
+    with _started_lock:
+        started = list(_started)
+    return [p for p in started if p._context is context and p.running]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 
 import pytest
+import structlog.testing
 
 import rxstream
 from rxstream import PipelineError, PipelineStateError
@@ -281,3 +282,39 @@ def test_a_busy_stage_s_work_reads_live(ctx: rxstream.Context, capacity: int) ->
         assert stats()["slow"].work_s > first.work_s > 0
     finally:
         pipeline.stop()
+
+
+# --- interrupts and reprs -----------------------------------------------------------------
+
+
+def test_an_interrupted_drive_is_logged_as_a_stop_and_starts_over(ctx: rxstream.Context) -> None:
+    """Ctrl-C in a drive logs pipeline_interrupted (not pipeline_failed); the next starts over."""
+
+    def frames() -> Iterator[int]:
+        for x in itertools.count():
+            if x == 2 and not interrupted:
+                interrupted.append(x)
+                raise KeyboardInterrupt
+            yield x
+
+    interrupted: list[int] = []
+    pipeline = ctx.source(frames) | ctx.stream("out")
+    with structlog.testing.capture_logs() as logs, pytest.raises(KeyboardInterrupt):
+        pipeline.drive(frames=3)
+    assert [log["event"] for log in logs] == ["pipeline_interrupted"]
+    assert pipeline.drive(frames=2) == [0, 1]
+
+
+def test_context_and_generations_read_well(ctx: rxstream.Context) -> None:
+    """Context and ctx.generations have readable reprs (not <… object at 0x…>)."""
+    ctx.doc("model", defaults={"k": 1})
+    pipeline = ctx.source(endless) | ctx.stream("out")
+    pipeline.start()
+    try:
+        assert repr(ctx) == (
+            "<rxstream.Context docs=['model'] transport=MemoryTransport rank=0/1 running=1>"
+        )
+    finally:
+        pipeline.stop()
+    pipeline.update(prompt="a")
+    assert repr(ctx.generations) == "<Generations prompt=1 flush=0 drop=1>"
