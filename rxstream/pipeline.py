@@ -44,7 +44,7 @@ STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
 
 _started: set[Pipeline] = set()
-"""The pipelines whose threaded run is started and not yet stopped (any context)."""
+"""The pipelines whose threaded run is started and not yet over (any context)."""
 _started_lock = threading.Lock()
 
 
@@ -262,6 +262,10 @@ class Pipeline:
         if state == "completed":
             self._stop_locked()
 
+    def _forget_started(self) -> None:
+        with _started_lock:
+            _started.discard(self)
+
     def _refuse_shared_streams(self) -> None:
         """Refuse a start while another running pipeline of this context feeds a stream of
         this one (their items would interleave on it)."""
@@ -320,6 +324,7 @@ class Pipeline:
         (run if ranks is None else ranks).on_done(over.set)
         with _started_lock:
             _started.add(self)
+        over.on_done(self._forget_started)  # a run that is over holds no stream
         opened = False
         try:
             self._context.transport.open(self.session())
@@ -329,8 +334,6 @@ class Pipeline:
             run.start()
         except BaseException:
             self._stopped = True
-            with _started_lock:
-                _started.discard(self)
             over.set()
             if ranks is not None:
                 run.stop(STOP_TIMEOUT)
@@ -435,9 +438,7 @@ class Pipeline:
             if self._ranks is not None:
                 self._ranks.stop()
             self._context.transport.close()
-            with _started_lock:
-                _started.discard(self)
-            self._over.set()  # a wait() under way returns
+            self._over.set()  # a wait() under way returns (and the run is forgotten)
         if stuck:
             _log.warning("pipeline_stop_left_threads", threads=stuck)
 
