@@ -35,7 +35,7 @@ from rxstream.operators import (
 from rxstream.operators._bind import bind_declaration, bind_operator
 from rxstream.operators._input import InputFeed
 from rxstream.operators._walks import WalkPick, walks_declaration
-from rxstream.pipeline import Pipeline, chain_stages
+from rxstream.pipeline import Pipeline, chain_stages, running_pipelines
 from rxstream.runtime._fuse import check_fuse
 from rxstream.stage import Node, Stage
 from rxstream.timing._record import TimingRecord
@@ -63,6 +63,14 @@ class Context(Environment):
 
     def _builders(self) -> Context:
         return self
+
+    def __repr__(self) -> str:
+        running = running_pipelines(self)
+        return (
+            f"<rxstream.Context docs={sorted(self.docs)} "
+            f"transport={type(self.transport).__name__} rank={self.rank}/{self.world} "
+            f"running={len(running)}>"
+        )
 
     # --- builders -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,7 +26,7 @@ from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import in_process_boundaries
 from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
-from rxstream.runtime._run import Run
+from rxstream.runtime._run import DoneEvent, Run
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.stage import Node, Stage, compose_with
 from rxstream.topology import PartitionTopology, topology_of
@@ -41,6 +42,10 @@ _log = structlog.get_logger("rxstream")
 
 STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
+
+_started: set[Pipeline] = set()
+"""The pipelines whose threaded run is started and not yet over (any context)."""
+_started_lock = threading.Lock()
 
 
 class RankRun(Protocol):
@@ -84,6 +89,11 @@ class Pipeline:
         self._ranks: RankRun | None = None
         self._legacy: list[abc.DisposableBase] = []
         self._lifecycle = threading.RLock()  # start() and stop() from several threads
+        self._over = DoneEvent()
+        """Set once the threaded run has completed, failed or was stopped."""
+        self._over.set()
+        self._session_end: weakref.finalize[Any, Any] | None = None
+        """Ends the driven session when this pipeline is collected (its ``doc.bind`` deps)."""
 
     # --- composition ------------------------------------------------------------------------
 
@@ -210,10 +220,66 @@ class Pipeline:
 
     @property
     def running(self) -> bool:
-        """Whether a threaded run is started and not yet stopped."""
-        return isinstance(self._run, ThreadedRun) and not self._stopped
+        """Whether a threaded run is started and still going (not completed, failed, stopped)."""
+        return self.state == "running"
+
+    @property
+    def state(self) -> str:
+        """Where the lifecycle is: ``"new"`` (never run), ``"driven"`` (``drive()`` made the
+        last run), ``"running"``, ``"completed"`` (every end completed; ``wait()`` or
+        ``stop()`` ends it), ``"failed"`` (a stage failed; ``wait()`` raises the error,
+        ``stop()`` ends it) or ``"stopped"``."""
+        run = self._run
+        if run is None:
+            return "new"
+        if not isinstance(run, ThreadedRun):
+            return "driven"
+        if self._stopped:
+            return "stopped"
+        if run.error is not None:
+            return "failed"
+        return "completed" if self._over.is_set() else "running"
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error that ended the current (or last) threaded run, ``None`` if none did."""
+        run = self._run
+        return run.error if isinstance(run, ThreadedRun) else None
 
     _stopped = True
+
+    def _refuse_live(self, call: str) -> None:
+        """Refuse ``call`` while a threaded run is going or failed and not yet stopped; end a
+        completed one (nothing of it is lost: its statistics stay readable until replaced)."""
+        state = self.state
+        if state == "running":
+            raise PipelineStateError(f"{call} on a running pipeline: stop() it first")
+        if state == "failed":
+            raise PipelineStateError(
+                f"{call} after the run failed: {self.error}; stop() it (or wait(), which "
+                f"raises the error) first"
+            )
+        if state == "completed":
+            self._stop_locked()
+
+    def _forget_started(self) -> None:
+        with _started_lock:
+            _started.discard(self)
+
+    def _refuse_shared_streams(self) -> None:
+        """Refuse a start while another running pipeline of this context feeds a stream of
+        this one (their items would interleave on it)."""
+        mine = {name for name, stage in self.stages.items() if stage.kind == "stream"}
+        for other in running_pipelines(self._context):
+            shared = sorted(
+                mine & {name for name, stage in other.stages.items() if stage.kind == "stream"}
+            )
+            if shared:
+                raise PipelineStateError(
+                    f"start(): stream {shared[0]!r} is already fed by a running pipeline of "
+                    f"this context ({other!r}); stop() that one first (in a notebook, "
+                    "rxstream.notebook.stop_all() stops every background run)"
+                )
 
     def start(self, **config: Any) -> Pipeline:
         """Start the stage threads and return at once.
@@ -232,9 +298,9 @@ class Pipeline:
     def _start_locked(
         self, config: Mapping[str, Any], loop: asyncio.AbstractEventLoop | None
     ) -> ThreadedRun:
-        if self.running:
-            raise PipelineStateError("start() on a running pipeline: stop() it first")
+        self._refuse_live("start()")
         plan = self.plan
+        self._refuse_shared_streams()
         self._end_session()  # a threaded run starts afresh, not where drives left off
         if config:
             self._context.control.set(config)
@@ -254,6 +320,11 @@ class Pipeline:
             )
         self._run, self._ranks = run, ranks
         self._stopped = False
+        self._over = over = DoneEvent()
+        (run if ranks is None else ranks).on_done(over.set)
+        with _started_lock:
+            _started.add(self)
+        over.on_done(self._forget_started)  # a run that is over holds no stream
         opened = False
         try:
             self._context.transport.open(self.session())
@@ -263,6 +334,7 @@ class Pipeline:
             run.start()
         except BaseException:
             self._stopped = True
+            over.set()
             if ranks is not None:
                 run.stop(STOP_TIMEOUT)
                 ranks.stop()
@@ -366,17 +438,31 @@ class Pipeline:
             if self._ranks is not None:
                 self._ranks.stop()
             self._context.transport.close()
+            self._over.set()  # a wait() under way returns (and the run is forgotten)
         if stuck:
             _log.warning("pipeline_stop_left_threads", threads=stuck)
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the run completes (then stop it); raise its :class:`PipelineError`.
+        """Block until the threaded run is over (completed, failed or stopped), then stop it;
+        raise its :class:`PipelineError` if a stage failed.
 
-        Returns whether it completed within ``timeout`` seconds.
+        Returns whether it was over within ``timeout`` seconds: ``True`` at once after
+        :meth:`stop`. An interrupt (``KeyboardInterrupt``) while it waits stops the run, as
+        :meth:`run` does on cancellation. After :meth:`drive` (nothing runs on threads) it is
+        a :class:`PipelineStateError`.
         """
         run = self._require_run("wait()")
-        if not (run if self._ranks is None else self._ranks).done.wait(timeout):
-            return False
+        if not isinstance(run, ThreadedRun):
+            raise PipelineStateError(
+                "wait() after drive(): a drive returns once its frames are through, nothing "
+                "runs to wait for; wait() follows start()"
+            )
+        try:
+            if not self._over.wait(timeout):
+                return False
+        except KeyboardInterrupt:
+            self.stop()
+            raise
         self.stop()
         run.raise_error()
         return True
@@ -393,9 +479,7 @@ class Pipeline:
         loop = asyncio.get_running_loop()
         run = self._start(config, loop=loop)
         finished = asyncio.Event()
-        (run if self._ranks is None else self._ranks).on_done(
-            lambda: _call_soon(loop, finished.set)
-        )
+        self._over.on_done(lambda: _call_soon(loop, finished.set))  # also a stop() elsewhere
         try:
             while not finished.is_set() and self._context.connected:
                 with contextlib.suppress(TimeoutError):
@@ -425,8 +509,8 @@ class Pipeline:
             raise ArgumentError(f"frames must be an int >= 0, got {frames!r}")
         if interval < 0:
             raise ArgumentError(f"interval must be >= 0 virtual seconds, got {interval}")
-        if self.running:
-            raise PipelineStateError("drive() on a running pipeline: stop() it first")
+        with self._lifecycle:
+            self._refuse_live("drive()")
         run = self._run
         if not isinstance(run, DrivenRun) or run.closed:
             run = DrivenRun(
@@ -436,6 +520,12 @@ class Pipeline:
                 timing=self._context.timing,
             )
             self._run, self._ranks = run, None
+            if self._session_end is not None:
+                self._session_end.detach()
+            # an abandoned pipeline (a notebook cell run again) ends its session, and with it
+            # its doc.bind subscriptions: only live pipelines rebuild on a doc write
+            self._session_end = weakref.finalize(self, run.close)
+            self._session_end.atexit = False
         if self._context.self_testing and self not in self._context._self_test_drives:
             self._context._self_test_drives.append(self)  # the session ends with the block
         outputs = run.drive(frames, interval, items=items)
@@ -451,8 +541,8 @@ class Pipeline:
         closed) and what the stages hold (bound stages, buffered frames, open windows). The
         docs keep their state. A no-op when no driven session is open.
         """
-        if self.running:
-            raise PipelineStateError("reset() on a running pipeline: stop() it first")
+        with self._lifecycle:
+            self._refuse_live("reset()")
         self._end_session()
 
     def _end_session(self) -> None:
@@ -474,6 +564,13 @@ class Pipeline:
 
 
 compose_with(Pipeline)  # `stage | x` builds a Pipeline (stage.py is the layer below)
+
+
+def running_pipelines(context: Context) -> list[Pipeline]:
+    """The pipelines of ``context`` whose threaded run is going (started, not yet over)."""
+    with _started_lock:
+        started = list(_started)
+    return [p for p in started if p._context is context and p.running]
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

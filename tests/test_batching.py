@@ -344,9 +344,9 @@ def test_one_item_at_a_time_takes_no_batch() -> None:
     batches: list[int] = []
     run_batch = stage.thread._run_batch
 
-    def recorded(batch: deque[Any]) -> None:
+    def recorded(batch: deque[Any], started: float, stalled: float) -> None:
         batches.append(len(batch))
-        run_batch(batch)
+        run_batch(batch, started, stalled)
 
     stage.thread._run_batch = recorded  # type: ignore[method-assign]
     stage.backlog(range(1, 2))

@@ -48,6 +48,9 @@ class Generations:
         self.listeners: list[Callable[[GenerationState], None]] = []
         """Called with the new state after every steer or flush (the launcher replicates)."""
 
+    def __repr__(self) -> str:
+        return f"<Generations prompt={self.prompt} flush={self.flush} drop={self.drop}>"
+
     def is_stale(self, metadata: PipelineMetadata) -> bool:
         """Whether an item of ``metadata`` is stale: of a prompt generation a steer dropped."""
         return metadata.prompt_generation < self.drop

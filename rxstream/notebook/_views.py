@@ -262,7 +262,9 @@ class StatsView(_Shown):
 
     def html(self) -> str:
         """The table as it is now, as HTML."""
-        state = "running" if self.pipeline.running else "not running"
+        state = self.pipeline.state
+        if state == "failed":
+            state = f"failed: {self.pipeline.error}"
         return _statistics_html(self.pipeline.statistics(), caption=f"{self.pipeline!r}: {state}")
 
     def refresh(self) -> None:

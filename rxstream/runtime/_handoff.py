@@ -33,6 +33,7 @@ from rxstream._kernel._scheduler import _Timer
 from rxstream._kernel._stats import StageCounters
 from rxstream.runtime._thread import (
     _INBOXES,
+    LIVE_S,
     StageThread,
     _monotonic,
     _perf,
@@ -326,6 +327,7 @@ class TokenThread(StageThread):
         timers = self._timers
         taken = self._taken
         perf = _perf
+        live = LIVE_S
         entry: Any = None
         value: Any = None
         try:
@@ -381,6 +383,13 @@ class TokenThread(StageThread):
                         deliver, value = entry[0], entry[1]
                         entry = None
                         deliver(value)
+                        # the work so far, as an item ends, every LIVE_S at least: live
+                        # statistics under a backlog that never ends (one clock read an item)
+                        done = perf()
+                        if done - started > live:
+                            now_stalled = counters.stalled_s
+                            counters.work_s += done - started - (now_stalled - stalled)
+                            started, stalled = done, now_stalled
                 except BaseException as exc:  # the engine's own failure: end the run, name it
                     self._on_crash(exc)
                     return

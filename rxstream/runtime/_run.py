@@ -364,7 +364,9 @@ class Run(ABC):
             if first:
                 self.error = error
         if first:
-            if not isinstance(error, PipelineError):
+            if isinstance(error, KeyboardInterrupt):  # Ctrl-C in a drive: a stop, not a fault
+                _log.info("pipeline_interrupted")
+            elif not isinstance(error, PipelineError):
                 _log.error("pipeline_failed", error=repr(error))
             self.halt()
             self.done.set()

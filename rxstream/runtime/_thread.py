@@ -58,6 +58,11 @@ def charge_stall(seconds: float, fallback: StageCounters | None = None) -> None:
 
 _monotonic = time.monotonic
 _perf = time.perf_counter
+
+LIVE_S = 0.002
+"""Under a backlog, a stage thread adds its work to the statistics at least this often (as
+the item that crosses it ends): they read live while a backlog never ends."""
+
 _new_lock = threading.Lock
 
 
@@ -461,35 +466,50 @@ class StageThread(_ClockScheduler):
                 deliver(value)
                 if batch:
                     entry = value = None  # as below: the batch's first is done with
-                    self._run_batch(batch)
+                    batched, started = started, 0.0  # the batch counts the work from here
+                    self._run_batch(batch, batched, stalled)
             except BaseException as exc:  # the engine's own failure: end the run, name the stage
                 self._on_crash(exc)
                 return
             finally:
-                counters.work_s += perf() - started - (counters.stalled_s - stalled)
+                if started:
+                    counters.work_s += perf() - started - (counters.stalled_s - stalled)
                 # keep no item alive while waiting for the next (leases, CUDA refs, memory)
                 entry = job = value = None
                 if batch:
                     self._drop_held(batch)
 
-    def _run_batch(self, batch: deque[tuple[Any, ...]]) -> None:
+    def _run_batch(self, batch: deque[tuple[Any, ...]], started: float, stalled: float) -> None:
         """Deliver ``batch`` in order, each leaving it (and freeing its slot) as it starts, so
         the batch keeps no delivered item alive; stop early on a close, a timer, or a stage
-        that stops accepting."""
+        that stops accepting. Counts the work since ``started`` (``stalled``: the stalled
+        time then) as an item ends, every :data:`LIVE_S` at least, so statistics read live
+        under a backlog that never ends (one clock read an item)."""
         ready = self._ready
         timers = self._timers
         waiting = self._waiting
+        counters = self._counters
+        perf = _perf
+        live = LIVE_S
         pop = batch.popleft
-        while batch:
-            if self._closed or ready or timers or not self._accepting:
-                return
-            entry = pop()
-            if len(entry) == 2:
-                self._held -= 1
-                if waiting:  # read without the lock: see _put_block
-                    with self._lock:
-                        self._free_slot()
-            entry[0](entry[1])
+        try:
+            while batch:
+                if self._closed or ready or timers or not self._accepting:
+                    return
+                entry = pop()
+                if len(entry) == 2:
+                    self._held -= 1
+                    if waiting:  # read without the lock: see _put_block
+                        with self._lock:
+                            self._free_slot()
+                entry[0](entry[1])
+                done = perf()
+                if done - started > live:
+                    now_stalled = counters.stalled_s
+                    counters.work_s += done - started - (now_stalled - stalled)
+                    started, stalled = done, now_stalled
+        finally:
+            counters.work_s += perf() - started - (counters.stalled_s - stalled)
 
     def _drop_held(self, batch: deque[tuple[Any, ...]]) -> None:
         """What a batch left: back to the front of the inbox, or counted as dropped
