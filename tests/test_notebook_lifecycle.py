@@ -299,8 +299,13 @@ def test_an_interrupted_drive_is_logged_as_a_stop_and_starts_over(ctx: rxstream.
 
     interrupted: list[int] = []
     pipeline = ctx.source(frames) | ctx.stream("out")
-    with structlog.testing.capture_logs() as logs, pytest.raises(KeyboardInterrupt):
-        pipeline.drive(frames=3)
+    saved = structlog.get_config()
+    structlog.reset_defaults()  # an earlier test's configure_logging may filter out INFO
+    try:
+        with structlog.testing.capture_logs() as logs, pytest.raises(KeyboardInterrupt):
+            pipeline.drive(frames=3)
+    finally:
+        structlog.configure(**saved)
     assert [log["event"] for log in logs] == ["pipeline_interrupted"]
     assert pipeline.drive(frames=2) == [0, 1]
 
