@@ -80,6 +80,10 @@ _log = structlog.get_logger("rxstream.web")
 
 _START_S = 10.0
 
+CLOSE_S = 1.0
+"""When the session stops, a page gets this long to take the close frame (and a request in
+flight this long to end); a page that does not read by then has its connection cut."""
+
 
 class WebTransport(PageMessages, Transport):
     """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
@@ -294,9 +298,12 @@ class WebTransport(PageMessages, Transport):
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-        with contextlib.suppress(RuntimeError, TimeoutError):
+        try:  # bounded (CLOSE_S per step); whatever it raised, the loop stops and encoders close
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_START_S)
-        loop.call_soon_threadsafe(loop.stop)
+        except Exception:  # a shutdown cancelled or past its time: nothing of it is owed to the run
+            _log.warning("web_shutdown_incomplete", exc_info=True)
+        with contextlib.suppress(RuntimeError):  # the loop may have closed already
+            loop.call_soon_threadsafe(loop.stop)
         thread.join(_START_S)
         self._loop = self._thread = self._runner = None
         for key in list(self._shared):
@@ -379,6 +386,7 @@ class WebTransport(PageMessages, Transport):
             try:
                 loop.run_forever()
             finally:
+                _settle(loop)
                 loop.close()
 
         thread = threading.Thread(target=main, name="rxstream:web", daemon=True)
@@ -394,7 +402,7 @@ class WebTransport(PageMessages, Transport):
         app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_get("/ws", self._socket)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=CLOSE_S)
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
@@ -413,11 +421,23 @@ class WebTransport(PageMessages, Transport):
     async def _shutdown(self) -> None:
         with self._lock:
             clients = tuple(self._clients)
-        for client in clients:
-            with contextlib.suppress(Exception):
-                await client.ws.close(code=1001, message=b"session stopped")
+        await asyncio.gather(*(self._cut(client) for client in clients))
         if self._runner is not None:
-            await self._runner.cleanup()
+            try:
+                await asyncio.wait_for(self._runner.cleanup(), 2 * CLOSE_S)
+            except (Exception, asyncio.CancelledError):
+                _log.warning("web_cleanup_incomplete", exc_info=True)
+        current = asyncio.current_task()
+        await _cancel([task for task in asyncio.all_tasks() if task is not current])
+
+    async def _cut(self, client: Client) -> None:
+        """Close one page's socket; one that does not take the close frame in CLOSE_S is cut."""
+        try:
+            await asyncio.wait_for(client.ws.close(code=1001, message=b"session stopped"), CLOSE_S)
+        except (Exception, asyncio.CancelledError):
+            client.guard.log.warning("web_page_cut", reason="it did not take the close frame")
+            if client.transport is not None:  # close() would wait for the peer to read
+                client.transport.abort()
 
     def _refusal(self, request: web.Request) -> str | None:
         """Why this request may not have the page or the socket (None: it may)."""
@@ -461,6 +481,7 @@ class WebTransport(PageMessages, Transport):
         ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes, compress=False)
         guard = ClientGuard(self.limits, f"{request.remote}:{peer_port(request)}", RATED)
         client = Client(ws, self.client_frames, guard)
+        client.transport = request.transport
         with self._lock:  # counted before prepare() yields, so the cap holds for a burst
             self._clients.add(client)
         writer: asyncio.Future[None] | None = None
@@ -528,3 +549,18 @@ class WebTransport(PageMessages, Transport):
     def _photon_joined(self, record: TimingRecord, timing: ClientTiming, page: int) -> None:
         fields = log_photon(record, timing, page)
         self._broadcast_text(wire({"type": "photon", **fields}), "photon")
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` (handlers stuck on a peer) and wait CLOSE_S at most for them to end."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=CLOSE_S)
+
+
+def _settle(loop: asyncio.AbstractEventLoop) -> None:
+    """End what is still pending on ``loop`` before it closes (no "Task was destroyed")."""
+    with contextlib.suppress(Exception):
+        loop.run_until_complete(_cancel(list(asyncio.all_tasks(loop))))
+        loop.run_until_complete(loop.shutdown_asyncgens())

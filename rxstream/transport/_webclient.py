@@ -45,6 +45,8 @@ class Client:
         self.pings: deque[float] = deque(maxlen=16)
         """The times (server ms) of the pings sent lately: a pong must answer one of them."""
         self.number = 0
+        self.transport: asyncio.BaseTransport | None = None
+        """The connection under the socket: cut when the page does not take a close frame."""
 
     def push_frame(self, stream: str, codec: str, data: bytes) -> None:
         if len(self.frames) >= self.max_frames:

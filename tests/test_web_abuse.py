@@ -1,0 +1,114 @@
+"""What a hostile or broken client may not do to a served session (the attacks of issue e6c76f2).
+
+A page that never reads cannot hold the run's end; error replies cannot hold a connection's
+memory; one page's lost frames cannot force keyframes on the others; doc writes cannot starve
+the other pages' frames; a forged ``shown`` report cannot reach the timing log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+import structlog
+from _serving import Served
+
+import rxstream
+from rxstream.transport import WebTransport
+
+pytestmark = pytest.mark.slow
+
+TOKEN = "A" * 20
+
+
+def big_frame(sample: tuple[float, float]) -> np.ndarray:
+    """A 640x480 raw frame (900 KB): one fills the socket of a page that does not read."""
+    return np.full((480, 640, 3), int(sample[0] * 255), dtype=np.uint8)
+
+
+def masked(payload: bytes) -> bytes:
+    """One client-to-server WebSocket text frame (masked, as RFC 6455 requires)."""
+    mask = os.urandom(4)
+    size = len(payload)
+    head = b"\x81"
+    if size < 126:
+        head += bytes([0x80 | size])
+    elif size < 65536:
+        head += bytes([0x80 | 126]) + struct.pack(">H", size)
+    else:
+        head += bytes([0x80 | 127]) + struct.pack(">Q", size)
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+class Deaf:
+    """A raw WebSocket client with a 4 KB receive buffer that reads nothing past the handshake."""
+
+    def __init__(self, web: WebTransport) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", web._bound_port or 0))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET /ws?token={web.token} HTTP/1.1\r\nHost: 127.0.0.1:{web._bound_port}\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        assert self.sock.recv(12) == b"HTTP/1.1 101"
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sock.sendall(masked(json.dumps(message).encode()))
+
+    def cut(self, timeout: float = 10.0) -> bool:
+        """Read what waits until the server ends the connection; True if it did in time."""
+        self.sock.settimeout(timeout)
+        try:
+            while self.sock.recv(1 << 20):
+                pass
+        except ConnectionResetError:
+            return True
+        except TimeoutError:
+            return False
+        return True
+
+
+def wait_for(condition: Any, timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passed; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_page_that_never_reads_is_cut_and_the_run_ends_clean(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A page stuck on a full socket is cut at the end; the loop closes with nothing pending."""
+    web = WebTransport(port=0, token=TOKEN, grace_s=0.1)
+    ctx = rxstream.Context(transport=web)
+    pipeline = ctx.input("pointer") | ctx.pipe(big_frame) | ctx.stream("video", codec="raw")
+    caplog.set_level(logging.WARNING)
+    with structlog.testing.capture_logs() as logs:
+        with Served(web, pipeline) as served:
+            deaf = Deaf(web)
+            deaf.send({"type": "hello", "accept": ["raw"]})
+            while web.dropped == 0:  # the writer is stuck on a frame the page never takes
+                deaf.send({"type": "input", "stream": "pointer", "sample": [1, 0]})
+                time.sleep(0.01)
+        assert served.error is None
+        assert web._loop is None  # close() ran to its end: the loop stopped
+        assert not web._shared  # and the encoders closed
+        assert deaf.cut()
+        deaf.sock.close()
+    assert any(e["event"] == "web_page_cut" for e in logs)
+    noise = [r.getMessage() for r in caplog.records if r.name.startswith(("asyncio", "aiohttp"))]
+    assert not noise
