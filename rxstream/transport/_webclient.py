@@ -45,7 +45,7 @@ class Client:
         self.pings: deque[float] = deque(maxlen=16)
         """The times (server ms) of the pings sent lately: a pong must answer one of them."""
         self.number = 0
-        self.transport: asyncio.BaseTransport | None = None
+        self.transport: asyncio.Transport | None = None
         """The connection under the socket: cut when the page does not take a close frame."""
 
     def push_frame(self, stream: str, codec: str, data: bytes) -> None:
