@@ -7,6 +7,7 @@ the other pages' frames; a forged ``shown`` report cannot reach the timing log.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import logging
@@ -14,8 +15,9 @@ import os
 import socket
 import struct
 import time
-from typing import Any
+from typing import Any, cast
 
+import aiohttp
 import numpy as np
 import pytest
 import structlog
@@ -23,6 +25,9 @@ from _serving import Served
 
 import rxstream
 from rxstream.transport import WebTransport
+from rxstream.transport._guard import ClientGuard, Outbox
+from rxstream.transport._webclient import Client
+from rxstream.transport._webmessages import MAX_ERROR_CHARS
 
 pytestmark = pytest.mark.slow
 
@@ -112,3 +117,81 @@ def test_a_page_that_never_reads_is_cut_and_the_run_ends_clean(
     assert any(e["event"] == "web_page_cut" for e in logs)
     noise = [r.getMessage() for r in caplog.records if r.name.startswith(("asyncio", "aiohttp"))]
     assert not noise
+
+
+def frame_of(sample: tuple[float, float]) -> np.ndarray:
+    """A small frame whose brightness is the sample's x."""
+    return np.full((8, 8, 3), int(sample[0] * 255), dtype=np.uint8)
+
+
+def small_session(**options: Any) -> Served:
+    """A pointer-driven pipeline with a ``control`` doc behind a WebTransport on a free port."""
+    web = WebTransport(port=0, token=TOKEN, grace_s=0.1, **options)
+    ctx = rxstream.Context(transport=web)
+    ctx.doc("control", defaults={"gain": 0.5, "prompt": "sea"})
+    return Served(web, ctx.input("pointer") | ctx.pipe(frame_of) | ctx.stream("video"))
+
+
+async def next_text(ws: Any, kind: str) -> dict[str, Any]:
+    """The next text message of type ``kind`` (frames and other texts are skipped)."""
+    while True:
+        message = await asyncio.wait_for(ws.receive(), 10)
+        if message.type == aiohttp.WSMsgType.TEXT:
+            data = json.loads(message.data)
+            if data["type"] == kind:
+                return data  # type: ignore[no-any-return]
+        elif message.type != aiohttp.WSMsgType.BINARY:
+            raise AssertionError(f"socket ended: {message}")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        {"type": "set", "changes": ["\u00e9" * 7900] * 4},
+        {"type": "set", "doc": "x" * 8000, "changes": {}},
+        {"type": "input", "stream": ["y" * 8000], "sample": 1},
+        {"type": "input", "stream": "pointer", "sample": 1, "at_ms": ["z" * 8000]},
+        {"type": "hello", "accept": ["w" * 8000, 1]},
+    ],
+)
+def test_an_error_reply_quotes_the_value_cut_short(message: dict[str, Any]) -> None:
+    """An error names the refused value by its start and end, never the whole of it."""
+    with small_session() as served:
+
+        async def check() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http, http.ws_connect(served.web.ws_url) as ws:
+                await ws.send_str(json.dumps({**message, "id": 7}, ensure_ascii=False))
+                return await next_text(ws, "error")
+
+        error = asyncio.run(check())
+    assert error["id"] == 7
+    assert len(error["error"]) <= 200
+    assert "…" in error["error"]
+
+
+def test_an_error_from_below_is_cut_to_its_bound() -> None:
+    """A refusal's own long text (a doc's, a stream's) is cut to MAX_ERROR_CHARS in the reply."""
+    web = WebTransport(port=0, token=TOKEN)
+    box: list[str] = []
+    guard = ClientGuard(web.limits, "test", {})
+    client = Client(cast(Any, None), 1, guard)
+    client.push_text = lambda text, *_a, **_k: box.append(text)  # type: ignore[method-assign]
+    web._error(client, 3, "schema", "gain must be a float, got " + "9" * 100_000)
+    (reply,) = box
+    error = json.loads(reply)["error"]
+    assert len(error) <= MAX_ERROR_CHARS
+    assert error.endswith("… (100026 characters)")
+
+
+def test_the_outbox_is_bounded_in_bytes_too() -> None:
+    """Texts past max_bytes are dropped and reported like those past the count."""
+    box = Outbox(100, max_bytes=1000)
+    assert box.push("a" * 600, "error", ident=1)
+    assert not box.push("b" * 600, "error", ident=2)  # 1200 bytes: over the bound
+    assert box.push("c" * 300, "ack", ident=3)
+    assert box.bytes == 900
+    assert box.pop() == "a" * 600
+    assert json.loads(box.pop() or "") == {"type": "dropped", "counts": {"error": 1}, "ids": [2]}
+    assert box.pop() == "c" * 300
+    assert box.bytes == 0
+    assert box.push("d" * 5000)  # alone in the queue: kept whatever its size

@@ -125,6 +125,9 @@ class SessionLimits:
     queued_texts: int = 256
     """Text messages (acks, errors, doc states, timing) waiting for a slow page; past it they
     are dropped, counted, and reported to the page in a ``dropped`` message."""
+    queued_text_bytes: int = 1 << 20
+    """Bytes of those texts waiting for a slow page (1 MiB); past it, the same as past
+    ``queued_texts`` (a text alone in the queue is always kept)."""
     log_every_s: float = 1.0
     """At most one refusal log line per connection in this many seconds (with a count of the
     lines it stands for)."""
@@ -393,17 +396,22 @@ MAX_DROPPED_IDS = 1024
 
 
 class Outbox:
-    """The text messages waiting for one page: at most ``capacity``; none lost unsaid.
+    """The text messages waiting for one page: at most ``capacity`` of them and ``max_bytes``
+    in all; none lost unsaid.
 
     A message that finds the queue full is dropped and counted by its ``type``, with its
-    ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again,
+    ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again
+    (in count and in bytes),
     the next message out is ``{"type": "dropped", "counts": {type: n}, "ids": [...]}``, then
     the newest dropped state of each doc (a ``doc`` message that a later one did not replace).
     ``ids`` holds the first :data:`MAX_DROPPED_IDS` ids; ``ids_omitted`` counts the rest.
     """
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, max_bytes: int = 1 << 20) -> None:
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """The size of the texts waiting (JSON from ``wire`` is ASCII: a character a byte)."""
         self._texts: deque[str] = deque()
         self._counts: dict[str, int] = {}
         self._ids: list[Any] = []
@@ -417,8 +425,10 @@ class Outbox:
 
     def push(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> bool:
         """Queue ``text``; False (counted) when the queue is full."""
-        if len(self._texts) < self.capacity:
+        fits = not self._texts or self.bytes + len(text) <= self.max_bytes
+        if len(self._texts) < self.capacity and fits:
             self._texts.append(text)
+            self.bytes += len(text)
             if kind == "doc":
                 self._stale.pop(key, None)
             return True
@@ -435,15 +445,23 @@ class Outbox:
 
     def pop(self) -> str | None:
         """The next text to send, or None when nothing waits."""
-        if self._counts and len(self._texts) <= self.capacity // 2:
+        if self._counts and self._half_empty():
             report: dict[str, Any] = {"type": "dropped", "counts": self._counts, "ids": self._ids}
             if self._omitted:
                 report["ids_omitted"] = self._omitted
             self._counts, self._ids, self._omitted = {}, [], 0
             stale, self._stale = self._stale, {}
             self._texts.extend(stale.values())
+            self.bytes += sum(map(len, stale.values()))
             return wire(report)
-        return self._texts.popleft() if self._texts else None
+        if not self._texts:
+            return None
+        text = self._texts.popleft()
+        self.bytes -= len(text)
+        return text
+
+    def _half_empty(self) -> bool:
+        return len(self._texts) <= self.capacity // 2 and self.bytes <= self.max_bytes // 2
 
 
 # --- rates and log lines ------------------------------------------------------------------

@@ -32,7 +32,7 @@ class Client:
         self.guard = guard
         self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
         self.frames: deque[bytes] = deque()
-        self.texts = Outbox(guard.limits.queued_texts)
+        self.texts = Outbox(guard.limits.queued_texts, guard.limits.queued_text_bytes)
         self.max_frames = frames
         self.ready = asyncio.Event()
         self.dropped = 0

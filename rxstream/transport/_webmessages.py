@@ -24,7 +24,7 @@ from rxstream.transport._guard import SessionLimits, parse_message, shown, wire
 from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client
 
-__all__ = ["MESSAGE_TYPES", "RATED", "PageMessages"]
+__all__ = ["MAX_ERROR_CHARS", "MESSAGE_TYPES", "RATED", "PageMessages"]
 
 MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
 """The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
@@ -40,6 +40,10 @@ RATED = {
     "pong": "reports",
 }
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
+
+MAX_ERROR_CHARS = 500
+"""The longest ``error`` text a reply carries: values are quoted cut short (``shown``), and a
+refusal's text from further down is cut here, so an error costs about what its message did."""
 
 _VIDEO_PATHS = ("webcodecs", "jpeg", "mse", "raw")
 
@@ -98,7 +102,7 @@ class PageMessages:
         accept = message.get("accept", [])
         if not isinstance(accept, list) or not all(isinstance(c, str) for c in accept):
             raise _Refused(
-                "malformed", f"hello.accept must be a list of codec names, got {accept!r}"
+                "malformed", f"hello.accept must be a list of codec names, got {shown(accept)}"
             )
         client.accept = frozenset(accept) | {"jpeg"}
         return {}
@@ -106,19 +110,19 @@ class PageMessages:
     def _on_input(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
         stream = message.get("stream")
         if not isinstance(stream, str):
-            raise _Refused("malformed", f"input.stream must be a string, got {stream!r}")
+            raise _Refused("malformed", f"input.stream must be a string, got {shown(stream)}")
         if "sample" not in message:
             raise _Refused("malformed", "input.sample is missing")
         at_ms = message.get("at_ms")
         if at_ms is not None and (isinstance(at_ms, bool) or not isinstance(at_ms, int | float)):
             raise _Refused(
-                "malformed", f"input.at_ms must be a number of ms or null, got {at_ms!r}"
+                "malformed", f"input.at_ms must be a number of ms or null, got {shown(at_ms)}"
             )
         if stream not in self._session.inputs:
             raise _Refused(
                 "unknown_stream",
                 f"input.stream must be one of {', '.join(self._session.inputs) or 'none'}, "
-                f"got {stream!r}",
+                f"got {shown(stream)}",
             )
         sample = message["sample"]
         if isinstance(sample, list):
@@ -150,14 +154,19 @@ class PageMessages:
             raise _Refused(
                 "unknown_doc",
                 f"{kind}.doc must be one of {', '.join(self._session.docs) or 'none'}, "
-                f"got {name!r}",
+                f"got {shown(name)}",
             )
         changes = message.get("changes")
         if not isinstance(changes, dict):
-            raise _Refused("malformed", f"{kind}.changes must be a JSON object, got {changes!r}")
+            raise _Refused(
+                "malformed", f"{kind}.changes must be a JSON object, got {shown(changes)}"
+            )
         return doc, changes
 
     def _error(self, client: Client, ident: Any, code: str, error: str) -> None:
+        if len(error) > MAX_ERROR_CHARS:  # a refusal from below (a doc, a stream) may quote more
+            tail = f"… ({len(error)} characters)"
+            error = error[: MAX_ERROR_CHARS - len(tail)] + tail
         client.guard.refusal(code, error)
         message = {"type": "error", "id": ident, "code": code, "error": error}
         client.push_text(wire(message), "error", ident)
