@@ -24,10 +24,13 @@ import structlog
 from _serving import Served
 
 import rxstream
+from rxstream.item import PipelineItem, PipelineMetadata
 from rxstream.transport import WebTransport
+from rxstream.transport._base import Session
+from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, Outbox
 from rxstream.transport._webclient import Client
-from rxstream.transport._webmessages import MAX_ERROR_CHARS
+from rxstream.transport._webmessages import MAX_ERROR_CHARS, RATED
 
 pytestmark = pytest.mark.slow
 
@@ -195,3 +198,36 @@ def test_the_outbox_is_bounded_in_bytes_too() -> None:
     assert box.pop() == "c" * 300
     assert box.bytes == 0
     assert box.push("d" * 5000)  # alone in the queue: kept whatever its size
+
+
+class NoLoop:
+    """An event loop stand-in that drops what ``send`` schedules (the frames' bytes)."""
+
+    def call_soon_threadsafe(self, *_args: Any) -> None:
+        """Nothing: the test reads the encoder, not the socket."""
+
+
+def test_a_page_that_keeps_losing_frames_cannot_force_keyframes_on_the_others() -> None:
+    """Resyncs are bounded: the page's own keyframes rate and requested_keyframes for all."""
+    web = WebTransport(port=0, token=TOKEN, fps=24.0)
+    web._session = Session(streams={"video": "h264"})
+    web._loop = cast(Any, NoLoop())
+    web._clock = lambda: 0.0  # a frozen clock: no bucket refills while the frames go out
+    guard = ClientGuard(web.limits, "deaf", RATED, clock=lambda: 0.0)
+    deaf = Client(cast(Any, None), 4, guard)
+    deaf.accept = frozenset(("h264", "h264-au", "jpeg"))
+    web._clients = {deaf}
+    keyframes = 0
+    frames = 96  # the encoder's own keyframes: one a second, frames 0, 24, 48 and 72
+    try:
+        for i in range(frames):
+            web.send("video", PipelineItem(np.zeros((24, 32, 3), np.uint8), PipelineMetadata()))
+            made = web._shared[("video", "h264")]
+            assert isinstance(made, H264Fragments)
+            keyframes += made.keyframe
+            deaf.live.discard("video")  # it lost a frame again: no longer live
+            assert i or made.keyframe
+    finally:
+        for key in list(web._shared):
+            web._shared.pop(key).close()
+    assert keyframes <= 4 + web.limits.requested_keyframes.burst

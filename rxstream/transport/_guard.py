@@ -116,6 +116,9 @@ class SessionLimits:
     """``input`` samples (the page sends pointer moves at most ~120 a second)."""
     keyframes: Rate = field(default_factory=lambda: Rate(1.0, 3))
     """``keyframe`` requests: each makes the stream's shared encoder send an IDR to every page."""
+    requested_keyframes: Rate = field(default_factory=lambda: Rate(1.0, 2))
+    """Keyframes a stream's shared encoder makes on request, all pages together (besides its
+    own, one a second): a page that loses frames or asks for one past it waits for the next."""
     reports: Rate = field(default_factory=lambda: Rate(120.0, 240))
     """``shown`` and ``pong`` messages (the page reports a frame per new input, answers pings)."""
     refusals: Rate = field(default_factory=lambda: Rate(20.0, 100))
@@ -578,6 +581,11 @@ class ClientGuard:
             self.refused += 1
             wait = max(wait, self._refusals.charge())
         return wait
+
+    def allows(self, kind: str) -> bool:
+        """Spend a token of ``kind``'s rate if there is one (no refusal: the caller waits)."""
+        bucket = self._rated.get(kind)
+        return bucket is None or bucket.take()
 
     def refusal(self, code: str, error: str) -> None:
         """Log a refused message (sampled)."""

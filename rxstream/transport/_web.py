@@ -56,6 +56,7 @@ from rxstream.transport._guard import (
     Gate,
     SampledLog,
     SessionLimits,
+    TokenBucket,
     check_token,
     is_loopback,
     new_token,
@@ -171,6 +172,9 @@ class WebTransport(PageMessages, Transport):
         self._subscriptions: list[Any] = []
         self._dropped_closed = 0
         self._photon = PhotonJoin()
+        self._keyframes: dict[str, TokenBucket] = {}
+        self._keyframes_lock = threading.Lock()
+        self._clock = time.monotonic
         self.attached = 0
         """Pages attached so far (reloads count)."""
 
@@ -262,7 +266,8 @@ class WebTransport(PageMessages, Transport):
             joining = False
             if h264 is not None and chosen == "h264" and stream not in client.live:
                 if not h264.keyframe:  # the page joins at the next keyframe
-                    h264.request_keyframe()
+                    if client.guard.allows("keyframe"):  # its own rate, as for a request
+                        self._request_keyframe(stream, h264)
                     continue
                 client.live.add(stream)
                 joining = True
@@ -310,6 +315,20 @@ class WebTransport(PageMessages, Transport):
             self._shared.pop(key).close()
 
     # --- encoding -------------------------------------------------------------------------
+
+    def _request_keyframe(self, stream: str, made: H264Fragments) -> bool:
+        """Ask ``stream``'s shared encoder for an IDR frame within ``requested_keyframes``."""
+        with self._keyframes_lock:
+            if made.keyframe_requested:
+                return True
+            bucket = self._keyframes.get(stream)
+            if bucket is None:
+                bucket = TokenBucket(self.limits.requested_keyframes, self._clock)
+                self._keyframes[stream] = bucket
+            if not bucket.take():
+                return False
+            made.request_keyframe()
+            return True
 
     def _encoder(self, stream: str, codec: str) -> Encoder:
         made = self._shared.get((stream, codec))

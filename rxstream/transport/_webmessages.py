@@ -56,6 +56,7 @@ class PageMessages:
     _photon: PhotonJoin
     _handlers: dict[str, Callable[[Client, dict[str, Any]], dict[str, Any]]]
     _photon_joined: Callable[[TimingRecord, ClientTiming, int], None]
+    _request_keyframe: Callable[[str, H264Fragments], bool]
     limits: SessionLimits
     max_message_bytes: int
 
@@ -176,7 +177,7 @@ class PageMessages:
         client.live.discard(stream)  # no delta frame until the keyframe
         made = self._shared.get((stream, "h264"))
         if isinstance(made, H264Fragments):
-            made.request_keyframe()
+            self._request_keyframe(stream, made)
         return {}
 
     def _on_pong(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
