@@ -25,7 +25,7 @@ from _serving import Served
 
 import rxstream
 from rxstream.item import PipelineItem, PipelineMetadata
-from rxstream.transport import WebTransport
+from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, Outbox
@@ -231,3 +231,66 @@ def test_a_page_that_keeps_losing_frames_cannot_force_keyframes_on_the_others() 
         for key in list(web._shared):
             web._shared.pop(key).close()
     assert keyframes <= 4 + web.limits.requested_keyframes.burst
+
+
+async def answers(ws: Any, count: int) -> list[dict[str, Any]]:
+    """The next ``count`` acks and errors, in order (frames and other texts skipped)."""
+    got: list[dict[str, Any]] = []
+    while len(got) < count:
+        message = await asyncio.wait_for(ws.receive(), 10)
+        if message.type == aiohttp.WSMsgType.TEXT:
+            data = json.loads(message.data)
+            if data["type"] in ("ack", "error"):
+                got.append(data)
+    return got
+
+
+def test_a_burst_of_doc_writes_reaches_a_page_as_its_newest_states() -> None:
+    """Doc changes are coalesced: fewer doc messages than writes, the last one the newest."""
+    writes = 60
+    with small_session() as served:
+
+        async def check() -> list[dict[str, Any]]:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.ws_connect(served.web.ws_url) as ws,
+                http.ws_connect(served.web.ws_url) as watcher,
+            ):
+                await next_text(watcher, "session")
+                for i in range(writes):
+                    await ws.send_json({"type": "set", "changes": {"gain": i / 100}, "id": i})
+                acks = await answers(ws, writes)
+                assert [a["type"] for a in acks] == ["ack"] * writes
+                last = acks[-1]["version"]
+                docs: list[dict[str, Any]] = []
+                while not docs or docs[-1]["version"] < last:
+                    docs.append(await next_text(watcher, "doc"))
+                return docs
+
+        docs = asyncio.run(check())
+    assert len(docs) < writes
+    assert docs[-1]["desired"]["gain"] == (writes - 1) / 100
+
+
+def test_doc_writes_have_a_budget_for_all_connections_together() -> None:
+    """Sets within each connection's rate are refused past SessionLimits.doc_writes."""
+    limits = SessionLimits(doc_writes=Rate(0.001, 5))
+    with small_session(limits=limits) as served:
+
+        async def check() -> list[dict[str, Any]]:
+            async with (
+                aiohttp.ClientSession() as http,
+                http.ws_connect(served.web.ws_url) as one,
+                http.ws_connect(served.web.ws_url) as two,
+            ):
+                got = []
+                for ws in (one, two):
+                    for i in range(4):
+                        await ws.send_json({"type": "set", "changes": {"gain": 0.1}, "id": i})
+                    got += await answers(ws, 4)
+                return got
+
+        got = asyncio.run(check())
+    assert [a["type"] for a in got] == ["ack"] * 5 + ["error"] * 3
+    assert all(a["code"] == "rate_limited" for a in got[5:])
+    assert "SessionLimits.doc_writes" in got[-1]["error"]

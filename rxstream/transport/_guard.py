@@ -116,6 +116,10 @@ class SessionLimits:
     """``input`` samples (the page sends pointer moves at most ~120 a second)."""
     keyframes: Rate = field(default_factory=lambda: Rate(1.0, 3))
     """``keyframe`` requests: each makes the stream's shared encoder send an IDR to every page."""
+    doc_writes: Rate = field(default_factory=lambda: Rate(120.0, 240))
+    """``set`` and ``steer`` messages of all connections together (each connection also has
+    its own ``sets`` and ``steers``): many connections within their own rates still cannot
+    make the session write its docs faster than this."""
     requested_keyframes: Rate = field(default_factory=lambda: Rate(1.0, 2))
     """Keyframes a stream's shared encoder makes on request, all pages together (besides its
     own, one a second): a page that loses frames or asks for one past it waits for the next."""

@@ -23,7 +23,7 @@ event loop, so the pipeline's threads never wait on the network:
   parsed within :class:`SessionLimits` (depth, digits, string length) and rated per
   connection; refusals are logged once a second per connection at most.
 - state: on attach the page gets a ``session`` message (streams, inputs, each doc's
-  controls); then every doc change (``doc``), every timing record (``timing``) and an
+  controls); then each doc's newest state after it changed (``doc``, DOC_EVERY_S apart at most), every timing record (``timing``) and an
   ``ack`` for each message that carried an ``id``.
 
 ``connected`` is true while a page is attached — and before the first one came, so a
@@ -80,6 +80,10 @@ __all__ = ["MESSAGE_TYPES", "WebTransport"]
 _log = structlog.get_logger("rxstream.web")
 
 _START_S = 10.0
+
+DOC_EVERY_S = 0.05
+"""Doc states go to the pages at most this often (the newest state; a burst of writes is one
+message per page)."""
 
 CLOSE_S = 1.0
 """When the session stops, a page gets this long to take the close frame (and a request in
@@ -175,6 +179,10 @@ class WebTransport(PageMessages, Transport):
         self._keyframes: dict[str, TokenBucket] = {}
         self._keyframes_lock = threading.Lock()
         self._clock = time.monotonic
+        self._dirty_docs: set[str] = set()
+        self._docs_due = False
+        self._docs_sent_at = 0.0
+        self._doc_writes = TokenBucket(self.limits.doc_writes)
         self.attached = 0
         """Pages attached so far (reloads count)."""
 
@@ -362,19 +370,44 @@ class WebTransport(PageMessages, Transport):
         return lambda _snapshot: self._doc_changed(name)
 
     def _doc_changed(self, name: str) -> None:
-        doc = self._session.docs[name]
-        self._broadcast_text(
-            wire(
+        """A doc changed (any thread): its newest state goes to every page, DOC_EVERY_S apart
+        at most, so a burst of writes costs one message per page, not one per write."""
+        loop = self._loop
+        if loop is None:
+            return
+        with self._lock:
+            self._dirty_docs.add(name)
+            if self._docs_due:
+                return
+            self._docs_due = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: no page to tell
+            loop.call_soon_threadsafe(self._schedule_docs)
+
+    def _schedule_docs(self) -> None:
+        loop = self._loop
+        if loop is not None:
+            loop.call_later(
+                max(0.0, self._docs_sent_at + DOC_EVERY_S - time.monotonic()), self._send_docs
+            )
+
+    def _send_docs(self) -> None:
+        with self._lock:
+            names, self._dirty_docs = self._dirty_docs, set()
+            self._docs_due = False
+            clients = tuple(self._clients)
+        self._docs_sent_at = time.monotonic()
+        for name in sorted(names):
+            doc = self._session.docs[name]
+            text = wire(
                 {
                     "type": "doc",
                     "name": name,
                     "version": doc.version,
                     "desired": thaw(doc.snapshot()),
                 }
-            ),
-            "doc",
-            key=name,
-        )
+            )
+            for client in clients:
+                client.push_text(text, "doc", None, name)
 
     def _broadcast_text(self, text: str, kind: str = "other", key: str = "") -> None:
         loop = self._loop

@@ -20,7 +20,7 @@ from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import Encoder, H264Fragments
 from rxstream.transport._guard import Refused as _Refused
-from rxstream.transport._guard import SessionLimits, parse_message, shown, wire
+from rxstream.transport._guard import SessionLimits, TokenBucket, parse_message, shown, wire
 from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client
 
@@ -56,6 +56,7 @@ class PageMessages:
     _photon: PhotonJoin
     _handlers: dict[str, Callable[[Client, dict[str, Any]], dict[str, Any]]]
     _photon_joined: Callable[[TimingRecord, ClientTiming, int], None]
+    _doc_writes: TokenBucket
     _request_keyframe: Callable[[str, H264Fragments], bool]
     limits: SessionLimits
     max_message_bytes: int
@@ -142,6 +143,12 @@ class PageMessages:
 
     def _write_doc(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
         doc, changes = self._write_target(message)
+        if not self._doc_writes.take():
+            raise _Refused(
+                "rate_limited",
+                f"{message['type']} messages of all connections together are limited to "
+                f"{self._doc_writes.rate} (SessionLimits.doc_writes)",
+            )
         try:
             return {"version": doc.steer(changes) if steer else doc.set(changes)}
         except DocValidationError as exc:
