@@ -23,8 +23,8 @@ event loop, so the pipeline's threads never wait on the network:
   parsed within :class:`SessionLimits` (depth, digits, string length) and rated per
   connection; refusals are logged once a second per connection at most.
 - state: on attach the page gets a ``session`` message (streams, inputs, each doc's
-  controls); then each doc's newest state after it changed (``doc``, DOC_EVERY_S apart at most), every timing record (``timing``) and an
-  ``ack`` for each message that carried an ``id``.
+  controls); then each doc's newest state after it changed (``doc``, DOC_EVERY_S apart at
+  most), every timing record (``timing``) and an ``ack`` for each message with an ``id``.
 
 ``connected`` is true while a page is attached — and before the first one came, so a
 session waits for its page — and turns false ``grace_s`` after the last page left, so
