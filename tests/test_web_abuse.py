@@ -11,10 +11,12 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import os
 import socket
 import struct
 import time
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -25,10 +27,13 @@ from _serving import Served
 
 import rxstream
 from rxstream.item import PipelineItem, PipelineMetadata
+from rxstream.timing import HopTiming, TimingRecord, configure_logging
+from rxstream.timing._client import ClockOffset
 from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, Outbox
+from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client
 from rxstream.transport._webmessages import MAX_ERROR_CHARS, RATED
 
@@ -137,14 +142,15 @@ def small_session(**options: Any) -> Served:
 
 async def next_text(ws: Any, kind: str) -> dict[str, Any]:
     """The next text message of type ``kind`` (frames and other texts are skipped)."""
-    while True:
-        message = await asyncio.wait_for(ws.receive(), 10)
-        if message.type == aiohttp.WSMsgType.TEXT:
-            data = json.loads(message.data)
-            if data["type"] == kind:
-                return data  # type: ignore[no-any-return]
-        elif message.type != aiohttp.WSMsgType.BINARY:
-            raise AssertionError(f"socket ended: {message}")
+    async with asyncio.timeout(10):  # pings keep coming: bound the whole wait
+        while True:
+            message = await ws.receive()
+            if message.type == aiohttp.WSMsgType.TEXT:
+                data = json.loads(message.data)
+                if data["type"] == kind:
+                    return data  # type: ignore[no-any-return]
+            elif message.type != aiohttp.WSMsgType.BINARY:
+                raise AssertionError(f"socket ended: {message}")
 
 
 @pytest.mark.parametrize(
@@ -236,12 +242,15 @@ def test_a_page_that_keeps_losing_frames_cannot_force_keyframes_on_the_others() 
 async def answers(ws: Any, count: int) -> list[dict[str, Any]]:
     """The next ``count`` acks and errors, in order (frames and other texts skipped)."""
     got: list[dict[str, Any]] = []
-    while len(got) < count:
-        message = await asyncio.wait_for(ws.receive(), 10)
-        if message.type == aiohttp.WSMsgType.TEXT:
-            data = json.loads(message.data)
-            if data["type"] in ("ack", "error"):
-                got.append(data)
+    async with asyncio.timeout(10):  # pings keep coming: bound the whole wait
+        while len(got) < count:
+            message = await ws.receive()
+            if message.type == aiohttp.WSMsgType.TEXT:
+                data = json.loads(message.data)
+                if data["type"] in ("ack", "error"):
+                    got.append(data)
+            elif message.type != aiohttp.WSMsgType.BINARY:
+                raise AssertionError(f"socket ended: {message}")
     return got
 
 
@@ -294,3 +303,177 @@ def test_doc_writes_have_a_budget_for_all_connections_together() -> None:
     assert [a["type"] for a in got] == ["ack"] * 5 + ["error"] * 3
     assert all(a["code"] == "rate_limited" for a in got[5:])
     assert "SessionLimits.doc_writes" in got[-1]["error"]
+
+
+def test_the_json_log_never_holds_nan_or_infinity(tmp_path: Path) -> None:
+    """A non-finite float in a log line is written null and its key listed in nonfinite."""
+    log = tmp_path / "t.jsonl"
+    saved = structlog.get_config()
+    configure_logging(log)
+    try:
+        structlog.get_logger("rxstream.timing").info(
+            "[photon:video]", decode_ms=math.inf, present_ms=math.nan, hops=[1.0, -math.inf]
+        )
+    finally:
+        configure_logging()
+        structlog.reset_defaults()
+        structlog.configure(**saved)
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"the log holds {constant}")
+
+    (line,) = log.read_text().splitlines()
+    fields = json.loads(line, parse_constant=refuse)
+    assert (fields["decode_ms"], fields["present_ms"], fields["hops"]) == (None, None, [1.0, None])
+    assert fields["nonfinite"] == ["decode_ms", "present_ms", "hops[1]"]
+
+
+async def synced_page(http: Any, web: WebTransport) -> tuple[Any, float]:
+    """A socket whose clock reads 1000 ms more than the server's; the page's clock now."""
+    ws = await http.ws_connect(web.ws_url)
+    ping = await next_text(ws, "ping")
+    await ws.send_json({"type": "pong", "t": ping["t"], "c": ping["t"] + 1000.0, "id": "pong"})
+    assert (await answers(ws, 1))[0]["type"] == "ack"
+    return ws, asyncio.get_running_loop().time() * 1e3 + 1000.0
+
+
+def shown_of(header: dict[str, Any], arrived: float, decoded: float, presented: float) -> Any:
+    """A ``shown`` report of the frame ``header`` with these page-clock times."""
+    return {
+        "type": "shown",
+        "stream": "video",
+        "seq": header["seq"],
+        "input_seq": header["input_seq"],
+        "arrived": arrived,
+        "decoded": decoded,
+        "presented": presented,
+        "video": "jpeg",
+        "id": 9,
+    }
+
+
+async def a_frame(ws: Any) -> dict[str, Any]:
+    """Feed one input and return the header of the frame that comes back."""
+    await ws.send_json({"type": "input", "stream": "pointer", "sample": [1.0, 0.0]})
+    async with asyncio.timeout(10):
+        while True:
+            message = await ws.receive()
+            if message.type == aiohttp.WSMsgType.BINARY:
+                (size,) = struct.unpack(">I", message.data[1:5])
+                return json.loads(message.data[5 : 5 + size])  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    ("times", "named"),
+    [
+        ((-1e308, 1e308, 1e308), "shown.decoded must be at most 60000 ms after the time before"),
+        ((0.0, 1.0, 1e9), "shown.presented must be at most 60000 ms after"),
+        ((3e6, 3e6, 3e6), "shown.presented must not be after now on the server's clock"),
+        ((-5e4, -5e4, -5e4), "shown.arrived must be after frame"),
+    ],
+)
+def test_a_forged_shown_report_is_refused_and_never_logged(
+    times: tuple[float, float, float], named: str
+) -> None:
+    """Times outside the frame's life (on the server's clock) or hops past the bound: refused."""
+    with small_session() as served:
+
+        async def check() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http:
+                ws, now = await synced_page(http, served.web)
+                header = await a_frame(ws)
+                # times relative to the page's now: the frame was made just before it
+                await ws.send_json(shown_of(header, *(now + t for t in times)))
+                (reply,) = await answers(ws, 1)
+                await ws.close()
+                return reply
+
+        reply = asyncio.run(check())
+        assert served.web._photon._waiting == {}
+    assert (reply["type"], reply["code"], reply["id"]) == ("error", "implausible", 9)
+    assert named in reply["error"]
+
+
+def test_an_honest_shown_report_is_taken() -> None:
+    """A report whose times lie within the frame's life is acked (the bounds refuse no page)."""
+    with small_session() as served:
+
+        async def check() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http:
+                ws, _ = await synced_page(http, served.web)
+                header = await a_frame(ws)
+                now = asyncio.get_running_loop().time() * 1e3 + 1000.0
+                await ws.send_json(shown_of(header, now, now, now))
+                (reply,) = await answers(ws, 1)
+                await ws.close()
+                return reply
+
+        assert asyncio.run(check())["type"] == "ack"
+
+
+@pytest.mark.parametrize(
+    ("clock", "named"),
+    [
+        (lambda t: t + 1000.0 + 5e5, "pong.c contradicts the round trip"),
+        (lambda t: -1.0, "pong.c must be a page clock (performance.now()) in 0..2^53 ms"),
+    ],
+)
+def test_a_pong_that_contradicts_the_clock_is_refused(clock: Any, named: str) -> None:
+    """A page clock off the estimate by more than the round trips allow is refused."""
+    with small_session() as served:
+
+        async def check() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http:
+                ws, _ = await synced_page(http, served.web)
+                ping = await next_text(ws, "ping")
+                await ws.send_json({"type": "pong", "t": ping["t"], "c": clock(ping["t"])})
+                (reply,) = await answers(ws, 1)
+                await ws.close()
+                return reply
+
+        reply = asyncio.run(check())
+    assert (reply["type"], reply["code"]) == ("error", "implausible")
+    assert named in reply["error"]
+
+
+@pytest.mark.parametrize("at_ms", [0, 2**52, -(2**52)])
+def test_an_input_at_ms_far_from_now_is_refused(at_ms: int) -> None:
+    """at_ms must be the page's wall clock within AT_MS_WINDOW_MS of the server's."""
+    with small_session() as served:
+
+        async def check() -> list[dict[str, Any]]:
+            async with aiohttp.ClientSession() as http, http.ws_connect(served.web.ws_url) as ws:
+                message = {"type": "input", "stream": "pointer", "sample": [0, 0], "at_ms": at_ms}
+                await ws.send_json({**message, "id": 1})
+                await ws.send_json({**message, "at_ms": time.time() * 1e3, "id": 2})
+                return await answers(ws, 2)
+
+        refused, taken = asyncio.run(check())
+    assert (refused["code"], taken["type"], taken["input_seq"]) == ("implausible", "ack", 1)
+    assert (
+        "input.at_ms must be the page's wall clock (Date.now()) within ±600000 ms"
+        in (refused["error"])
+    )
+
+
+def test_a_join_outside_the_frames_life_is_dropped() -> None:
+    """A report arriving well before its frame's egress (the record came later) joins nothing."""
+    join = PhotonJoin()
+    join.sent("video", 1, (("input.recv", 10.0),))
+    clock = ClockOffset()
+    clock.add(0.0, 0.25, 0.5)
+    assert join.shown(Shown("video", 1, 7, 9_000.0, 9_001.0, 9_002.0), clock) is None
+    record = TimingRecord(
+        stream="video",
+        input_seq=7,
+        input_at_ms=1,
+        cutover=False,
+        prompt_generation=0,
+        pts=3,
+        origin="input.recv",
+        total_ms=40.0,
+        from_client_ms=None,
+        hops=(HopTiming("video", 0.0, 40.0),),
+    )
+    assert join.record(record) == []
+    assert join.implausible == 1

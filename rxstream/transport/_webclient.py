@@ -41,6 +41,8 @@ class Client:
         it joined (or since its last dropped fragment)."""
         self.clock = ClockOffset()
         """This page's ``performance.now()`` against the server's monotonic clock."""
+        self.clock_jumps = 0
+        """``pong``s in a row that contradicted the estimate (see ``CLOCK_JUMPS``)."""
         self.ping_due = False
         self.pings: deque[float] = deque(maxlen=16)
         """The times (server ms) of the pings sent lately: a pong must answer one of them."""
