@@ -32,7 +32,7 @@ from rxstream.timing._client import ClockOffset
 from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
-from rxstream.transport._guard import ClientGuard, Outbox
+from rxstream.transport._guard import ClientGuard, Outbox, Refused, parse_message
 from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client
 from rxstream.transport._webmessages import MAX_ERROR_CHARS, RATED
@@ -477,3 +477,45 @@ def test_a_join_outside_the_frames_life_is_dropped() -> None:
     )
     assert join.record(record) == []
     assert join.implausible == 1
+
+
+def test_a_partial_request_then_silence_is_closed() -> None:
+    """A connection that never finishes its request is closed after idle_connection_s."""
+    with small_session(limits=SessionLimits(idle_connection_s=0.2)) as served:
+        port = served.web._bound_port or 0
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: never ends
+            sock.settimeout(20)
+            assert sock.recv(100) == b""  # closed by the server, not by the timeout
+
+
+def test_idle_connection_s_is_checked() -> None:
+    """idle_connection_s must be a finite number > 0, named in the error."""
+    for bad in (0, -1.0, math.inf, "10", True):
+        with pytest.raises(ValueError, match=r"^idle_connection_s must be a finite number > 0"):
+            SessionLimits(idle_connection_s=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "ident"),
+    [
+        ('{"id": 41, "type": "set", "changes": ' + "[" * 5000 + "]" * 5000 + "}", 41),
+        ('{"id": "abc", "type": "input", "sample": ' + "9" * 5000 + "}", "abc"),
+        ('{"id": 7, "type": "set", "changes": {', 7),
+        ('{"type": "set", "id": 7, "changes": {', None),
+    ],
+)
+def test_an_unparsed_message_is_answered_with_its_leading_id(text: str, ident: Any) -> None:
+    """Too deep, too many digits, not JSON: the error still carries an id that came first."""
+    with pytest.raises(Refused) as refused:
+        parse_message(text, SessionLimits())
+    assert refused.value.ident == ident
+
+
+@pytest.mark.parametrize("ident", [2**53 + 1, -(2**53) - 1, 10**39])
+def test_an_id_javascript_cannot_hold_is_refused(ident: int) -> None:
+    """An int id outside ±2^53 is refused naming the rule, never echoed."""
+    with pytest.raises(Refused, match=r"^id must be an int within ±2\^53") as refused:
+        parse_message(json.dumps({"type": "hello", "id": ident}), SessionLimits())
+    assert refused.value.ident is None
+    assert parse_message(json.dumps({"id": 2**53}), SessionLimits()) == {"id": 2**53}

@@ -35,6 +35,7 @@ from rxstream._util import lone_surrogate
 
 __all__ = [
     "MAX_DROPPED_IDS",
+    "MAX_ID_INT",
     "ClientGuard",
     "Gate",
     "Outbox",
@@ -135,6 +136,10 @@ class SessionLimits:
     queued_text_bytes: int = 1 << 20
     """Bytes of those texts waiting for a slow page (1 MiB); past it, the same as past
     ``queued_texts`` (a text alone in the queue is always kept)."""
+    idle_connection_s: float = 10.0
+    """A connection that has not sent a whole request (or sits idle between requests) this
+    long is closed (aiohttp's keep-alive timeout, armed from the connection's start): a
+    partial request and then silence holds no socket for longer."""
     log_every_s: float = 1.0
     """At most one refusal log line per connection in this many seconds (with a count of the
     lines it stands for)."""
@@ -145,6 +150,15 @@ class SessionLimits:
             if f.name == "log_every_s":
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                     raise ArgumentError(f"log_every_s must be a number >= 0, got {value!r}")
+            elif f.name == "idle_connection_s":
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int | float)
+                    or not (math.isfinite(value) and value > 0)
+                ):
+                    raise ArgumentError(
+                        f"idle_connection_s must be a finite number > 0, got {shown(value)}"
+                    )
             elif f.type == "Rate" or isinstance(value, Rate):
                 if not isinstance(value, Rate):
                     raise ArgumentError(f"{f.name} must be a Rate(per_s, burst), got {value!r}")
@@ -297,13 +311,15 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
             parse_constant=constant,
         )
     except _TooLarge as exc:
-        raise Refused(exc.code, str(exc)) from None
+        raise Refused(exc.code, str(exc), _leading_id(text)) from None
     except RecursionError:
         raise Refused(
-            "oversized", f"nesting must be at most {limits.max_depth} deep, got far deeper"
+            "oversized",
+            f"nesting must be at most {limits.max_depth} deep, got far deeper",
+            _leading_id(text),
         ) from None
     except ValueError as exc:  # json.JSONDecodeError among them
-        raise Refused("malformed", f"a message must be JSON: {exc}") from None
+        raise Refused("malformed", f"a message must be JSON: {exc}", _leading_id(text)) from None
     try:
         _check_tree(value, limits)
     except Refused as refused:  # answer with the id if the id itself is fit to echo
@@ -316,8 +332,8 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
     if isinstance(value, dict) and not fit_id(value.get("id")):
         raise Refused(
             "malformed",
-            f"id must be an int or a string of at most {MAX_ID_CHARS} characters, "
-            f"got {shown(value.get('id'))}",
+            f"id must be an int within ±2^53 (a JavaScript number holds it exactly) or a "
+            f"string of at most {MAX_ID_CHARS} characters, got {shown(value.get('id'))}",
         )
     return value
 
@@ -325,11 +341,28 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
 MAX_ID_CHARS = 64
 """The longest string ``id`` the session echoes (in an ack, an error, a ``dropped`` report)."""
 
+MAX_ID_INT = 2**53
+"""The largest int ``id`` (in magnitude) the session echoes: a page's JavaScript holds it."""
+
+_LEADING_ID = re.compile(r'\s*\{\s*"id"\s*:\s*(-?\d{1,16}|"[A-Za-z0-9_.:-]{0,64}")\s*[,}]')
+
+
+def _leading_id(text: str) -> Any:
+    """The ``id`` of a message that could not be parsed, when it comes first (else None)."""
+    match = _LEADING_ID.match(text[:200])
+    if match is None:
+        return None
+    ident = json.loads(match.group(1))
+    return ident if fit_id(ident) else None
+
 
 def fit_id(ident: Any) -> bool:
-    """Whether a message's ``id`` may be echoed back: absent, an int, or a short string."""
-    if ident is None or (isinstance(ident, int) and not isinstance(ident, bool)):
+    """Whether a message's ``id`` may be echoed back: absent, an int within ±2^53, or a
+    short string."""
+    if ident is None:
         return True
+    if isinstance(ident, int) and not isinstance(ident, bool):
+        return abs(ident) <= MAX_ID_INT
     return isinstance(ident, str) and len(ident) <= MAX_ID_CHARS
 
 

@@ -454,7 +454,13 @@ class WebTransport(PageMessages, Transport):
         app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_get("/ws", self._socket)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=CLOSE_S)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=CLOSE_S,
+            keepalive_timeout=self.limits.idle_connection_s,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
