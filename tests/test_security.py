@@ -34,7 +34,6 @@ from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._guard import (
     ClientGuard,
     Gate,
-    Outbox,
     Refused,
     SampledLog,
     TokenBucket,
@@ -42,6 +41,7 @@ from rxstream.transport._guard import (
     parse_message,
     wire,
 )
+from rxstream.transport._webclient import Outbox
 
 pytestmark = pytest.mark.slow
 

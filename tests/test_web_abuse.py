@@ -32,9 +32,9 @@ from rxstream.timing._client import ClockOffset
 from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
-from rxstream.transport._guard import ClientGuard, Outbox, Refused, parse_message
+from rxstream.transport._guard import ClientGuard, Refused, parse_message
 from rxstream.transport._photon import PhotonJoin, Shown
-from rxstream.transport._webclient import Client
+from rxstream.transport._webclient import Client, Outbox
 from rxstream.transport._webmessages import MAX_ERROR_CHARS, RATED
 
 pytestmark = pytest.mark.slow

@@ -8,8 +8,6 @@ the server may say.
   digits per number, characters per string, finite numbers only, valid Unicode only.
 - :class:`TokenBucket`, :class:`ClientGuard`: per-connection rates (steers, sets, inputs,
   refused messages, all messages) and a :class:`SampledLog` of refusals, one line a second.
-- :class:`Outbox`: the bounded queue of text messages to one page; what does not fit is
-  counted, and reported to the page in a ``dropped`` message once there is room again.
 - :func:`wire`: JSON for the page that never holds a bare ``NaN`` or ``Infinity``.
 """
 
@@ -23,7 +21,6 @@ import math
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -34,11 +31,9 @@ from rxstream._exceptions import ArgumentError, shown
 from rxstream._util import lone_surrogate
 
 __all__ = [
-    "MAX_DROPPED_IDS",
     "MAX_ID_INT",
     "ClientGuard",
     "Gate",
-    "Outbox",
     "Rate",
     "Refused",
     "SampledLog",
@@ -429,79 +424,6 @@ def _finite(value: Any, path: str, places: list[str]) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v, f"{path}[{i}]", places) for i, v in enumerate(value)]
     return value
-
-
-MAX_DROPPED_IDS = 1024
-"""The ids a ``dropped`` report lists at most (the rest are counted)."""
-
-
-class Outbox:
-    """The text messages waiting for one page: at most ``capacity`` of them and ``max_bytes``
-    in all; none lost unsaid.
-
-    A message that finds the queue full is dropped and counted by its ``type``, with its
-    ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again
-    (in count and in bytes),
-    the next message out is ``{"type": "dropped", "counts": {type: n}, "ids": [...]}``, then
-    the newest dropped state of each doc (a ``doc`` message that a later one did not replace).
-    ``ids`` holds the first :data:`MAX_DROPPED_IDS` ids; ``ids_omitted`` counts the rest.
-    """
-
-    def __init__(self, capacity: int, max_bytes: int = 1 << 20) -> None:
-        self.capacity = capacity
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        """The size of the texts waiting (JSON from ``wire`` is ASCII: a character a byte)."""
-        self._texts: deque[str] = deque()
-        self._counts: dict[str, int] = {}
-        self._ids: list[Any] = []
-        self._omitted = 0
-        self._stale: dict[str, str] = {}
-        self.dropped = 0
-        """Text messages dropped on this connection so far."""
-
-    def __len__(self) -> int:
-        return len(self._texts) + bool(self._counts)
-
-    def push(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> bool:
-        """Queue ``text``; False (counted) when the queue is full."""
-        fits = not self._texts or self.bytes + len(text) <= self.max_bytes
-        if len(self._texts) < self.capacity and fits:
-            self._texts.append(text)
-            self.bytes += len(text)
-            if kind == "doc":
-                self._stale.pop(key, None)
-            return True
-        self.dropped += 1
-        self._counts[kind] = self._counts.get(kind, 0) + 1
-        if ident is not None:
-            if len(self._ids) < MAX_DROPPED_IDS:
-                self._ids.append(ident)
-            else:
-                self._omitted += 1
-        if kind == "doc":
-            self._stale[key] = text
-        return False
-
-    def pop(self) -> str | None:
-        """The next text to send, or None when nothing waits."""
-        if self._counts and self._half_empty():
-            report: dict[str, Any] = {"type": "dropped", "counts": self._counts, "ids": self._ids}
-            if self._omitted:
-                report["ids_omitted"] = self._omitted
-            self._counts, self._ids, self._omitted = {}, [], 0
-            stale, self._stale = self._stale, {}
-            self._texts.extend(stale.values())
-            self.bytes += sum(map(len, stale.values()))
-            return wire(report)
-        if not self._texts:
-            return None
-        text = self._texts.popleft()
-        self.bytes -= len(text)
-        return text
-
-    def _half_empty(self) -> bool:
-        return len(self._texts) <= self.capacity // 2 and self.bytes <= self.max_bytes // 2
 
 
 # --- rates and log lines ------------------------------------------------------------------
