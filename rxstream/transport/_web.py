@@ -45,8 +45,6 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from rxstream._exceptions import ArgumentError
-from rxstream.doc import controls
-from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.transport._base import Session, Transport
@@ -73,24 +71,21 @@ from rxstream.transport._webclient import (
     pack_unit,
     peer_port,
 )
+from rxstream.transport._webdocs import DOC_EVERY_S, DocStates
 from rxstream.transport._webmessages import MESSAGE_TYPES, RATED, PageMessages
 
-__all__ = ["MESSAGE_TYPES", "WebTransport"]
+__all__ = ["DOC_EVERY_S", "MESSAGE_TYPES", "WebTransport"]
 
 _log = structlog.get_logger("rxstream.web")
 
 _START_S = 10.0
-
-DOC_EVERY_S = 0.05
-"""Doc states go to the pages at most this often (the newest state; a burst of writes is one
-message per page)."""
 
 CLOSE_S = 1.0
 """When the session stops, a page gets this long to take the close frame (and a request in
 flight this long to end); a page that does not read by then has its connection cut."""
 
 
-class WebTransport(PageMessages, Transport):
+class WebTransport(DocStates, PageMessages, Transport):
     """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
@@ -345,69 +340,6 @@ class WebTransport(PageMessages, Transport):
                 codec, stream=stream, fps=self.fps, quality=self.jpeg_quality
             )
         return made
-
-    # --- state messages -------------------------------------------------------------------
-
-    def _session_message(self) -> str:
-        session = self._session
-        return wire(
-            {
-                "type": "session",
-                "streams": dict(session.streams),
-                "inputs": list(session.inputs),
-                "docs": {
-                    name: {
-                        "version": doc.version,
-                        "desired": thaw(doc.snapshot()),
-                        "controls": [c.to_json() for c in controls(doc)],
-                    }
-                    for name, doc in session.docs.items()
-                },
-            },
-        )
-
-    def _doc_listener(self, name: str) -> Callable[[Any], None]:
-        return lambda _snapshot: self._doc_changed(name)
-
-    def _doc_changed(self, name: str) -> None:
-        """A doc changed (any thread): its newest state goes to every page, DOC_EVERY_S apart
-        at most, so a burst of writes costs one message per page, not one per write."""
-        loop = self._loop
-        if loop is None:
-            return
-        with self._lock:
-            self._dirty_docs.add(name)
-            if self._docs_due:
-                return
-            self._docs_due = True
-        with contextlib.suppress(RuntimeError):  # the loop closed: no page to tell
-            loop.call_soon_threadsafe(self._schedule_docs)
-
-    def _schedule_docs(self) -> None:
-        loop = self._loop
-        if loop is not None:
-            loop.call_later(
-                max(0.0, self._docs_sent_at + DOC_EVERY_S - time.monotonic()), self._send_docs
-            )
-
-    def _send_docs(self) -> None:
-        with self._lock:
-            names, self._dirty_docs = self._dirty_docs, set()
-            self._docs_due = False
-            clients = tuple(self._clients)
-        self._docs_sent_at = time.monotonic()
-        for name in sorted(names):
-            doc = self._session.docs[name]
-            text = wire(
-                {
-                    "type": "doc",
-                    "name": name,
-                    "version": doc.version,
-                    "desired": thaw(doc.snapshot()),
-                }
-            )
-            for client in clients:
-                client.push_text(text, "doc", None, name)
 
     def _broadcast_text(self, text: str, kind: str = "other", key: str = "") -> None:
         loop = self._loop
