@@ -156,13 +156,13 @@ def test_reports_without_a_clock_or_a_known_frame_join_nothing() -> None:
     """Before the first pong a report is counted and dropped; a forgotten frame joins nothing."""
     join = PhotonJoin(keep=2)
     join.record(record())
-    shown = Shown("video", 1, 7, arrived=1.0, decoded=2.0, presented=3.0)
+    shown = Shown("video", 1, 7, arrived=50.0, decoded=51.0, presented=52.0)
     assert join.shown(shown, ClockOffset()) is None
     assert join.unsynced == 1
     for seq in (1, 2, 3):  # frame 1 is forgotten past keep=2
         join.sent("video", seq, (("input.recv", 0.0),))
     assert join.shown(shown, synced(0.0)) is None
-    assert join.shown(Shown("video", 3, 7, 1.0, 2.0, 3.0), synced(0.0)) is not None
+    assert join.shown(Shown("video", 3, 7, 50.0, 51.0, 52.0), synced(0.0)) is not None
 
 
 def test_an_event_far_from_input_recv_is_not_the_inputs() -> None:

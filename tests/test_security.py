@@ -34,7 +34,6 @@ from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport._guard import (
     ClientGuard,
     Gate,
-    Outbox,
     Refused,
     SampledLog,
     TokenBucket,
@@ -42,6 +41,7 @@ from rxstream.transport._guard import (
     parse_message,
     wire,
 )
+from rxstream.transport._webclient import Outbox
 
 pytestmark = pytest.mark.slow
 
@@ -773,7 +773,7 @@ def test_an_id_that_is_not_fit_to_echo_is_refused() -> None:
                     await ws.send_json({"type": "hello", "accept": ["jpeg"], "id": ident})
                     error = await texts_until(ws, "error")
                     assert (error["code"], error["id"]) == ("malformed", None)
-                    assert error["error"].startswith("id must be an int or a string of at most 64")
+                    assert error["error"].startswith("id must be an int within ±2^53")
                 await ws.send_json({"type": "hello", "accept": ["jpeg"], "id": "x" * 64})
                 assert (await texts_until(ws, "ack"))["id"] == "x" * 64
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json as _json
 import logging
+import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -14,7 +16,7 @@ import structlog
 
 from rxstream.timing._record import TimingRecord
 
-__all__ = ["configure_logging", "emit", "listen"]
+__all__ = ["configure_logging", "emit", "listen", "strict_json"]
 
 _log = structlog.get_logger("rxstream.timing")
 _listeners: list[Callable[[TimingRecord], None]] = []
@@ -59,7 +61,9 @@ def configure_logging(
     if path is not None:
         stream = _opened = Path(path).open("a", encoding="utf-8")  # noqa: SIM115 - kept open
     renderer: Any = (
-        structlog.processors.JSONRenderer() if json else structlog.dev.ConsoleRenderer(colors=False)
+        structlog.processors.JSONRenderer(serializer=strict_json)
+        if json
+        else structlog.dev.ConsoleRenderer(colors=False)
     )
     structlog.configure(
         processors=[
@@ -71,3 +75,30 @@ def configure_logging(
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+
+
+def strict_json(event: Any, **options: Any) -> str:
+    """A log line as strict JSON: a NaN or infinite float is written ``null`` (never the bare
+    ``NaN``/``Infinity`` that ``json.dumps`` writes by default and JSON readers refuse), and
+    its key is listed in ``nonfinite``."""
+    options.pop("allow_nan", None)
+    try:
+        return _json.dumps(event, allow_nan=False, **options)
+    except ValueError:
+        pass
+    places: list[str] = []
+    cleaned = _finite(event, "", places)
+    if isinstance(cleaned, dict):
+        cleaned["nonfinite"] = places
+    return _json.dumps(cleaned, allow_nan=False, **options)
+
+
+def _finite(value: Any, path: str, places: list[str]) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        places.append(path or "$")
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v, f"{path}.{k}" if path else str(k), places) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v, f"{path}[{i}]", places) for i, v in enumerate(value)]
+    return value

@@ -385,6 +385,11 @@ class H264Fragments(Encoder):
         """Make the next frame an IDR frame (for a client that joins now); any thread."""
         self._force_keyframe = True
 
+    @property
+    def keyframe_requested(self) -> bool:
+        """Whether the next frame is an IDR frame already (a request since the last encode)."""
+        return self._force_keyframe
+
     def encode(self, frame: object) -> bytes:
         if self._closed:
             raise CodecError(f"stream {self.stream!r}: encode() after close() on its h264 encoder")

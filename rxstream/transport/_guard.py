@@ -8,8 +8,6 @@ the server may say.
   digits per number, characters per string, finite numbers only, valid Unicode only.
 - :class:`TokenBucket`, :class:`ClientGuard`: per-connection rates (steers, sets, inputs,
   refused messages, all messages) and a :class:`SampledLog` of refusals, one line a second.
-- :class:`Outbox`: the bounded queue of text messages to one page; what does not fit is
-  counted, and reported to the page in a ``dropped`` message once there is room again.
 - :func:`wire`: JSON for the page that never holds a bare ``NaN`` or ``Infinity``.
 """
 
@@ -23,7 +21,6 @@ import math
 import re
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -34,10 +31,9 @@ from rxstream._exceptions import ArgumentError, shown
 from rxstream._util import lone_surrogate
 
 __all__ = [
-    "MAX_DROPPED_IDS",
+    "MAX_ID_INT",
     "ClientGuard",
     "Gate",
-    "Outbox",
     "Rate",
     "Refused",
     "SampledLog",
@@ -116,6 +112,13 @@ class SessionLimits:
     """``input`` samples (the page sends pointer moves at most ~120 a second)."""
     keyframes: Rate = field(default_factory=lambda: Rate(1.0, 3))
     """``keyframe`` requests: each makes the stream's shared encoder send an IDR to every page."""
+    doc_writes: Rate = field(default_factory=lambda: Rate(120.0, 240))
+    """``set`` and ``steer`` messages of all connections together (each connection also has
+    its own ``sets`` and ``steers``): many connections within their own rates still cannot
+    make the session write its docs faster than this."""
+    requested_keyframes: Rate = field(default_factory=lambda: Rate(1.0, 2))
+    """Keyframes a stream's shared encoder makes on request, all pages together (besides its
+    own, one a second): a page that loses frames or asks for one past it waits for the next."""
     reports: Rate = field(default_factory=lambda: Rate(120.0, 240))
     """``shown`` and ``pong`` messages (the page reports a frame per new input, answers pings)."""
     refusals: Rate = field(default_factory=lambda: Rate(20.0, 100))
@@ -125,6 +128,13 @@ class SessionLimits:
     queued_texts: int = 256
     """Text messages (acks, errors, doc states, timing) waiting for a slow page; past it they
     are dropped, counted, and reported to the page in a ``dropped`` message."""
+    queued_text_bytes: int = 1 << 20
+    """Bytes of those texts waiting for a slow page (1 MiB); past it, the same as past
+    ``queued_texts`` (a text alone in the queue is always kept)."""
+    idle_connection_s: float = 10.0
+    """A connection that has not sent a whole request (or sits idle between requests) this
+    long is closed (aiohttp's keep-alive timeout, armed from the connection's start): a
+    partial request and then silence holds no socket for longer."""
     log_every_s: float = 1.0
     """At most one refusal log line per connection in this many seconds (with a count of the
     lines it stands for)."""
@@ -135,6 +145,15 @@ class SessionLimits:
             if f.name == "log_every_s":
                 if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                     raise ArgumentError(f"log_every_s must be a number >= 0, got {value!r}")
+            elif f.name == "idle_connection_s":
+                if (
+                    isinstance(value, bool)
+                    or not isinstance(value, int | float)
+                    or not (math.isfinite(value) and value > 0)
+                ):
+                    raise ArgumentError(
+                        f"idle_connection_s must be a finite number > 0, got {shown(value)}"
+                    )
             elif f.type == "Rate" or isinstance(value, Rate):
                 if not isinstance(value, Rate):
                     raise ArgumentError(f"{f.name} must be a Rate(per_s, burst), got {value!r}")
@@ -287,13 +306,15 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
             parse_constant=constant,
         )
     except _TooLarge as exc:
-        raise Refused(exc.code, str(exc)) from None
+        raise Refused(exc.code, str(exc), _leading_id(text)) from None
     except RecursionError:
         raise Refused(
-            "oversized", f"nesting must be at most {limits.max_depth} deep, got far deeper"
+            "oversized",
+            f"nesting must be at most {limits.max_depth} deep, got far deeper",
+            _leading_id(text),
         ) from None
     except ValueError as exc:  # json.JSONDecodeError among them
-        raise Refused("malformed", f"a message must be JSON: {exc}") from None
+        raise Refused("malformed", f"a message must be JSON: {exc}", _leading_id(text)) from None
     try:
         _check_tree(value, limits)
     except Refused as refused:  # answer with the id if the id itself is fit to echo
@@ -306,8 +327,8 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
     if isinstance(value, dict) and not fit_id(value.get("id")):
         raise Refused(
             "malformed",
-            f"id must be an int or a string of at most {MAX_ID_CHARS} characters, "
-            f"got {shown(value.get('id'))}",
+            f"id must be an int within ±2^53 (a JavaScript number holds it exactly) or a "
+            f"string of at most {MAX_ID_CHARS} characters, got {shown(value.get('id'))}",
         )
     return value
 
@@ -315,11 +336,28 @@ def parse_message(text: str, limits: SessionLimits) -> Any:
 MAX_ID_CHARS = 64
 """The longest string ``id`` the session echoes (in an ack, an error, a ``dropped`` report)."""
 
+MAX_ID_INT = 2**53
+"""The largest int ``id`` (in magnitude) the session echoes: a page's JavaScript holds it."""
+
+_LEADING_ID = re.compile(r'\s*\{\s*"id"\s*:\s*(-?\d{1,16}|"[A-Za-z0-9_.:-]{0,64}")\s*[,}]')
+
+
+def _leading_id(text: str) -> Any:
+    """The ``id`` of a message that could not be parsed, when it comes first (else None)."""
+    match = _LEADING_ID.match(text[:200])
+    if match is None:
+        return None
+    ident = json.loads(match.group(1))
+    return ident if fit_id(ident) else None
+
 
 def fit_id(ident: Any) -> bool:
-    """Whether a message's ``id`` may be echoed back: absent, an int, or a short string."""
-    if ident is None or (isinstance(ident, int) and not isinstance(ident, bool)):
+    """Whether a message's ``id`` may be echoed back: absent, an int within ±2^53, or a
+    short string."""
+    if ident is None:
         return True
+    if isinstance(ident, int) and not isinstance(ident, bool):
+        return abs(ident) <= MAX_ID_INT
     return isinstance(ident, str) and len(ident) <= MAX_ID_CHARS
 
 
@@ -386,64 +424,6 @@ def _finite(value: Any, path: str, places: list[str]) -> Any:
     if isinstance(value, list | tuple):
         return [_finite(v, f"{path}[{i}]", places) for i, v in enumerate(value)]
     return value
-
-
-MAX_DROPPED_IDS = 1024
-"""The ids a ``dropped`` report lists at most (the rest are counted)."""
-
-
-class Outbox:
-    """The text messages waiting for one page: at most ``capacity``; none lost unsaid.
-
-    A message that finds the queue full is dropped and counted by its ``type``, with its
-    ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again,
-    the next message out is ``{"type": "dropped", "counts": {type: n}, "ids": [...]}``, then
-    the newest dropped state of each doc (a ``doc`` message that a later one did not replace).
-    ``ids`` holds the first :data:`MAX_DROPPED_IDS` ids; ``ids_omitted`` counts the rest.
-    """
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self._texts: deque[str] = deque()
-        self._counts: dict[str, int] = {}
-        self._ids: list[Any] = []
-        self._omitted = 0
-        self._stale: dict[str, str] = {}
-        self.dropped = 0
-        """Text messages dropped on this connection so far."""
-
-    def __len__(self) -> int:
-        return len(self._texts) + bool(self._counts)
-
-    def push(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> bool:
-        """Queue ``text``; False (counted) when the queue is full."""
-        if len(self._texts) < self.capacity:
-            self._texts.append(text)
-            if kind == "doc":
-                self._stale.pop(key, None)
-            return True
-        self.dropped += 1
-        self._counts[kind] = self._counts.get(kind, 0) + 1
-        if ident is not None:
-            if len(self._ids) < MAX_DROPPED_IDS:
-                self._ids.append(ident)
-            else:
-                self._omitted += 1
-        if kind == "doc":
-            self._stale[key] = text
-        return False
-
-    def pop(self) -> str | None:
-        """The next text to send, or None when nothing waits."""
-        if self._counts and len(self._texts) <= self.capacity // 2:
-            report: dict[str, Any] = {"type": "dropped", "counts": self._counts, "ids": self._ids}
-            if self._omitted:
-                report["ids_omitted"] = self._omitted
-            self._counts, self._ids, self._omitted = {}, [], 0
-            stale, self._stale = self._stale, {}
-            self._texts.extend(stale.values())
-            return wire(report)
-        return self._texts.popleft() if self._texts else None
 
 
 # --- rates and log lines ------------------------------------------------------------------
@@ -560,6 +540,11 @@ class ClientGuard:
             self.refused += 1
             wait = max(wait, self._refusals.charge())
         return wait
+
+    def allows(self, kind: str) -> bool:
+        """Spend a token of ``kind``'s rate if there is one (no refusal: the caller waits)."""
+        bucket = self._rated.get(kind)
+        return bucket is None or bucket.take()
 
     def refusal(self, code: str, error: str) -> None:
         """Log a refused message (sampled)."""

@@ -13,6 +13,7 @@ frame was forgotten (or never sent) yields nothing.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ import structlog
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.timing._client import ClockOffset
 
-__all__ = ["PhotonJoin", "Shown", "log_photon"]
+__all__ = ["MAX_HOP_MS", "PhotonJoin", "Shown", "log_photon", "plausible"]
 
 _K = TypeVar("_K")
 _V = TypeVar("_V")
@@ -76,6 +77,14 @@ class PhotonJoin:
         """(stream, input_seq, page) already joined: a page's repeated report joins nothing."""
         self.unsynced = 0
         """Reports dropped because the page's clock was not known yet."""
+        self.implausible = 0
+        """Joins dropped because a hop came out outside the frame's life (never logged)."""
+
+    def origin_ms(self, stream: str, seq: int) -> float | None:
+        """Frame ``seq`` of ``stream``'s first stamp (server ms), if it is remembered."""
+        with self._lock:
+            frame = self._frames.get((stream, seq))
+        return None if frame is None else frame.origin_ms
 
     def sent(self, stream: str, seq: int, timeline: tuple[tuple[str, float], ...]) -> None:
         """Frame ``seq`` of ``stream`` went out; ``timeline`` is its item's (any thread)."""
@@ -142,7 +151,7 @@ class PhotonJoin:
             event = report.event - offset
             if frame.origin_ms - _EVENT_BEFORE_MS <= event <= frame.origin_ms + rtt:
                 start, up = event, frame.origin_ms - event
-        return ClientTiming(
+        timing = ClientTiming(
             photon_ms=presented - start,
             net_ms=arrived - egress,
             decode_ms=decoded - arrived,
@@ -151,6 +160,27 @@ class PhotonJoin:
             rtt_ms=rtt,
             video=report.video,
         )
+        if not plausible(timing):
+            with self._lock:
+                self.implausible += 1
+            return None
+        return timing
+
+
+MAX_HOP_MS = 60_000.0
+"""The longest client hop (net, decode, present) a join takes: past it a report is refused."""
+
+
+def plausible(timing: ClientTiming) -> bool:
+    """Whether every hop is finite and within the frame's life: a hop may be short of 0 by
+    the clock estimate's error (the round trip) at most, and no hop is over MAX_HOP_MS."""
+    slack = timing.rtt_ms + 1.0
+    hops = (timing.net_ms, timing.decode_ms, timing.present_ms, timing.photon_ms)
+    return (
+        math.isfinite(timing.rtt_ms)
+        and all(math.isfinite(h) and -slack <= h <= MAX_HOP_MS for h in hops)
+        and (timing.up_ms is None or -slack <= timing.up_ms <= MAX_HOP_MS)
+    )
 
 
 _log = structlog.get_logger("rxstream.timing")

@@ -23,8 +23,8 @@ event loop, so the pipeline's threads never wait on the network:
   parsed within :class:`SessionLimits` (depth, digits, string length) and rated per
   connection; refusals are logged once a second per connection at most.
 - state: on attach the page gets a ``session`` message (streams, inputs, each doc's
-  controls); then every doc change (``doc``), every timing record (``timing``) and an
-  ``ack`` for each message that carried an ``id``.
+  controls); then each doc's newest state after it changed (``doc``, DOC_EVERY_S apart at
+  most), every timing record (``timing``) and an ``ack`` for each message with an ``id``.
 
 ``connected`` is true while a page is attached — and before the first one came, so a
 session waits for its page — and turns false ``grace_s`` after the last page left, so
@@ -45,8 +45,6 @@ import structlog
 from aiohttp import WSMsgType, web
 
 from rxstream._exceptions import ArgumentError
-from rxstream.doc import controls
-from rxstream.doc._snapshot import thaw
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.transport._base import Session, Transport
@@ -56,6 +54,7 @@ from rxstream.transport._guard import (
     Gate,
     SampledLog,
     SessionLimits,
+    TokenBucket,
     check_token,
     is_loopback,
     new_token,
@@ -72,16 +71,21 @@ from rxstream.transport._webclient import (
     pack_unit,
     peer_port,
 )
+from rxstream.transport._webdocs import DOC_EVERY_S, DocStates
 from rxstream.transport._webmessages import MESSAGE_TYPES, RATED, PageMessages
 
-__all__ = ["MESSAGE_TYPES", "WebTransport"]
+__all__ = ["DOC_EVERY_S", "MESSAGE_TYPES", "WebTransport"]
 
 _log = structlog.get_logger("rxstream.web")
 
 _START_S = 10.0
 
+CLOSE_S = 1.0
+"""When the session stops, a page gets this long to take the close frame (and a request in
+flight this long to end); a page that does not read by then has its connection cut."""
 
-class WebTransport(PageMessages, Transport):
+
+class WebTransport(DocStates, PageMessages, Transport):
     """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
@@ -167,6 +171,13 @@ class WebTransport(PageMessages, Transport):
         self._subscriptions: list[Any] = []
         self._dropped_closed = 0
         self._photon = PhotonJoin()
+        self._keyframes: dict[str, TokenBucket] = {}
+        self._keyframes_lock = threading.Lock()
+        self._clock = time.monotonic
+        self._dirty_docs: set[str] = set()
+        self._docs_due = False
+        self._docs_sent_at = 0.0
+        self._doc_writes = TokenBucket(self.limits.doc_writes)
         self.attached = 0
         """Pages attached so far (reloads count)."""
 
@@ -258,7 +269,8 @@ class WebTransport(PageMessages, Transport):
             joining = False
             if h264 is not None and chosen == "h264" and stream not in client.live:
                 if not h264.keyframe:  # the page joins at the next keyframe
-                    h264.request_keyframe()
+                    if client.guard.allows("keyframe"):  # its own rate, as for a request
+                        self._request_keyframe(stream, h264)
                     continue
                 client.live.add(stream)
                 joining = True
@@ -294,15 +306,32 @@ class WebTransport(PageMessages, Transport):
         loop, thread = self._loop, self._thread
         if loop is None or thread is None:
             return
-        with contextlib.suppress(RuntimeError, TimeoutError):
+        try:  # bounded (CLOSE_S per step); whatever it raised, the loop stops and encoders close
             asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(_START_S)
-        loop.call_soon_threadsafe(loop.stop)
+        except Exception:  # a shutdown cancelled or past its time: nothing of it is owed to the run
+            _log.warning("web_shutdown_incomplete", exc_info=True)
+        with contextlib.suppress(RuntimeError):  # the loop may have closed already
+            loop.call_soon_threadsafe(loop.stop)
         thread.join(_START_S)
         self._loop = self._thread = self._runner = None
         for key in list(self._shared):
             self._shared.pop(key).close()
 
     # --- encoding -------------------------------------------------------------------------
+
+    def _request_keyframe(self, stream: str, made: H264Fragments) -> bool:
+        """Ask ``stream``'s shared encoder for an IDR frame within ``requested_keyframes``."""
+        with self._keyframes_lock:
+            if made.keyframe_requested:
+                return True
+            bucket = self._keyframes.get(stream)
+            if bucket is None:
+                bucket = TokenBucket(self.limits.requested_keyframes, self._clock)
+                self._keyframes[stream] = bucket
+            if not bucket.take():
+                return False
+            made.request_keyframe()
+            return True
 
     def _encoder(self, stream: str, codec: str) -> Encoder:
         made = self._shared.get((stream, codec))
@@ -311,44 +340,6 @@ class WebTransport(PageMessages, Transport):
                 codec, stream=stream, fps=self.fps, quality=self.jpeg_quality
             )
         return made
-
-    # --- state messages -------------------------------------------------------------------
-
-    def _session_message(self) -> str:
-        session = self._session
-        return wire(
-            {
-                "type": "session",
-                "streams": dict(session.streams),
-                "inputs": list(session.inputs),
-                "docs": {
-                    name: {
-                        "version": doc.version,
-                        "desired": thaw(doc.snapshot()),
-                        "controls": [c.to_json() for c in controls(doc)],
-                    }
-                    for name, doc in session.docs.items()
-                },
-            },
-        )
-
-    def _doc_listener(self, name: str) -> Callable[[Any], None]:
-        return lambda _snapshot: self._doc_changed(name)
-
-    def _doc_changed(self, name: str) -> None:
-        doc = self._session.docs[name]
-        self._broadcast_text(
-            wire(
-                {
-                    "type": "doc",
-                    "name": name,
-                    "version": doc.version,
-                    "desired": thaw(doc.snapshot()),
-                }
-            ),
-            "doc",
-            key=name,
-        )
 
     def _broadcast_text(self, text: str, kind: str = "other", key: str = "") -> None:
         loop = self._loop
@@ -379,6 +370,7 @@ class WebTransport(PageMessages, Transport):
             try:
                 loop.run_forever()
             finally:
+                _settle(loop)
                 loop.close()
 
         thread = threading.Thread(target=main, name="rxstream:web", daemon=True)
@@ -394,7 +386,13 @@ class WebTransport(PageMessages, Transport):
         app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_get("/ws", self._socket)
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=CLOSE_S,
+            keepalive_timeout=self.limits.idle_connection_s,
+        )
         await runner.setup()
         site = web.TCPSite(runner, self.host, self.port)
         await site.start()
@@ -413,11 +411,23 @@ class WebTransport(PageMessages, Transport):
     async def _shutdown(self) -> None:
         with self._lock:
             clients = tuple(self._clients)
-        for client in clients:
-            with contextlib.suppress(Exception):
-                await client.ws.close(code=1001, message=b"session stopped")
+        await asyncio.gather(*(self._cut(client) for client in clients))
         if self._runner is not None:
-            await self._runner.cleanup()
+            try:
+                await asyncio.wait_for(self._runner.cleanup(), 2 * CLOSE_S)
+            except (Exception, asyncio.CancelledError):
+                _log.warning("web_cleanup_incomplete", exc_info=True)
+        current = asyncio.current_task()
+        await _cancel([task for task in asyncio.all_tasks() if task is not current])
+
+    async def _cut(self, client: Client) -> None:
+        """Close one page's socket; one that does not take the close frame in CLOSE_S is cut."""
+        try:
+            await asyncio.wait_for(client.ws.close(code=1001, message=b"session stopped"), CLOSE_S)
+        except (Exception, asyncio.CancelledError):
+            client.guard.log.warning("web_page_cut", reason="it did not take the close frame")
+            if client.transport is not None:  # close() would wait for the peer to read
+                client.transport.abort()
 
     def _refusal(self, request: web.Request) -> str | None:
         """Why this request may not have the page or the socket (None: it may)."""
@@ -461,6 +471,7 @@ class WebTransport(PageMessages, Transport):
         ws = web.WebSocketResponse(max_msg_size=self.hard_message_bytes, compress=False)
         guard = ClientGuard(self.limits, f"{request.remote}:{peer_port(request)}", RATED)
         client = Client(ws, self.client_frames, guard)
+        client.transport = request.transport
         with self._lock:  # counted before prepare() yields, so the cap holds for a burst
             self._clients.add(client)
         writer: asyncio.Future[None] | None = None
@@ -528,3 +539,18 @@ class WebTransport(PageMessages, Transport):
     def _photon_joined(self, record: TimingRecord, timing: ClientTiming, page: int) -> None:
         fields = log_photon(record, timing, page)
         self._broadcast_text(wire({"type": "photon", **fields}), "photon")
+
+
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` (handlers stuck on a peer) and wait CLOSE_S at most for them to end."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=CLOSE_S)
+
+
+def _settle(loop: asyncio.AbstractEventLoop) -> None:
+    """End what is still pending on ``loop`` before it closes (no "Task was destroyed")."""
+    with contextlib.suppress(Exception):
+        loop.run_until_complete(_cancel(list(asyncio.all_tasks(loop))))
+        loop.run_until_complete(loop.shutdown_asyncgens())

@@ -1,6 +1,7 @@
 """One attached page of the web session: what it can play, what waits to be sent to it, and
 how a frame is packed for it (``b"F"``, a 4-byte big-endian header length, a JSON header, the
-encoded frame)."""
+encoded frame). :class:`Outbox` is the bounded queue of text messages to one page: what does
+not fit is counted, and reported to the page in a ``dropped`` message once there is room."""
 
 from __future__ import annotations
 
@@ -14,14 +15,97 @@ from aiohttp import web
 
 from rxstream.timing._client import ClockOffset
 from rxstream.transport._codecs import H264Fragments
-from rxstream.transport._guard import ClientGuard, Outbox, wire
+from rxstream.transport._guard import ClientGuard, wire
 
-__all__ = ["PAGE_HEADERS", "PINGS_S", "Client", "input_of", "pack", "pack_unit", "peer_port"]
+__all__ = [
+    "MAX_DROPPED_IDS",
+    "PAGE_HEADERS",
+    "PINGS_S",
+    "Client",
+    "Outbox",
+    "input_of",
+    "pack",
+    "pack_unit",
+    "peer_port",
+]
 
 _FRAME = b"F"
 PINGS_S = (0.05,) * 8 + (2.0,)
 """The pauses between clock pings: a burst of 8, 50 ms apart, on attach, then one every 2 s
 (the estimate keeps the shortest round trip of the last 16)."""
+
+
+MAX_DROPPED_IDS = 1024
+"""The ids a ``dropped`` report lists at most (the rest are counted)."""
+
+
+class Outbox:
+    """The text messages waiting for one page: at most ``capacity`` of them and ``max_bytes``
+    in all; none lost unsaid.
+
+    A message that finds the queue full is dropped and counted by its ``type``, with its
+    ``id`` when it was an ``ack`` or an ``error``. Once the queue is at most half full again
+    (in count and in bytes),
+    the next message out is ``{"type": "dropped", "counts": {type: n}, "ids": [...]}``, then
+    the newest dropped state of each doc (a ``doc`` message that a later one did not replace).
+    ``ids`` holds the first :data:`MAX_DROPPED_IDS` ids; ``ids_omitted`` counts the rest.
+    """
+
+    def __init__(self, capacity: int, max_bytes: int = 1 << 20) -> None:
+        self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        """The size of the texts waiting (JSON from ``wire`` is ASCII: a character a byte)."""
+        self._texts: deque[str] = deque()
+        self._counts: dict[str, int] = {}
+        self._ids: list[Any] = []
+        self._omitted = 0
+        self._stale: dict[str, str] = {}
+        self.dropped = 0
+        """Text messages dropped on this connection so far."""
+
+    def __len__(self) -> int:
+        return len(self._texts) + bool(self._counts)
+
+    def push(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> bool:
+        """Queue ``text``; False (counted) when the queue is full."""
+        fits = not self._texts or self.bytes + len(text) <= self.max_bytes
+        if len(self._texts) < self.capacity and fits:
+            self._texts.append(text)
+            self.bytes += len(text)
+            if kind == "doc":
+                self._stale.pop(key, None)
+            return True
+        self.dropped += 1
+        self._counts[kind] = self._counts.get(kind, 0) + 1
+        if ident is not None:
+            if len(self._ids) < MAX_DROPPED_IDS:
+                self._ids.append(ident)
+            else:
+                self._omitted += 1
+        if kind == "doc":
+            self._stale[key] = text
+        return False
+
+    def pop(self) -> str | None:
+        """The next text to send, or None when nothing waits."""
+        if self._counts and self._half_empty():
+            report: dict[str, Any] = {"type": "dropped", "counts": self._counts, "ids": self._ids}
+            if self._omitted:
+                report["ids_omitted"] = self._omitted
+            self._counts, self._ids, self._omitted = {}, [], 0
+            stale, self._stale = self._stale, {}
+            self._texts.extend(stale.values())
+            self.bytes += sum(map(len, stale.values()))
+            return wire(report)
+        if not self._texts:
+            return None
+        text = self._texts.popleft()
+        self.bytes -= len(text)
+        return text
+
+    def _half_empty(self) -> bool:
+        return len(self._texts) <= self.capacity // 2 and self.bytes <= self.max_bytes // 2
 
 
 class Client:
@@ -32,7 +116,7 @@ class Client:
         self.guard = guard
         self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
         self.frames: deque[bytes] = deque()
-        self.texts = Outbox(guard.limits.queued_texts)
+        self.texts = Outbox(guard.limits.queued_texts, guard.limits.queued_text_bytes)
         self.max_frames = frames
         self.ready = asyncio.Event()
         self.dropped = 0
@@ -41,10 +125,14 @@ class Client:
         it joined (or since its last dropped fragment)."""
         self.clock = ClockOffset()
         """This page's ``performance.now()`` against the server's monotonic clock."""
+        self.clock_jumps = 0
+        """``pong``s in a row that contradicted the estimate (see ``CLOCK_JUMPS``)."""
         self.ping_due = False
         self.pings: deque[float] = deque(maxlen=16)
         """The times (server ms) of the pings sent lately: a pong must answer one of them."""
         self.number = 0
+        self.transport: asyncio.Transport | None = None
+        """The connection under the socket: cut when the page does not take a close frame."""
 
     def push_frame(self, stream: str, codec: str, data: bytes) -> None:
         if len(self.frames) >= self.max_frames:

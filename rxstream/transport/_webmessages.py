@@ -16,15 +16,25 @@ from typing import Any
 
 from rxstream._exceptions import DocValidationError
 from rxstream.timing import ClientTiming, TimingRecord
+from rxstream.timing._client import ClockOffset
 from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import Encoder, H264Fragments
 from rxstream.transport._guard import Refused as _Refused
-from rxstream.transport._guard import SessionLimits, parse_message, shown, wire
-from rxstream.transport._photon import PhotonJoin, Shown
+from rxstream.transport._guard import SessionLimits, TokenBucket, parse_message, shown, wire
+from rxstream.transport._photon import MAX_HOP_MS, PhotonJoin, Shown
 from rxstream.transport._webclient import Client
 
-__all__ = ["MESSAGE_TYPES", "RATED", "PageMessages"]
+__all__ = [
+    "AT_MS_WINDOW_MS",
+    "CLOCK_JUMPS",
+    "MAX_ERROR_CHARS",
+    "MAX_PAGE_CLOCK_MS",
+    "MAX_RTT_MS",
+    "MESSAGE_TYPES",
+    "RATED",
+    "PageMessages",
+]
 
 MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
 """The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
@@ -41,6 +51,29 @@ RATED = {
 }
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
 
+MAX_ERROR_CHARS = 500
+"""The longest ``error`` text a reply carries: values are quoted cut short (``shown``), and a
+refusal's text from further down is cut here, so an error costs about what its message did."""
+
+AT_MS_WINDOW_MS = 600_000.0
+"""An ``input``'s ``at_ms`` (the page's ``Date.now()``) must be within 10 minutes of the
+server's wall clock."""
+
+MAX_RTT_MS = 10_000.0
+"""A ``pong`` whose round trip was longer sets no clock (it would loosen every bound)."""
+
+MAX_PAGE_CLOCK_MS = 2.0**53
+"""A page clock (``performance.now()``) is in 0..2^53 ms."""
+
+CLOCK_JUMPS = 3
+"""Contradicting ``pong``s in a row after which a page's clock estimate starts over."""
+
+_CLOCK_SLACK_MS = 1.0
+"""Rounding and clock resolution (browsers coarsen ``performance.now()``)."""
+
+_FRAME_SLACK_MS = 20.0
+"""A presentation may be stamped up to about a display frame ahead (a vsync time)."""
+
 _VIDEO_PATHS = ("webcodecs", "jpeg", "mse", "raw")
 
 
@@ -52,6 +85,8 @@ class PageMessages:
     _photon: PhotonJoin
     _handlers: dict[str, Callable[[Client, dict[str, Any]], dict[str, Any]]]
     _photon_joined: Callable[[TimingRecord, ClientTiming, int], None]
+    _doc_writes: TokenBucket
+    _request_keyframe: Callable[[str, H264Fragments], bool]
     limits: SessionLimits
     max_message_bytes: int
 
@@ -98,7 +133,7 @@ class PageMessages:
         accept = message.get("accept", [])
         if not isinstance(accept, list) or not all(isinstance(c, str) for c in accept):
             raise _Refused(
-                "malformed", f"hello.accept must be a list of codec names, got {accept!r}"
+                "malformed", f"hello.accept must be a list of codec names, got {shown(accept)}"
             )
         client.accept = frozenset(accept) | {"jpeg"}
         return {}
@@ -106,19 +141,25 @@ class PageMessages:
     def _on_input(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
         stream = message.get("stream")
         if not isinstance(stream, str):
-            raise _Refused("malformed", f"input.stream must be a string, got {stream!r}")
+            raise _Refused("malformed", f"input.stream must be a string, got {shown(stream)}")
         if "sample" not in message:
             raise _Refused("malformed", "input.sample is missing")
         at_ms = message.get("at_ms")
         if at_ms is not None and (isinstance(at_ms, bool) or not isinstance(at_ms, int | float)):
             raise _Refused(
-                "malformed", f"input.at_ms must be a number of ms or null, got {at_ms!r}"
+                "malformed", f"input.at_ms must be a number of ms or null, got {shown(at_ms)}"
+            )
+        if at_ms is not None and not abs(at_ms - time.time() * 1e3) <= AT_MS_WINDOW_MS:
+            raise _Refused(
+                "implausible",
+                f"input.at_ms must be the page's wall clock (Date.now()) within "
+                f"±{AT_MS_WINDOW_MS:g} ms of the server's, got {shown(at_ms)}",
             )
         if stream not in self._session.inputs:
             raise _Refused(
                 "unknown_stream",
                 f"input.stream must be one of {', '.join(self._session.inputs) or 'none'}, "
-                f"got {stream!r}",
+                f"got {shown(stream)}",
             )
         sample = message["sample"]
         if isinstance(sample, list):
@@ -137,6 +178,12 @@ class PageMessages:
 
     def _write_doc(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
         doc, changes = self._write_target(message)
+        if not self._doc_writes.take():
+            raise _Refused(
+                "rate_limited",
+                f"{message['type']} messages of all connections together are limited to "
+                f"{self._doc_writes.rate} (SessionLimits.doc_writes)",
+            )
         try:
             return {"version": doc.steer(changes) if steer else doc.set(changes)}
         except DocValidationError as exc:
@@ -150,14 +197,19 @@ class PageMessages:
             raise _Refused(
                 "unknown_doc",
                 f"{kind}.doc must be one of {', '.join(self._session.docs) or 'none'}, "
-                f"got {name!r}",
+                f"got {shown(name)}",
             )
         changes = message.get("changes")
         if not isinstance(changes, dict):
-            raise _Refused("malformed", f"{kind}.changes must be a JSON object, got {changes!r}")
+            raise _Refused(
+                "malformed", f"{kind}.changes must be a JSON object, got {shown(changes)}"
+            )
         return doc, changes
 
     def _error(self, client: Client, ident: Any, code: str, error: str) -> None:
+        if len(error) > MAX_ERROR_CHARS:  # a refusal from below (a doc, a stream) may quote more
+            tail = f"… ({len(error)} characters)"
+            error = error[: MAX_ERROR_CHARS - len(tail)] + tail
         client.guard.refusal(code, error)
         message = {"type": "error", "id": ident, "code": code, "error": error}
         client.push_text(wire(message), "error", ident)
@@ -167,7 +219,7 @@ class PageMessages:
         client.live.discard(stream)  # no delta frame until the keyframe
         made = self._shared.get((stream, "h264"))
         if isinstance(made, H264Fragments):
-            made.request_keyframe()
+            self._request_keyframe(stream, made)
         return {}
 
     def _on_pong(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
@@ -175,7 +227,38 @@ class PageMessages:
         if sent not in client.pings:
             raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {shown(sent)}")
         client.pings.remove(sent)
-        client.clock.add(sent, _number(message, "c"), time.monotonic() * 1e3)
+        received = time.monotonic() * 1e3
+        page = _number(message, "c")
+        if not 0 <= page <= MAX_PAGE_CLOCK_MS:
+            raise _Refused(
+                "implausible",
+                f"pong.c must be a page clock (performance.now()) in 0..2^53 ms, got {shown(page)}",
+            )
+        if received - sent > MAX_RTT_MS:
+            raise _Refused(
+                "implausible",
+                f"pong.t: a round trip must be at most {MAX_RTT_MS:g} ms to set the clock, got "
+                f"{received - sent:.0f} ms",
+            )
+        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
+        if offset is not None and rtt is not None:
+            # the true offset lies within half a round trip of each exchange's: two that
+            # cannot both hold contradict each other (a clock that jumped: the page's estimate
+            # starts over after CLOCK_JUMPS of them in a row)
+            new = page - (sent + received) / 2
+            bound = (rtt + received - sent) / 2 + _CLOCK_SLACK_MS
+            if abs(new - offset) > bound:
+                client.clock_jumps += 1
+                if client.clock_jumps < CLOCK_JUMPS:
+                    raise _Refused(
+                        "implausible",
+                        f"pong.c contradicts the round trip: it puts the page's clock "
+                        f"{new - offset:+.1f} ms from the estimate, more than the {bound:.1f} ms "
+                        "the round trips allow",
+                    )
+                client.clock = ClockOffset()
+        client.clock_jumps = 0
+        client.clock.add(sent, page, received)
         return {}
 
     def _on_shown(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
@@ -188,6 +271,14 @@ class PageMessages:
                 "malformed",
                 f"shown times must be in order arrived <= decoded <= presented, got "
                 f"{arrived}, {decoded}, {presented}",
+            )
+        self._check_shown(client, stream, _count(message, "seq"), arrived, decoded, presented)
+        event = None if message.get("event") is None else _number(message, "event")
+        if event is not None and not arrived - MAX_HOP_MS <= event <= arrived:
+            raise _Refused(
+                "implausible",
+                f"shown.event must be at most {MAX_HOP_MS:g} ms before the frame arrived and "
+                f"not after it, got {event - arrived:+.1f} ms from arrived",
             )
         video = message.get("video", "")
         if video not in _VIDEO_PATHS:
@@ -202,13 +293,47 @@ class PageMessages:
             arrived=arrived,
             decoded=decoded,
             presented=presented,
-            event=None if message.get("event") is None else _number(message, "event"),
+            event=event,
             video=video,
         )
         joined = self._photon.shown(report, client.clock, client.number)
         if joined is not None:
             self._photon_joined(*joined, client.number)
         return {}
+
+    def _check_shown(
+        self, client: Client, stream: str, seq: int, arrived: float, decoded: float, shown_: float
+    ) -> None:
+        """Refuse a report whose times cannot be this frame's: hops over MAX_HOP_MS, or, on the
+        server's clock (through the page's offset, good to a round trip), an arrival before
+        the frame was made or a presentation after now."""
+        for name, hop in (("decoded", decoded - arrived), ("presented", shown_ - decoded)):
+            if hop > MAX_HOP_MS:
+                raise _Refused(
+                    "implausible",
+                    f"shown.{name} must be at most {MAX_HOP_MS:g} ms after the time before it, "
+                    f"got {hop:.1f} ms",
+                )
+        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
+        if offset is None or rtt is None:
+            return  # not joined anyway (counted unsynced)
+        slack = rtt + _CLOCK_SLACK_MS
+        late = shown_ - offset - time.monotonic() * 1e3
+        if late > slack + _FRAME_SLACK_MS:
+            raise _Refused(
+                "implausible",
+                f"shown.presented must not be after now on the server's clock, got {late:.1f} "
+                f"ms after it (through the page's clock offset, good to "
+                f"{slack + _FRAME_SLACK_MS:.1f} ms)",
+            )
+        origin = self._photon.origin_ms(stream, seq)
+        if origin is not None and arrived - offset < origin - slack:
+            raise _Refused(
+                "implausible",
+                f"shown.arrived must be after frame {seq} was made on the server's clock, got "
+                f"{origin - (arrived - offset):.1f} ms before it (through the page's clock "
+                f"offset, good to {slack:.1f} ms)",
+            )
 
     def _stream_of(self, message: dict[str, Any]) -> str:
         stream = message.get("stream")
