@@ -149,12 +149,16 @@ class PageMessages:
             raise _Refused(
                 "malformed", f"input.at_ms must be a number of ms or null, got {shown(at_ms)}"
             )
+        ignored = None
         if at_ms is not None and not abs(at_ms - time.time() * 1e3) <= AT_MS_WINDOW_MS:
-            raise _Refused(
-                "implausible",
+            # a page whose clock is off (or lies) keeps its input: the sample is fed with its
+            # receive time, and the ack says why the page's time was left out
+            ignored = (
                 f"input.at_ms must be the page's wall clock (Date.now()) within "
-                f"±{AT_MS_WINDOW_MS:g} ms of the server's, got {shown(at_ms)}",
+                f"±{AT_MS_WINDOW_MS:g} ms of the server's, got {shown(at_ms)}: the receive "
+                "time is used"
             )
+            at_ms = None
         if stream not in self._session.inputs:
             raise _Refused(
                 "unknown_stream",
@@ -168,7 +172,7 @@ class PageMessages:
             seq = self._session.feed(stream, sample, at_ms, client=client)
         except SampleRefused as exc:
             raise _Refused(exc.code, str(exc)) from exc
-        return {"input_seq": seq}
+        return {"input_seq": seq} if ignored is None else {"input_seq": seq, "at_ms": ignored}
 
     def _on_set(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
         return self._write_doc(message, steer=False)
