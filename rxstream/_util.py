@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import inspect
+import math
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import cast
+from typing import Any, cast
 
-__all__ = ["fixup_module_metadata", "lone_surrogate"]
+__all__ = ["finite_only", "fixup_module_metadata", "lone_surrogate"]
 
 
 def fixup_module_metadata(
@@ -71,3 +72,20 @@ def lone_surrogate(text: str) -> int | None:
     except UnicodeEncodeError as exc:
         return exc.start
     return None
+
+
+def finite_only(value: Any, places: list[str], path: str = "") -> Any:
+    """``value`` (JSON-like: mappings, lists, tuples, scalars) with every non-finite float
+    replaced by ``None``, the path of each (``a.b[2]``, ``$`` for the value itself) appended to
+    ``places``: what JSON can carry, and where it could not (the log's and the page's
+    renderers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        places.append(path or "$")
+        return None
+    if isinstance(value, Mapping):
+        return {
+            k: finite_only(v, places, f"{path}.{k}" if path else str(k)) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [finite_only(v, places, f"{path}[{i}]") for i, v in enumerate(value)]
+    return value

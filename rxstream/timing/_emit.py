@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json as _json
 import logging
-import math
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -14,6 +13,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from rxstream._util import finite_only
 from rxstream.timing._record import TimingRecord
 
 __all__ = ["configure_logging", "emit", "listen", "strict_json"]
@@ -87,18 +87,7 @@ def strict_json(event: Any, **options: Any) -> str:
     except ValueError:
         pass
     places: list[str] = []
-    cleaned = _finite(event, "", places)
+    cleaned = finite_only(event, places)
     if isinstance(cleaned, dict):
         cleaned["nonfinite"] = places
     return _json.dumps(cleaned, allow_nan=False, **options)
-
-
-def _finite(value: Any, path: str, places: list[str]) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        places.append(path or "$")
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v, f"{path}.{k}" if path else str(k), places) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v, f"{path}[{i}]", places) for i, v in enumerate(value)]
-    return value

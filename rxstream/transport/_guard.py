@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from rxstream._exceptions import ArgumentError, shown
-from rxstream._util import lone_surrogate
+from rxstream._util import finite_only, lone_surrogate
 
 __all__ = [
     "MAX_ID_INT",
@@ -410,20 +410,9 @@ def wire(message: Mapping[str, Any]) -> str:
     except ValueError:
         pass
     places: list[str] = []
-    cleaned = _finite(message, "", places)
+    cleaned = finite_only(message, places)
     _unsendable.warning("web_value_unsendable", type=message.get("type"), places=places[:8])
     return json.dumps({**cleaned, "unsendable": places}, allow_nan=False, default=repr)
-
-
-def _finite(value: Any, path: str, places: list[str]) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        places.append(path or "$")
-        return None
-    if isinstance(value, Mapping):
-        return {k: _finite(v, f"{path}.{k}" if path else str(k), places) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_finite(v, f"{path}[{i}]", places) for i, v in enumerate(value)]
-    return value
 
 
 # --- rates and log lines ------------------------------------------------------------------
