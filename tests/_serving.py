@@ -4,8 +4,11 @@ that talk to a live session over its socket (web, security, fuzz, input schemas)
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
-from typing import Self
+from typing import Any, Self
+
+import aiohttp
 
 from rxstream import Pipeline
 from rxstream.transport import WebTransport
@@ -47,3 +50,17 @@ class Served:
         self.web._open = False  # a test that never attached a page: let run() return
         self.thread.join(10)
         assert not self.thread.is_alive()
+
+
+async def texts_until(ws: Any, kind: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The next text message of type ``kind`` (frames and other texts are skipped), within
+    ``timeout`` seconds in all (pings keep coming: the whole wait is bounded)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            message = await ws.receive()
+            if message.type == aiohttp.WSMsgType.TEXT:
+                data = json.loads(message.data)
+                if data["type"] == kind:
+                    return data  # type: ignore[no-any-return]
+            elif message.type != aiohttp.WSMsgType.BINARY:
+                raise AssertionError(f"socket ended: {message}")

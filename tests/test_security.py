@@ -26,7 +26,7 @@ import aiohttp
 import numpy as np
 import pytest
 import structlog
-from _serving import Served
+from _serving import Served, texts_until
 
 import rxstream
 from rxstream import cli
@@ -87,18 +87,6 @@ def live() -> Iterator[Live]:
 def run(coro: Any) -> Any:
     """Run one coroutine to its end."""
     return asyncio.run(coro)
-
-
-async def texts_until(ws: Any, kind: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The next text message of type ``kind`` (frames and other texts are skipped)."""
-    while True:
-        message = await asyncio.wait_for(ws.receive(), timeout)
-        if message.type == aiohttp.WSMsgType.TEXT:
-            data = json.loads(message.data)
-            if data["type"] == kind:
-                return data  # type: ignore[no-any-return]
-        elif message.type != aiohttp.WSMsgType.BINARY:
-            raise AssertionError(f"socket ended: {message}")
 
 
 @asynccontextmanager

@@ -23,7 +23,7 @@ import aiohttp
 import numpy as np
 import pytest
 import structlog
-from _serving import Served
+from _serving import Served, texts_until
 
 import rxstream
 from rxstream.item import PipelineItem, PipelineMetadata
@@ -140,19 +140,6 @@ def small_session(**options: Any) -> Served:
     return Served(web, ctx.input("pointer") | ctx.pipe(frame_of) | ctx.stream("video"))
 
 
-async def next_text(ws: Any, kind: str) -> dict[str, Any]:
-    """The next text message of type ``kind`` (frames and other texts are skipped)."""
-    async with asyncio.timeout(10):  # pings keep coming: bound the whole wait
-        while True:
-            message = await ws.receive()
-            if message.type == aiohttp.WSMsgType.TEXT:
-                data = json.loads(message.data)
-                if data["type"] == kind:
-                    return data  # type: ignore[no-any-return]
-            elif message.type != aiohttp.WSMsgType.BINARY:
-                raise AssertionError(f"socket ended: {message}")
-
-
 @pytest.mark.parametrize(
     "message",
     [
@@ -170,7 +157,7 @@ def test_an_error_reply_quotes_the_value_cut_short(message: dict[str, Any]) -> N
         async def check() -> dict[str, Any]:
             async with aiohttp.ClientSession() as http, http.ws_connect(served.web.ws_url) as ws:
                 await ws.send_str(json.dumps({**message, "id": 7}, ensure_ascii=False))
-                return await next_text(ws, "error")
+                return await texts_until(ws, "error")
 
         error = asyncio.run(check())
     assert error["id"] == 7
@@ -265,7 +252,7 @@ def test_a_burst_of_doc_writes_reaches_a_page_as_its_newest_states() -> None:
                 http.ws_connect(served.web.ws_url) as ws,
                 http.ws_connect(served.web.ws_url) as watcher,
             ):
-                await next_text(watcher, "session")
+                await texts_until(watcher, "session")
                 for i in range(writes):
                     await ws.send_json({"type": "set", "changes": {"gain": i / 100}, "id": i})
                 acks = await answers(ws, writes)
@@ -273,7 +260,7 @@ def test_a_burst_of_doc_writes_reaches_a_page_as_its_newest_states() -> None:
                 last = acks[-1]["version"]
                 docs: list[dict[str, Any]] = []
                 while not docs or docs[-1]["version"] < last:
-                    docs.append(await next_text(watcher, "doc"))
+                    docs.append(await texts_until(watcher, "doc"))
                 return docs
 
         docs = asyncio.run(check())
@@ -331,7 +318,7 @@ def test_the_json_log_never_holds_nan_or_infinity(tmp_path: Path) -> None:
 async def synced_page(http: Any, web: WebTransport) -> tuple[Any, float]:
     """A socket whose clock reads 1000 ms more than the server's; the page's clock now."""
     ws = await http.ws_connect(web.ws_url)
-    ping = await next_text(ws, "ping")
+    ping = await texts_until(ws, "ping")
     await ws.send_json({"type": "pong", "t": ping["t"], "c": ping["t"] + 1000.0, "id": "pong"})
     assert (await answers(ws, 1))[0]["type"] == "ack"
     return ws, asyncio.get_running_loop().time() * 1e3 + 1000.0
@@ -425,7 +412,7 @@ def test_a_pong_that_contradicts_the_clock_is_refused(clock: Any, named: str) ->
         async def check() -> dict[str, Any]:
             async with aiohttp.ClientSession() as http:
                 ws, _ = await synced_page(http, served.web)
-                ping = await next_text(ws, "ping")
+                ping = await texts_until(ws, "ping")
                 await ws.send_json({"type": "pong", "t": ping["t"], "c": clock(ping["t"])})
                 (reply,) = await answers(ws, 1)
                 await ws.close()
