@@ -44,8 +44,12 @@ STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
 
 _started: set[Pipeline] = set()
-"""The pipelines whose threaded run is started and not yet over (any context)."""
+"""The pipelines whose threaded run is started and not yet stopped (any context; a run that
+is over, completed or failed, still holds its context's transport until stopped)."""
 _started_lock = threading.Lock()
+_holders: weakref.WeakKeyDictionary[Context, Pipeline] = weakref.WeakKeyDictionary()
+"""Per context, the pipeline that opened its transport last: only its stop() closes it (an
+earlier pipeline's late stop() must not close the session of the one running now)."""
 
 
 class RankRun(Protocol):
@@ -278,7 +282,7 @@ class Pipeline:
                 raise PipelineStateError(
                     f"start(): stream {shared[0]!r} is already fed by a running pipeline of "
                     f"this context ({other!r}); stop() that one first (in a notebook, "
-                    "rxstream.notebook.stop_all() stops every background run)"
+                    "rxstream.notebook.stop_all() stops every started pipeline)"
                 )
 
     def start(self, **config: Any) -> Pipeline:
@@ -322,13 +326,15 @@ class Pipeline:
         self._stopped = False
         self._over = over = DoneEvent()
         (run if ranks is None else ranks).on_done(over.set)
+        self._stop_finished_others()
         with _started_lock:
             _started.add(self)
-        over.on_done(self._forget_started)  # a run that is over holds no stream
         opened = False
         try:
             self._context.transport.open(self.session())
             opened = True
+            with _started_lock:
+                _holders[self._context] = self
             if ranks is not None:
                 ranks.start()
             run.start()
@@ -339,9 +345,29 @@ class Pipeline:
                 run.stop(STOP_TIMEOUT)
                 ranks.stop()
             if opened:
-                self._context.transport.close()
+                self._release_transport()
+            self._forget_started()
             raise
         return run
+
+    def _stop_finished_others(self) -> None:
+        """Stop the runs of this context that are over (completed or failed) but not stopped:
+        they still hold its transport, which this start opens anew (their error stays for
+        their ``wait()`` and ``error``)."""
+        with _started_lock:
+            others = [p for p in _started if p._context is self._context and p is not self]
+        for other in others:
+            if other.state in ("completed", "failed"):
+                other.stop()
+
+    def _release_transport(self) -> None:
+        """Close the context's transport if this pipeline opened it last."""
+        with _started_lock:
+            holder = _holders.get(self._context)
+            if holder is self:
+                del _holders[self._context]
+        if holder is self:
+            self._context.transport.close()
 
     def session(self) -> Session:
         """What this pipeline offers a session transport: its streams, inputs, docs, feed."""
@@ -437,8 +463,9 @@ class Pipeline:
         finally:
             if self._ranks is not None:
                 self._ranks.stop()
-            self._context.transport.close()
-            self._over.set()  # a wait() under way returns (and the run is forgotten)
+            self._release_transport()
+            self._forget_started()
+            self._over.set()  # a wait() under way returns
         if stuck:
             _log.warning("pipeline_stop_left_threads", threads=stuck)
 
@@ -571,6 +598,12 @@ def running_pipelines(context: Context) -> list[Pipeline]:
     with _started_lock:
         started = list(_started)
     return [p for p in started if p._context is context and p.running]
+
+
+def started_pipelines() -> list[Pipeline]:
+    """Every pipeline (any context) whose threaded run was started and not yet stopped."""
+    with _started_lock:
+        return list(_started)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:

@@ -162,6 +162,52 @@ def test_two_pipelines_may_not_feed_one_stream(ctx: rxstream.Context) -> None:
     second.stop()
 
 
+class Closes(rxstream.transport.MemoryTransport):
+    """A memory transport that counts its closes."""
+
+    closes = 0
+
+    def close(self) -> None:
+        self.closes += 1
+        super().close()
+
+
+def test_a_finished_pipelines_late_stop_leaves_the_running_ones_transport_open() -> None:
+    """A completed run's stop() (a late wait(), stop_all()) does not close what another opened."""
+    transport = Closes()
+    ctx = rxstream.Context(transport=transport)
+    first = ctx.source(lambda: iter(range(3)), name="a") | ctx.stream("video")
+    first.start()
+    assert first.wait(timeout=30)  # completed: stopped, the transport closed once
+    assert transport.closes == 1
+    again = ctx.source(lambda: iter(range(3)), name="c") | ctx.stream("video")
+    again.start()
+    until(lambda: again.state == "completed", "the second run completed")
+    second = ctx.source(endless, name="b") | ctx.stream("video")
+    second.start()  # stops `again` (over, not stopped: it held the transport) before it opens
+    assert again.state == "stopped"
+    closes = transport.closes
+    again.stop()
+    first.stop()
+    assert (transport.closes, second.running) == (closes, True)
+    second.stop()
+    assert transport.closes == closes + 1
+
+
+def test_stop_all_stops_a_started_pipeline_a_cell_lost_the_name_of(
+    ctx: rxstream.Context,
+) -> None:
+    """stop_all() stops pipelines started with start(), not only background() runs."""
+    (ctx.source(endless, name="a") | ctx.stream("video")).start()  # a cell; its name is lost
+    pipeline = ctx.source(endless, name="a") | ctx.stream("video")  # the cell run again
+    with pytest.raises(PipelineStateError, match=r"stop_all\(\) stops every started pipeline"):
+        pipeline.start()
+    stop_all()
+    assert "running=0" in repr(ctx)
+    pipeline.start()  # the name the cell holds now starts
+    pipeline.stop()
+
+
 def test_an_interrupt_during_wait_stops_the_run(ctx: rxstream.Context) -> None:
     """Ctrl-C (KeyboardInterrupt) in wait() stops the run, as background() and run() do."""
     pipeline = ctx.source(endless) | ctx.stream("out")

@@ -12,7 +12,7 @@ import structlog
 from IPython import get_ipython
 
 from rxstream._exceptions import ArgumentTypeError
-from rxstream.pipeline import Pipeline
+from rxstream.pipeline import Pipeline, started_pipelines
 
 __all__ = ["Background", "background", "stop_all"]
 
@@ -141,11 +141,15 @@ def _streams(pipeline: Pipeline) -> set[str]:
 
 
 def stop_all() -> None:
-    """Stop every pipeline :func:`background` started that is still running."""
+    """Stop every pipeline :func:`background` started that is still running, then every
+    pipeline started with ``start()`` and not yet stopped (a cell run again has lost the
+    name of the one it started before)."""
     with _live_lock:
         handles = list(_live)
     for handle in handles:
         handle.stop()
+    for pipeline in started_pipelines():
+        pipeline.stop()
 
 
 def _forget(handle: Background) -> None:
