@@ -273,11 +273,9 @@ class Pipeline:
     def _refuse_shared_streams(self) -> None:
         """Refuse a start while another running pipeline of this context feeds a stream of
         this one (their items would interleave on it)."""
-        mine = {name for name, stage in self.stages.items() if stage.kind == "stream"}
+        mine = stream_names(self)
         for other in running_pipelines(self._context):
-            shared = sorted(
-                mine & {name for name, stage in other.stages.items() if stage.kind == "stream"}
-            )
+            shared = sorted(mine & stream_names(other))
             if shared:
                 raise PipelineStateError(
                     f"start(): stream {shared[0]!r} is already fed by a running pipeline of "
@@ -598,6 +596,11 @@ def running_pipelines(context: Context) -> list[Pipeline]:
     with _started_lock:
         started = list(_started)
     return [p for p in started if p._context is context and p.running]
+
+
+def stream_names(pipeline: Pipeline) -> frozenset[str]:
+    """The names of ``pipeline``'s egress streams (its ``ctx.stream`` sinks)."""
+    return frozenset(name for name, stage in pipeline.stages.items() if stage.kind == "stream")
 
 
 def started_pipelines() -> list[Pipeline]:

@@ -12,7 +12,7 @@ import structlog
 from IPython import get_ipython
 
 from rxstream._exceptions import ArgumentTypeError
-from rxstream.pipeline import Pipeline, started_pipelines
+from rxstream.pipeline import Pipeline, started_pipelines, stream_names
 
 __all__ = ["Background", "background", "stop_all"]
 
@@ -125,19 +125,15 @@ def background(pipeline: Pipeline, **config: Any) -> Background:
 
 def _replaced_by(pipeline: Pipeline) -> list[Background]:
     """The live background runs a new one of ``pipeline`` replaces (see :func:`background`)."""
-    streams = _streams(pipeline)
+    streams = stream_names(pipeline)
     with _live_lock:
         handles = list(_live)
     return [
         handle
         for handle in handles
         if handle.pipeline is pipeline
-        or (handle.pipeline.context is pipeline.context and streams & _streams(handle.pipeline))
+        or (handle.pipeline.context is pipeline.context and streams & stream_names(handle.pipeline))
     ]
-
-
-def _streams(pipeline: Pipeline) -> set[str]:
-    return {name for name, stage in pipeline.stages.items() if stage.kind == "stream"}
 
 
 def stop_all() -> None:
