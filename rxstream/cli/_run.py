@@ -35,9 +35,10 @@ SIGPIPE, as ``yes | head -1`` reports it under ``set -o pipefail``; no traceback
 def run(args: argparse.Namespace) -> int:
     """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal;
     141 when the run went well but stdout's reader left)."""
+    from rxstream._util import StdoutGuard
     from rxstream.ranks._torchrun import torchrun_env
 
-    guard = _StdoutGuard(sys.stdout)
+    guard = StdoutGuard(sys.stdout)
     sys.stdout = cast(TextIO, guard)
     try:
         with _StopSignals(enabled=torchrun_env() is None) as signals:
@@ -45,42 +46,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sys.stdout = guard.stream
     return SIGPIPE_STATUS if guard.broken and status == 0 else status
-
-
-class _StdoutGuard:
-    """``sys.stdout`` while ``rxstream run`` runs: once its reader left (``| head -1``), what
-    the app or the summary prints goes to devnull, and the run goes on to its end — the file
-    finished, every rank stopped — instead of failing at the next ``print``."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.broken = False
-
-    def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            self._silence()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            self._silence()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-    def _silence(self) -> None:
-        """Point stdout's descriptor at devnull: the pending bytes and the exit's flush go there."""
-        self.broken = True
-        with contextlib.suppress(OSError, ValueError):  # a stream without a descriptor
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, self.stream.fileno())
-            finally:
-                os.close(devnull)
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
