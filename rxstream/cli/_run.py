@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -355,10 +356,16 @@ def _check_output(flag: str, path: str) -> str | None:
 
     A folder that is a file, or a path that is a folder, is refused; so is a place where the
     file cannot be made — tried, not guessed from permission bits (root passes those even on
-    ``/proc``): the file is created and removed again, a missing folder's first level made and
-    removed (an existing file is checked by its bits). Nothing is left behind: a
-    missing folder is made by :func:`_make_folder` once every check passed."""
+    ``/proc``). The probe never touches the target's own name: a unique temporary file is made
+    in the folder and removed (``mkstemp``), or, for a missing folder, a unique temporary
+    folder under its first existing parent (``mkdtemp``). So every rank may check at once
+    (torchrun's ranks on one host race on one ``--out``: a probe by the target's name refused
+    the other rank, "File exists"), and a dangling symlink is checked where it points, as
+    writing through it does. An existing file is checked by its bits. Nothing is left behind:
+    a missing folder is made by :func:`_make_folder` once every check passed."""
     target = Path(path)
+    if target.is_symlink() and not target.exists():  # dangling: the file is made where it points
+        target = Path(os.path.realpath(target))
     if target.is_dir():
         return f"{flag} {path} is a folder; give a file name"
     folder = target.parent
@@ -369,26 +376,33 @@ def _check_output(flag: str, path: str) -> str | None:
         if not os.access(target, os.W_OK):
             return f"{flag} {path}: the file is not writable"
         return None
+    where = next(p for p in (folder, *folder.parents) if p.exists())
     try:
-        if folder.exists():
-            with target.open("x"):
-                pass
-            target.unlink()
+        if where == folder:
+            handle, probe = tempfile.mkstemp(prefix=".rxstream-probe-", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
         else:
-            first = next(p for p in (folder, *folder.parents) if p.parent.exists())
-            first.mkdir()
-            first.rmdir()
+            os.rmdir(tempfile.mkdtemp(prefix=".rxstream-probe-", dir=where))
     except OSError as exc:
-        where = folder if folder.exists() else next(p for p in folder.parents if p.exists())
         return f"{flag} {path}: cannot write in the folder {where}: {exc.strerror}"
     return None
 
 
 def _make_folder(flag: str, path: str) -> None:
-    """Make the missing folder of an output file (checked by :func:`_check_output`); say so."""
-    folder = Path(path).parent
+    """Make the missing folder of an output file (checked by :func:`_check_output`); say so.
+    Another rank may make it at the same time: the one that made it says so."""
+    target = Path(path)
+    if target.is_symlink() and not target.exists():
+        target = Path(os.path.realpath(target))
+    folder = target.parent
     if not folder.exists():
-        folder.mkdir(parents=True)
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            return
         print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
 
 
