@@ -53,3 +53,28 @@ def test_the_launchs_egress_refuses_past_its_frames_naming_the_reason() -> None:
     assert refused.value.reason == "frames"
     assert "2 frames" in str(refused.value)
     assert len(page.items("video")) == 2
+
+
+def test_an_item_a_rank_forwarded_past_frames_is_counted_refused_by_the_controller() -> None:
+    """Rank 1 forwards 3 items (its sink counted them out) into a session of 2 frames: the
+    controller's watch sends 2 and counts the third in ``refused``, not silently lost."""
+    from multiprocessing import Pipe
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from rxstream._kernel._stats import stats_to_wire
+    from rxstream.ranks._watch import Watch
+
+    page = MemoryTransport()
+    egress = Egress(page, out=None, out_stream=None, frames=2, on_open=None)
+    egress.open(Session(streams={"video": "raw"}))
+    ours, theirs = Pipe()
+    ranks = SimpleNamespace(conns={1: ours}, procs={1: None})
+    watch = Watch(cast(Any, None), cast(Any, ranks), egress, None)
+    for payload in range(3):
+        theirs.send(("egress", "video", PipelineItem(payload, rxstream.PipelineMetadata())))
+    theirs.send(("done", 1, 3, stats_to_wire({})))
+    watch._read(1, ours)
+    assert [item.payload for item in page.items("video")] == [0, 1]
+    assert (watch.egressed[1], egress.refused) == (3, 1)
+    assert watch.finished == {1}

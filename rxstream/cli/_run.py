@@ -187,7 +187,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         return 0  # under torchrun, rank 0 alone prints the summary of every rank
     from rxstream.runtime import format_statistics
 
-    print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
+    refused = f" ({result.refused} of them past --frames, refused)" if result.refused else ""
+    print(f"{result.egressed} items egressed on {result.ranks} rank(s){refused}")
     _say_kept(args, before)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
