@@ -55,6 +55,10 @@ CASES: dict[str, Case] = {
         ["run", str(tmp / "nope.py")],
         r"^rxstream run: app file '.*nope\.py' does not exist$",
     ),
+    "run: build raises": lambda tmp, _: (
+        ["run", _write(tmp / "raising.py", "def build(ctx):\n    return {}['codec']\n")],
+        r"^rxstream run: app '.*raising\.py': build\(ctx\) raised KeyError: 'codec'$",
+    ),
     "run: syntax error": lambda tmp, _: (
         ["run", _write(tmp / "broken.py", "def build(ctx:\n")],
         r"^rxstream run: '\(' was never closed \(broken\.py, line 1\)$",

@@ -107,8 +107,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         problem = _check_app(app, args)
     except (ArgumentTypeError, SettingError) as exc:
         return fail(str(exc), 2)
-    except Exception as exc:  # the app's build failed: as the launch would have said it
-        return fail(str(exc), 1)
+    except Exception as exc:  # the app's build failed: name the app and what it raised
+        return fail(f"app {app.entry!r}: build(ctx) raised {type(exc).__name__}: {exc}", 1)
     if problem is not None:
         return fail(problem, 2)
     if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
