@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import rxstream
@@ -78,3 +80,28 @@ def test_an_item_a_rank_forwarded_past_frames_is_counted_refused_by_the_controll
     assert [item.payload for item in page.items("video")] == [0, 1]
     assert (watch.egressed[1], egress.refused) == (3, 1)
     assert watch.finished == {1}
+
+
+TWO_SINKS_APP = '''\
+"""One source on rank 0 feeding a sink there and, through rank 1, a sink on rank 1."""
+
+
+def build(ctx):
+    up = ctx.source(range(200), rank=0)
+    return ctx.graph(
+        up | ctx.stream("a", rank=0),
+        up | ctx.pipe(lambda x: x, rank=1) | ctx.stream("b", rank=1),
+    )
+'''
+
+
+def test_sinks_on_two_ranks_past_frames_balance_with_the_refused_count(tmp_path: Path) -> None:
+    """Two sinks on two ranks share ``frames``: what reached the session is what the sinks
+    counted out less ``refused``, and the session got exactly ``frames``."""
+    app = tmp_path / "two_sinks.py"
+    app.write_text(TWO_SINKS_APP)
+    page = MemoryTransport()
+    result = rxstream.launch(str(app), ranks=2, frames=10, transport=page, timeout=60)
+    reached = len(page.items("a")) + len(page.items("b"))
+    assert reached == 10
+    assert result.egressed - result.refused == reached
