@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
+import os
 import types
 import typing
 from collections.abc import Iterable, Mapping
-from typing import Any, cast
+from typing import Any, TextIO, cast
 
-__all__ = ["finite_only", "fixup_module_metadata", "lone_surrogate"]
+__all__ = ["StdoutGuard", "finite_only", "fixup_module_metadata", "lone_surrogate"]
 
 
 def fixup_module_metadata(
@@ -89,3 +91,40 @@ def finite_only(value: Any, places: list[str], path: str = "") -> Any:
     if isinstance(value, list | tuple):
         return [finite_only(v, places, f"{path}[{i}]") for i, v in enumerate(value)]
     return value
+
+
+class StdoutGuard:
+    """``sys.stdout`` while ``rxstream run`` runs, in the controller and in every spawned rank
+    (``rank_main``): once its reader left (``| head -1``), what the app or the summary prints
+    goes to devnull, and the run goes on to its end — the file finished, every rank stopped —
+    instead of a stage failing at the next ``print`` with ``BrokenPipeError``."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        try:
+            return self.stream.write(text)
+        except BrokenPipeError:
+            self._silence()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self.stream.flush()
+        except BrokenPipeError:
+            self._silence()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    def _silence(self) -> None:
+        """Point stdout's descriptor at devnull: the pending bytes and the exit's flush go there."""
+        self.broken = True
+        with contextlib.suppress(OSError, ValueError):  # a stream without a descriptor
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, self.stream.fileno())
+            finally:
+                os.close(devnull)

@@ -55,6 +55,10 @@ CASES: dict[str, Case] = {
         ["run", str(tmp / "nope.py")],
         r"^rxstream run: app file '.*nope\.py' does not exist$",
     ),
+    "run: build raises": lambda tmp, _: (
+        ["run", _write(tmp / "raising.py", "def build(ctx):\n    return {}['codec']\n")],
+        r"^rxstream run: app '.*raising\.py': build\(ctx\) raised KeyError: 'codec'$",
+    ),
     "run: syntax error": lambda tmp, _: (
         ["run", _write(tmp / "broken.py", "def build(ctx:\n")],
         r"^rxstream run: '\(' was never closed \(broken\.py, line 1\)$",
@@ -269,3 +273,44 @@ def test_an_existing_output_file_that_is_not_writable_is_refused(
     assert cli.main(["run", FRAMES_APP, "--frames", "3", "--out", str(video)]) == 2
     assert capsys.readouterr().err == f"rxstream run: --out {video}: the file is not writable\n"
     assert video.read_bytes() == b"old"
+
+
+def test_ranks_checking_one_output_at_once_never_refuse_each_other(tmp_path: Path) -> None:
+    """Two ranks (threads) check one ``--out`` and one missing folder at once: no refusal, and
+    no probe left behind (a probe by the target's own name raced: "File exists")."""
+    import threading
+
+    from rxstream.cli._run import _check_output
+
+    paths = [str(tmp_path / "out.mp4"), str(tmp_path / "made" / "x.mp4")]
+    start = threading.Barrier(2)
+    problems: list[str] = []
+
+    def rank() -> None:
+        start.wait()
+        for _ in range(1500):
+            for path in paths:
+                problem = _check_output("--out", path)
+                if problem is not None:
+                    problems.append(problem)
+
+    ranks = [threading.Thread(target=rank) for _ in range(2)]
+    for thread in ranks:
+        thread.start()
+    for thread in ranks:
+        thread.join()
+    assert problems == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dangling_symlink_output_is_written_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--out`` a symlink to a file not there yet: accepted (not "File exists"), written."""
+    real = tmp_path / "real.mp4"
+    link = tmp_path / "link.mp4"
+    link.symlink_to(real)
+    assert cli.main(["run", FRAMES_APP, "--frames", "3", "--out", str(link)]) == 0, (
+        capsys.readouterr().err
+    )
+    assert real.stat().st_size > 0

@@ -92,6 +92,36 @@ def test_an_app_printing_into_a_closed_pipe_runs_to_its_end(tmp_path: Path) -> N
     assert decoded_frames(video) == 3
 
 
+PRINTING_RANK_APP = '''\
+"""Two ranks: the paint stage and the sink on rank 1, the stage printing each frame."""
+import numpy as np
+
+
+def build(ctx):
+    def paint(i):
+        print(f"frame {i}", flush=True)
+        return np.full((32, 48, 3), i % 255, np.uint8)
+
+    return (
+        ctx.source(range(100000), rank=0)
+        | ctx.pipe(paint, rank=1)
+        | ctx.stream("video", rank=1)
+    )
+'''
+
+
+def test_a_rank_printing_into_a_closed_pipe_runs_to_its_end(tmp_path: Path) -> None:
+    """A stage on spawned rank 1 prints with no reader left: 141, no BrokenPipeError, full MP4."""
+    app = tmp_path / "printing.py"
+    app.write_text(PRINTING_RANK_APP)
+    video = tmp_path / "r1.mp4"
+    done = without_reader("run", str(app), "--ranks", "2", "--frames", "5", "--out", str(video))
+    assert done.returncode == SIGPIPE, done.stderr
+    assert "BrokenPipeError" not in done.stderr
+    assert "Traceback" not in done.stderr
+    assert decoded_frames(video) == 5
+
+
 def interruptible(*args: str, release: Path) -> subprocess.Popen[str]:
     """``python -m rxstream ARGS`` with SIGINT at its default (as a terminal's foreground job
     has it; a background job of a shell ignores it), the slow app's release file in RELEASE."""

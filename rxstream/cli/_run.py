@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -35,9 +36,10 @@ SIGPIPE, as ``yes | head -1`` reports it under ``set -o pipefail``; no traceback
 def run(args: argparse.Namespace) -> int:
     """``rxstream run``: the exit status (0, 1 a failure, 2 a usage error, 128 + a signal;
     141 when the run went well but stdout's reader left)."""
+    from rxstream._util import StdoutGuard
     from rxstream.ranks._torchrun import torchrun_env
 
-    guard = _StdoutGuard(sys.stdout)
+    guard = StdoutGuard(sys.stdout)
     sys.stdout = cast(TextIO, guard)
     try:
         with _StopSignals(enabled=torchrun_env() is None) as signals:
@@ -45,42 +47,6 @@ def run(args: argparse.Namespace) -> int:
     finally:
         sys.stdout = guard.stream
     return SIGPIPE_STATUS if guard.broken and status == 0 else status
-
-
-class _StdoutGuard:
-    """``sys.stdout`` while ``rxstream run`` runs: once its reader left (``| head -1``), what
-    the app or the summary prints goes to devnull, and the run goes on to its end — the file
-    finished, every rank stopped — instead of failing at the next ``print``."""
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.broken = False
-
-    def write(self, text: str) -> int:
-        try:
-            return self.stream.write(text)
-        except BrokenPipeError:
-            self._silence()
-            return len(text)
-
-    def flush(self) -> None:
-        try:
-            self.stream.flush()
-        except BrokenPipeError:
-            self._silence()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.stream, name)
-
-    def _silence(self) -> None:
-        """Point stdout's descriptor at devnull: the pending bytes and the exit's flush go there."""
-        self.broken = True
-        with contextlib.suppress(OSError, ValueError):  # a stream without a descriptor
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, self.stream.fileno())
-            finally:
-                os.close(devnull)
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
@@ -141,8 +107,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         problem = _check_app(app, args)
     except (ArgumentTypeError, SettingError) as exc:
         return fail(str(exc), 2)
-    except Exception as exc:  # the app's build failed: as the launch would have said it
-        return fail(str(exc), 1)
+    except Exception as exc:  # the app's build failed: name the app and what it raised
+        return fail(f"app {app.entry!r}: build(ctx) raised {type(exc).__name__}: {exc}", 1)
     if problem is not None:
         return fail(problem, 2)
     if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
@@ -221,7 +187,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         return 0  # under torchrun, rank 0 alone prints the summary of every rank
     from rxstream.runtime import format_statistics
 
-    print(f"{result.egressed} items egressed on {result.ranks} rank(s)")
+    refused = f" ({result.refused} of them past --frames, refused)" if result.refused else ""
+    print(f"{result.egressed} items egressed on {result.ranks} rank(s){refused}")
     _say_kept(args, before)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
@@ -390,10 +357,16 @@ def _check_output(flag: str, path: str) -> str | None:
 
     A folder that is a file, or a path that is a folder, is refused; so is a place where the
     file cannot be made — tried, not guessed from permission bits (root passes those even on
-    ``/proc``): the file is created and removed again, a missing folder's first level made and
-    removed (an existing file is checked by its bits). Nothing is left behind: a
-    missing folder is made by :func:`_make_folder` once every check passed."""
+    ``/proc``). The probe never touches the target's own name: a unique temporary file is made
+    in the folder and removed (``mkstemp``), or, for a missing folder, a unique temporary
+    folder under its first existing parent (``mkdtemp``). So every rank may check at once
+    (torchrun's ranks on one host race on one ``--out``: a probe by the target's name refused
+    the other rank, "File exists"), and a dangling symlink is checked where it points, as
+    writing through it does. An existing file is checked by its bits. Nothing is left behind:
+    a missing folder is made by :func:`_make_folder` once every check passed."""
     target = Path(path)
+    if target.is_symlink() and not target.exists():  # dangling: the file is made where it points
+        target = Path(os.path.realpath(target))
     if target.is_dir():
         return f"{flag} {path} is a folder; give a file name"
     folder = target.parent
@@ -404,26 +377,33 @@ def _check_output(flag: str, path: str) -> str | None:
         if not os.access(target, os.W_OK):
             return f"{flag} {path}: the file is not writable"
         return None
+    where = next(p for p in (folder, *folder.parents) if p.exists())
     try:
-        if folder.exists():
-            with target.open("x"):
-                pass
-            target.unlink()
+        if where == folder:
+            handle, probe = tempfile.mkstemp(prefix=".rxstream-probe-", dir=folder)
+            os.close(handle)
+            os.unlink(probe)
         else:
-            first = next(p for p in (folder, *folder.parents) if p.parent.exists())
-            first.mkdir()
-            first.rmdir()
+            os.rmdir(tempfile.mkdtemp(prefix=".rxstream-probe-", dir=where))
     except OSError as exc:
-        where = folder if folder.exists() else next(p for p in folder.parents if p.exists())
         return f"{flag} {path}: cannot write in the folder {where}: {exc.strerror}"
     return None
 
 
 def _make_folder(flag: str, path: str) -> None:
-    """Make the missing folder of an output file (checked by :func:`_check_output`); say so."""
-    folder = Path(path).parent
+    """Make the missing folder of an output file (checked by :func:`_check_output`); say so.
+    Another rank may make it at the same time: the one that made it says so."""
+    target = Path(path)
+    if target.is_symlink() and not target.exists():
+        target = Path(os.path.realpath(target))
+    folder = target.parent
     if not folder.exists():
-        folder.mkdir(parents=True)
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            if not folder.is_dir():
+                raise
+            return
         print(f"rxstream run: created the folder {folder}/ for {flag}", file=sys.stderr)
 
 

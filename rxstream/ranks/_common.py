@@ -74,6 +74,10 @@ class LaunchResult:
     """Each rank's stage statistics when it stopped, by rank."""
     egressed: int = 0
     """Items all sinks egressed, over every rank."""
+    refused: int = 0
+    """Of those, items sinks on ranks > 0 forwarded that rank 0's session refused, past
+    ``frames`` (sinks on several ranks together past it): counted ``out`` by their sinks, sent
+    nowhere; ``egressed - refused`` reached the session."""
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,9 @@ class Egress(Transport):
         self._inner: Transport | None = None
         self._gate = _Gate(frames, self.end)
         self._ended = False
+        self.refused = 0
+        """Items a rank > 0's sink forwarded (and counted ``out``) that the gate refused past
+        ``frames``: :attr:`LaunchResult.refused <rxstream.ranks._common.LaunchResult.refused>`."""
         self.pipeline: Pipeline | None = None
         """The pipeline of the first session."""
         self.file: Any = None
@@ -123,6 +126,15 @@ class Egress(Transport):
             self._gate.admit()
             inner.send(stream, item)
 
+    def forward(self, stream: str, item: PipelineItem) -> None:
+        """Send an item a rank > 0's sink forwarded (the controller's watch). Its sink counted
+        it ``out`` already, so one past ``frames`` (sinks on several ranks together past it)
+        is not raised back but counted in :attr:`refused`."""
+        try:
+            self.send(stream, item)
+        except ItemRefused:
+            self.refused += 1
+
     def on_timing(self, record: TimingRecord) -> None:
         if self._inner is not None:
             self._inner.on_timing(record)
@@ -142,7 +154,11 @@ class _Gate:
     """Admits at most ``frames`` items (all of them for ``None``); ``on_full`` after the last.
 
     An item past them is refused with :class:`ItemRefused` (reason ``frames``): its sink
-    counts it as dropped, so the books balance and the sinks' ``out`` is what was sent.
+    counts it as dropped, so the books balance and the sinks' ``out`` is what was sent. That
+    holds for rank 0's sinks and, on its own gate, for each rank > 0's; an item a rank > 0
+    forwarded that passed its own gate but not rank 0's (sinks on several ranks, together past
+    ``frames``) was counted ``out`` by its sink already: :meth:`Egress.forward` counts it in
+    ``Egress.refused``, which the launch's ``LaunchResult.refused`` reports.
     """
 
     def __init__(self, frames: int | None, on_full: Callable[[], object]) -> None:

@@ -218,7 +218,8 @@ def _launch_main(
         watch = ranked.watch
         statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
         total += sum(watch.egressed.values())
-    return LaunchResult(spawn.world, MappingProxyType(statistics), total)
+    refused = egress.refused
+    return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused)
 
 
 async def supervise(

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TextIO, cast
 
 from rxstream._exceptions import PipelineError, PipelineStateError
 from rxstream._kernel._stats import egressed, stats_to_wire
+from rxstream._util import StdoutGuard
 from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
@@ -131,6 +133,9 @@ def rank_main(
 ) -> None:
     """The body of rank ``setup.rank`` > 0 (in a spawned process)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the controller, which stops us
+    # stdout is the controller's (``rxstream run … | head``): a print once its reader left
+    # goes to devnull, as in the controller, instead of failing the stage that printed
+    sys.stdout = cast(TextIO, StdoutGuard(sys.stdout))
     signals = _RankSignals()
     rank, spawn = setup.rank, setup.spawn
     sender = Sender(conn)

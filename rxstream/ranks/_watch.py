@@ -12,7 +12,7 @@ from multiprocessing.connection import Connection
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rxstream._exceptions import ItemRefused, PipelineError
+from rxstream._exceptions import PipelineError
 from rxstream._kernel._stats import StageStatistics, egressed, stats_from_wire
 from rxstream.ranks._common import (
     HEARTBEAT_ENV,
@@ -110,7 +110,8 @@ class Watch:
                 stopping_until = now + JOIN_S
         self.stats[0] = dict(run.statistics())
         total = sum(self.egressed.values()) + egressed(self.stats[0])
-        return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total)
+        refused = self.egress.refused
+        return LaunchResult(len(conns) + 1, MappingProxyType(self.stats), total, refused)
 
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
@@ -128,9 +129,7 @@ class Watch:
                 _died(self.run, rank, self.procs[rank])
             kind = message[0]
             if kind == "egress":
-                # sinks on several ranks, together past ``frames``: not sent
-                with contextlib.suppress(ItemRefused):
-                    self.egress.send(message[1], message[2])
+                self.egress.forward(message[1], message[2])
             elif kind == "timing":
                 self.egress.on_timing(message[1])
             elif kind == "egressed":
