@@ -507,3 +507,27 @@ def test_an_id_javascript_cannot_hold_is_refused(ident: int) -> None:
         parse_message(json.dumps({"type": "hello", "id": ident}), SessionLimits())
     assert refused.value.ident is None
     assert parse_message(json.dumps({"id": 2**53}), SessionLimits()) == {"id": 2**53}
+
+
+def test_a_doc_write_just_before_stop_leaves_the_next_run_its_doc_states() -> None:
+    """A state owed when close() stopped the loop does not block the states of the next open()."""
+    web = WebTransport(port=0, token=TOKEN, grace_s=60)
+    ctx = rxstream.Context(transport=web)
+    ctx.doc("control", defaults={"gain": 0.5})
+    pipeline = ctx.input("pointer") | ctx.pipe(frame_of) | ctx.stream("video")
+    pipeline.start()
+    pipeline.update(gain=0.7)  # a steer, then stop at once (one notebook cell)
+    pipeline.stop()
+    pipeline.start()
+    try:
+
+        async def check() -> dict[str, Any]:
+            async with aiohttp.ClientSession() as http, http.ws_connect(web.ws_url) as ws:
+                await texts_until(ws, "session")
+                pipeline.update(gain=0.9)
+                return await texts_until(ws, "doc")
+
+        state = asyncio.run(check())
+    finally:
+        pipeline.stop()
+    assert (state["name"], state["desired"]["gain"]) == ("control", 0.9)
