@@ -276,14 +276,26 @@ class PageMessages:
                 f"shown times must be in order arrived <= decoded <= presented, got "
                 f"{arrived}, {decoded}, {presented}",
             )
-        self._check_shown(client, stream, _count(message, "seq"), arrived, decoded, presented)
+        too_long = self._check_shown(
+            client, stream, _count(message, "seq"), arrived, decoded, presented
+        )
+        if too_long is not None:  # a background tab's queued frame: true, but no latency to join
+            self._photon.count_implausible()
+            return {"shown": too_long}
         event = None if message.get("event") is None else _number(message, "event")
-        if event is not None and not arrived - MAX_HOP_MS <= event <= arrived:
+        note: dict[str, Any] = {}
+        if event is not None and event > arrived:
             raise _Refused(
                 "implausible",
-                f"shown.event must be at most {MAX_HOP_MS:g} ms before the frame arrived and "
-                f"not after it, got {event - arrived:+.1f} ms from arrived",
+                f"shown.event must not be after the frame arrived, got {event - arrived:+.1f} ms "
+                "from arrived",
             )
+        if event is not None and event < arrived - MAX_HOP_MS:  # the pointer sat still
+            note["event"] = (
+                f"shown.event is {arrived - event:.0f} ms before the frame arrived, more than "
+                f"{MAX_HOP_MS:g} ms: not this frame's input event, the join starts at its origin"
+            )
+            event = None
         video = message.get("video", "")
         if video not in _VIDEO_PATHS:
             raise _Refused(
@@ -303,41 +315,41 @@ class PageMessages:
         joined = self._photon.shown(report, client.clock, client.number)
         if joined is not None:
             self._photon_joined(*joined, client.number)
-        return {}
+        return note
 
     def _check_shown(
         self, client: Client, stream: str, seq: int, arrived: float, decoded: float, shown_: float
-    ) -> None:
-        """Refuse a report whose times cannot be this frame's: hops over MAX_HOP_MS, or, on the
-        server's clock (through the page's offset, good to a round trip), an arrival before
-        the frame was made or a presentation after now."""
-        for name, hop in (("decoded", decoded - arrived), ("presented", shown_ - decoded)):
-            if hop > MAX_HOP_MS:
+    ) -> str | None:
+        """Refuse a report whose times cannot be this frame's: on the server's clock (through
+        the page's offset, good to a round trip), an arrival before the frame was made or a
+        presentation after now. A hop over MAX_HOP_MS (a background tab's queued frame) is
+        not refused: the note saying why the report joins nothing."""
+        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
+        if offset is not None and rtt is not None:
+            slack = rtt + _CLOCK_SLACK_MS
+            late = shown_ - offset - time.monotonic() * 1e3
+            if late > slack + _FRAME_SLACK_MS:
                 raise _Refused(
                     "implausible",
-                    f"shown.{name} must be at most {MAX_HOP_MS:g} ms after the time before it, "
-                    f"got {hop:.1f} ms",
+                    f"shown.presented must not be after now on the server's clock, got "
+                    f"{late:.1f} ms after it (through the page's clock offset, good to "
+                    f"{slack + _FRAME_SLACK_MS:.1f} ms)",
                 )
-        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
-        if offset is None or rtt is None:
-            return  # not joined anyway (counted unsynced)
-        slack = rtt + _CLOCK_SLACK_MS
-        late = shown_ - offset - time.monotonic() * 1e3
-        if late > slack + _FRAME_SLACK_MS:
-            raise _Refused(
-                "implausible",
-                f"shown.presented must not be after now on the server's clock, got {late:.1f} "
-                f"ms after it (through the page's clock offset, good to "
-                f"{slack + _FRAME_SLACK_MS:.1f} ms)",
-            )
-        origin = self._photon.origin_ms(stream, seq)
-        if origin is not None and arrived - offset < origin - slack:
-            raise _Refused(
-                "implausible",
-                f"shown.arrived must be after frame {seq} was made on the server's clock, got "
-                f"{origin - (arrived - offset):.1f} ms before it (through the page's clock "
-                f"offset, good to {slack:.1f} ms)",
-            )
+            origin = self._photon.origin_ms(stream, seq)
+            if origin is not None and arrived - offset < origin - slack:
+                raise _Refused(
+                    "implausible",
+                    f"shown.arrived must be after frame {seq} was made on the server's clock, "
+                    f"got {origin - (arrived - offset):.1f} ms before it (through the page's "
+                    f"clock offset, good to {slack:.1f} ms)",
+                )
+        for name, hop in (("decoded", decoded - arrived), ("presented", shown_ - decoded)):
+            if hop > MAX_HOP_MS:
+                return (
+                    f"shown.{name} is {hop:.1f} ms after the time before it, more than "
+                    f"{MAX_HOP_MS:g} ms: not joined (counted in PhotonJoin.implausible)"
+                )
+        return None
 
     def _stream_of(self, message: dict[str, Any]) -> str:
         stream = message.get("stream")
