@@ -30,12 +30,13 @@ from rxstream.item import PipelineItem, PipelineMetadata
 from rxstream.timing import ClientTiming, HopTiming, TimingRecord, configure_logging
 from rxstream.timing._client import ClockOffset
 from rxstream.transport import Rate, SessionLimits, WebTransport
+from rxstream.transport import _webmessages as webmessages
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, Refused, parse_message
 from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client, Outbox
-from rxstream.transport._webmessages import MAX_ERROR_CHARS, RATED
+from rxstream.transport._webmessages import CLOCK_JUMPS, MAX_ERROR_CHARS, RATED
 
 pytestmark = pytest.mark.slow
 
@@ -398,29 +399,98 @@ def test_an_honest_shown_report_is_taken() -> None:
         assert asyncio.run(check())["type"] == "ack"
 
 
-@pytest.mark.parametrize(
-    ("clock", "named"),
-    [
-        (lambda t: t + 1000.0 + 5e5, "pong.c contradicts the round trip"),
-        (lambda t: -1.0, "pong.c must be a page clock (performance.now()) in 0..2^53 ms"),
-    ],
-)
-def test_a_pong_that_contradicts_the_clock_is_refused(clock: Any, named: str) -> None:
-    """A page clock off the estimate by more than the round trips allow is refused."""
+def test_a_pong_that_is_not_a_page_clock_is_refused() -> None:
+    """A pong whose c is outside 0..2^53 ms cannot be a page clock: refused as implausible."""
     with small_session() as served:
 
         async def check() -> dict[str, Any]:
             async with aiohttp.ClientSession() as http:
                 ws, _ = await synced_page(http, served.web)
                 ping = await texts_until(ws, "ping")
-                await ws.send_json({"type": "pong", "t": ping["t"], "c": clock(ping["t"])})
+                await ws.send_json({"type": "pong", "t": ping["t"], "c": -1.0})
                 (reply,) = await answers(ws, 1)
                 await ws.close()
                 return reply
 
         reply = asyncio.run(check())
     assert (reply["type"], reply["code"]) == ("error", "implausible")
-    assert named in reply["error"]
+    assert "pong.c must be a page clock (performance.now()) in 0..2^53 ms" in reply["error"]
+
+
+class Pongs:
+    """A page's pongs fed to ``_on_pong`` on a fake server clock (ms)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1_000.0
+        fake = type("FakeTime", (), {"monotonic": lambda: self.now / 1e3})
+        monkeypatch.setattr(webmessages, "time", fake)
+        self.web = WebTransport(port=0, token=TOKEN)
+        self.client = Client(cast(Any, None), 1, ClientGuard(self.web.limits, "test", RATED))
+
+    def pong(self, after: float, rtt: float, page: float) -> dict[str, Any]:
+        """A ping ``after`` ms on, answered ``rtt`` ms later with the page's clock ``page``."""
+        self.now += after
+        sent = self.now
+        self.client.pings.append(sent)
+        self.now += rtt
+        return self.web._on_pong(self.client, {"type": "pong", "t": sent, "c": page})
+
+
+def test_a_pong_that_contradicts_the_clock_is_acked_not_used_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A page clock off the estimate by more than the round trips allow is not an error."""
+    pongs = Pongs(monkeypatch)
+    assert pongs.pong(50.0, 0.5, 60_000.0) == {}
+    offset = pongs.client.clock.offset_ms
+    ack = pongs.pong(2_000.0, 0.5, 60_000.0 + 2_000.5 + 5e5)
+    assert ack["clock"].startswith("pong.c contradicts the round trip")
+    assert ack["clock"].endswith("not used")
+    assert (pongs.client.clock.offset_ms, pongs.client.pongs_unused) == (offset, 1)
+
+
+def test_a_pong_over_max_rtt_is_acked_not_used_and_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A round trip over MAX_RTT_MS sets no clock and is counted, not answered with an error."""
+    pongs = Pongs(monkeypatch)
+    ack = pongs.pong(50.0, 10_001.0, 60_000.0)
+    assert ack["clock"].startswith("pong.t: a round trip must be at most 10000 ms")
+    assert (pongs.client.clock.offset_ms, pongs.client.pongs_unused) == (None, 1)
+
+
+@pytest.mark.parametrize("step", [1000 / 60, 100.0])
+def test_a_coarse_page_clock_keeps_its_estimate(
+    monkeypatch: pytest.MonkeyPatch, step: float
+) -> None:
+    """A clock on a 16.67 or 100 ms grid (jittered to either edge) never resets its estimate."""
+    pongs = Pongs(monkeypatch)
+    rng = np.random.default_rng(1)
+    page_minus_server = 12_345.678
+    resets = unused = 0
+    for i in range(300):
+        before = pongs.client.clock
+        rtt = float(rng.uniform(0.2, 0.6))
+        at = pongs.now + (50.0 if i < 8 else 2_000.0) + float(rng.uniform(0, rtt))
+        grid = (at + page_minus_server) // step + float(rng.integers(0, 2))
+        unused += "clock" in pongs.pong(50.0 if i < 8 else 2_000.0, rtt, grid * step)
+        resets += pongs.client.clock is not before
+    assert resets == 0
+    assert unused <= 3
+    assert pongs.client.clock_step == pytest.approx(step)
+
+
+def test_a_page_clock_that_jumped_starts_its_estimate_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CLOCK_JUMPS contradicting pongs that agree with each other reset the estimate."""
+    pongs = Pongs(monkeypatch)
+    for _ in range(4):
+        pongs.pong(50.0, 0.5, pongs.now + 50.25 + 1_000.0)
+    assert pongs.client.clock.offset_ms == pytest.approx(1_000.0)
+    acks = [pongs.pong(2_000.0, 0.5, pongs.now + 2_000.25 + 9_000.0) for _ in range(CLOCK_JUMPS)]
+    assert ["clock" in ack for ack in acks] == [True] * (CLOCK_JUMPS - 1) + [False]
+    assert pongs.client.clock.offset_ms == pytest.approx(9_000.0)
 
 
 @pytest.mark.parametrize("at_ms", [0, 2**52, -(2**52)])
@@ -557,7 +627,7 @@ def page_report(**times: float) -> tuple[WebTransport, Client, list[ClientTiming
         )
     )
     joins: list[ClientTiming] = []
-    web._photon_joined = lambda _record, timing, _page: joins.append(timing)  # type: ignore[method-assign]
+    web._photon_joined = lambda _record, timing, _page: joins.append(timing)  # type: ignore[method-assign,assignment]
     message = {"type": "shown", "stream": "video", "seq": 9, "input_seq": 3, "video": "jpeg"}
     return web, client, joins, {**message, **times}
 

@@ -60,16 +60,18 @@ AT_MS_WINDOW_MS = 600_000.0
 server's wall clock."""
 
 MAX_RTT_MS = 10_000.0
-"""A ``pong`` whose round trip was longer sets no clock (it would loosen every bound)."""
+"""A ``pong`` whose round trip was longer sets no clock (it would loosen every bound): it is
+acked, not used, counted in ``Client.pongs_unused``."""
 
 MAX_PAGE_CLOCK_MS = 2.0**53
 """A page clock (``performance.now()``) is in 0..2^53 ms."""
 
 CLOCK_JUMPS = 3
-"""Contradicting ``pong``s in a row after which a page's clock estimate starts over."""
+"""Contradicting ``pong``s in a row, agreeing with each other, after which a page's clock
+estimate starts over (a clock that jumped)."""
 
 _CLOCK_SLACK_MS = 1.0
-"""Rounding and clock resolution (browsers coarsen ``performance.now()``)."""
+"""Rounding; a page's clock step (``Client.clock_step``, twice) is allowed on top of it."""
 
 _FRAME_SLACK_MS = 20.0
 """A presentation may be stamped up to about a display frame ahead (a vsync time)."""
@@ -238,30 +240,38 @@ class PageMessages:
                 "implausible",
                 f"pong.c must be a page clock (performance.now()) in 0..2^53 ms, got {shown(page)}",
             )
+        client.saw_clock(page)
         if received - sent > MAX_RTT_MS:
-            raise _Refused(
-                "implausible",
-                f"pong.t: a round trip must be at most {MAX_RTT_MS:g} ms to set the clock, got "
-                f"{received - sent:.0f} ms",
-            )
+            client.pongs_unused += 1
+            return {
+                "clock": f"pong.t: a round trip must be at most {MAX_RTT_MS:g} ms to set the "
+                f"clock, got {received - sent:.0f} ms: not used"
+            }
         offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
         if offset is not None and rtt is not None:
-            # the true offset lies within half a round trip of each exchange's: two that
-            # cannot both hold contradict each other (a clock that jumped: the page's estimate
-            # starts over after CLOCK_JUMPS of them in a row)
+            # the true offset lies within half a round trip (and the page clock's step) of
+            # each exchange's: two that cannot both hold contradict each other. Not used,
+            # counted; CLOCK_JUMPS in a row that agree with each other are a clock that
+            # jumped: the estimate starts over (a coarse clock's scatter never agrees)
+            step = 2 * client.clock_step + _CLOCK_SLACK_MS
             new = page - (sent + received) / 2
-            bound = (rtt + received - sent) / 2 + _CLOCK_SLACK_MS
+            bound = (rtt + received - sent) / 2 + step
             if abs(new - offset) > bound:
-                client.clock_jumps += 1
-                if client.clock_jumps < CLOCK_JUMPS:
-                    raise _Refused(
-                        "implausible",
-                        f"pong.c contradicts the round trip: it puts the page's clock "
-                        f"{new - offset:+.1f} ms from the estimate, more than the {bound:.1f} ms "
-                        "the round trips allow",
-                    )
+                jumps = client.clock_jumps = [*client.clock_jumps, (new, received - sent)]
+                del jumps[:-CLOCK_JUMPS]
+                news = [n for n, _ in jumps]
+                spread = max(news) - min(news) - max(r for _, r in jumps)
+                if len(jumps) < CLOCK_JUMPS or spread > step:
+                    if len(jumps) == CLOCK_JUMPS:  # scatter, not a jump: allow for it
+                        client.clock_scatter = max(client.clock_scatter, spread)
+                    client.pongs_unused += 1
+                    return {
+                        "clock": f"pong.c contradicts the round trip: it puts the page's clock "
+                        f"{new - offset:+.1f} ms from the estimate, more than the {bound:.1f} "
+                        "ms the round trips allow: not used"
+                    }
                 client.clock = ClockOffset()
-        client.clock_jumps = 0
+        client.clock_jumps = []
         client.clock.add(sent, page, received)
         return {}
 
@@ -326,7 +336,7 @@ class PageMessages:
         not refused: the note saying why the report joins nothing."""
         offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
         if offset is not None and rtt is not None:
-            slack = rtt + _CLOCK_SLACK_MS
+            slack = rtt + 2 * client.clock_step + _CLOCK_SLACK_MS
             late = shown_ - offset - time.monotonic() * 1e3
             if late > slack + _FRAME_SLACK_MS:
                 raise _Refused(
