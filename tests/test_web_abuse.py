@@ -15,6 +15,7 @@ import math
 import os
 import socket
 import struct
+import threading
 import time
 from pathlib import Path
 from typing import Any, cast
@@ -33,7 +34,7 @@ from rxstream.transport import Rate, SessionLimits, WebTransport
 from rxstream.transport import _webmessages as webmessages
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
-from rxstream.transport._guard import ClientGuard, Refused, parse_message
+from rxstream.transport._guard import ClientGuard, Refused, TokenBucket, parse_message
 from rxstream.transport._photon import PhotonJoin, Shown
 from rxstream.transport._webclient import Client, Outbox
 from rxstream.transport._webmessages import CLOCK_JUMPS, MAX_ERROR_CHARS, RATED
@@ -667,3 +668,44 @@ def test_an_input_event_after_arrival_is_still_refused() -> None:
     with pytest.raises(Refused, match=r"shown\.event must not be after the frame arrived"):
         web._on_shown(client, report)
     assert joins == []
+
+
+def test_a_token_bucket_spends_its_last_token_once_across_threads() -> None:
+    """Two threads taking a bucket's one token at once: one gets it (the sink's and loop's)."""
+    arrived = threading.Event()
+    results: list[bool] = []
+
+    def take() -> None:
+        results.append(bucket.take())
+        arrived.set()
+
+    other = threading.Thread(target=take)
+
+    class Burst(int):
+        """The burst: checking the main thread's token lets the other thread take at once."""
+
+        def __ge__(self, other_value: object) -> bool:
+            if threading.current_thread() is threading.main_thread() and other.ident is None:
+                other.start()
+                assert arrived.wait(10)  # the other thread took, or waits for the lock
+            return int(self) >= cast(int, other_value)
+
+    class Watched:
+        """The bucket's lock, telling when the other thread waits on it."""
+
+        def __init__(self) -> None:
+            self.inner = threading.Lock()
+
+        def __enter__(self) -> None:
+            if threading.current_thread() is not threading.main_thread():
+                arrived.set()
+            self.inner.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.inner.release()
+
+    bucket = TokenBucket(Rate(0.001, Burst(1)), lambda: 0.0)
+    bucket._lock = Watched()  # type: ignore[assignment]
+    results.append(bucket.take())
+    other.join(10)
+    assert sorted(results) == [False, True]
