@@ -20,6 +20,7 @@ import json
 import math
 import re
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -419,13 +420,16 @@ def wire(message: Mapping[str, Any]) -> str:
 
 
 class TokenBucket:
-    """``rate.per_s`` tokens a second, at most ``rate.burst`` saved up (starts full)."""
+    """``rate.per_s`` tokens a second, at most ``rate.burst`` saved up (starts full); safe to
+    use from several threads (a page's ``keyframes`` rate is spent on the sink's thread and on
+    the loop's)."""
 
     def __init__(self, rate: Rate, clock: Clock = time.monotonic) -> None:
         self.rate = rate
         self._clock = clock
         self._tokens = float(rate.burst)
         self._at = clock()
+        self._lock = threading.Lock()
 
     def _refill(self) -> None:
         now = self._clock()
@@ -434,17 +438,19 @@ class TokenBucket:
 
     def take(self) -> bool:
         """Spend a token if there is one."""
-        self._refill()
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
+        with self._lock:
+            self._refill()
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            return False
 
     def charge(self) -> float:
         """Spend a token, into debt if need be: the seconds until the debt is paid (0: none)."""
-        self._refill()
-        self._tokens -= 1
-        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate.per_s
+        with self._lock:
+            self._refill()
+            self._tokens -= 1
+            return 0.0 if self._tokens >= 0 else -self._tokens / self.rate.per_s
 
 
 class SampledLog:

@@ -78,7 +78,13 @@ class PhotonJoin:
         self.unsynced = 0
         """Reports dropped because the page's clock was not known yet."""
         self.implausible = 0
-        """Joins dropped because a hop came out outside the frame's life (never logged)."""
+        """Joins dropped because a hop came out outside the frame's life, and reports with a
+        hop over MAX_HOP_MS (never logged)."""
+
+    def count_implausible(self) -> None:
+        """A report with a hop over MAX_HOP_MS (a background tab's) joins nothing: counted."""
+        with self._lock:
+            self.implausible += 1
 
     def origin_ms(self, stream: str, seq: int) -> float | None:
         """Frame ``seq`` of ``stream``'s first stamp (server ms), if it is remembered."""
@@ -168,7 +174,8 @@ class PhotonJoin:
 
 
 MAX_HOP_MS = 60_000.0
-"""The longest client hop (net, decode, present) a join takes: past it a report is refused."""
+"""The longest client hop (net, decode, present) a join takes: past it a report joins nothing
+(counted in ``PhotonJoin.implausible``)."""
 
 
 def plausible(timing: ClientTiming) -> bool:

@@ -224,6 +224,9 @@ class WebTransport(DocStates, PageMessages, Transport):
         for codec in {*session.streams.values(), "jpeg"}:  # jpeg: any page's fallback
             preload(codec)
         self._seq = dict.fromkeys(session.streams, 0)
+        with self._lock:  # a send_docs the last close() stopped never ran: owe no page a state
+            self._dirty_docs.clear()
+            self._docs_due = False
         if self._thread is None:
             self._serve()
         self._open = True
@@ -314,6 +317,9 @@ class WebTransport(DocStates, PageMessages, Transport):
             loop.call_soon_threadsafe(loop.stop)
         thread.join(_START_S)
         self._loop = self._thread = self._runner = None
+        with self._lock:  # its loop is gone: a due send_docs will never run
+            self._dirty_docs.clear()
+            self._docs_due = False
         for key in list(self._shared):
             self._shared.pop(key).close()
 

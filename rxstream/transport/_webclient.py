@@ -18,6 +18,7 @@ from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, wire
 
 __all__ = [
+    "CLOCK_STEP_MAX_MS",
     "MAX_DROPPED_IDS",
     "PAGE_HEADERS",
     "PINGS_S",
@@ -33,6 +34,21 @@ _FRAME = b"F"
 PINGS_S = (0.05,) * 8 + (2.0,)
 """The pauses between clock pings: a burst of 8, 50 ms apart, on attach, then one every 2 s
 (the estimate keeps the shortest round trip of the last 16)."""
+
+
+CLOCK_STEP_MAX_MS = 100.0
+"""The coarsest page clock allowed for (Firefox's ``privacy.resistFingerprinting``: 100 ms)."""
+
+_STEP_TOLERANCE_MS = 0.01
+"""Differences of page clocks within this are equal (a step below it is a fine clock)."""
+
+
+def _approximate_gcd(a: float, b: float) -> float:
+    """The largest step of which ``a`` and ``b`` are both multiples, to _STEP_TOLERANCE_MS."""
+    while b > _STEP_TOLERANCE_MS:
+        rest = a % b
+        a, b = b, (0.0 if min(rest, b - rest) <= _STEP_TOLERANCE_MS else rest)
+    return a
 
 
 MAX_DROPPED_IDS = 1024
@@ -125,14 +141,46 @@ class Client:
         it joined (or since its last dropped fragment)."""
         self.clock = ClockOffset()
         """This page's ``performance.now()`` against the server's monotonic clock."""
-        self.clock_jumps = 0
-        """``pong``s in a row that contradicted the estimate (see ``CLOCK_JUMPS``)."""
+        self.clock_jumps: list[tuple[float, float]] = []
+        """The offsets and round trips of the ``pong``s in a row that contradicted the
+        estimate: ``CLOCK_JUMPS`` of them that agree with each other start it over."""
+        self.clock_grid = 0.0
+        """The grid of this page's clock (ms): the approximate gcd of the differences between
+        its pongs' ``c`` (a coarsened ``performance.now()``), 0 until 3 were seen or for a
+        fine clock."""
+        self.clock_scatter = 0.0
+        """The spread of contradicting pongs that did not agree with each other (ms): a
+        clock coarsened with jitter off its grid."""
+        self._clock_last: float | None = None
+        self._clock_gcd: float | None = None
+        self._clock_diffs = 0
+        self.pongs_unused = 0
+        """``pong``s acked but not used for the estimate (a round trip over ``MAX_RTT_MS``
+        or a page clock that contradicts it)."""
         self.ping_due = False
         self.pings: deque[float] = deque(maxlen=16)
         """The times (server ms) of the pings sent lately: a pong must answer one of them."""
         self.number = 0
         self.transport: asyncio.Transport | None = None
         """The connection under the socket: cut when the page does not take a close frame."""
+
+    def saw_clock(self, page: float) -> None:
+        """A pong's ``c``: refine ``clock_step`` with its difference from the last one."""
+        last, self._clock_last = self._clock_last, page
+        if last is None or page == last:
+            return
+        diff = abs(page - last)
+        gcd = diff if self._clock_gcd is None else _approximate_gcd(self._clock_gcd, diff)
+        self._clock_gcd = gcd
+        self._clock_diffs += 1
+        if self._clock_diffs >= 2:
+            self.clock_grid = gcd if gcd > 5 * _STEP_TOLERANCE_MS else 0.0
+
+    @property
+    def clock_step(self) -> float:
+        """How far one ``c`` of this page may be off its true clock (ms): its grid or its
+        scatter, at most ``CLOCK_STEP_MAX_MS``."""
+        return min(max(self.clock_grid, self.clock_scatter), CLOCK_STEP_MAX_MS)
 
     def push_frame(self, stream: str, codec: str, data: bytes) -> None:
         if len(self.frames) >= self.max_frames:

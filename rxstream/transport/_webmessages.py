@@ -60,16 +60,18 @@ AT_MS_WINDOW_MS = 600_000.0
 server's wall clock."""
 
 MAX_RTT_MS = 10_000.0
-"""A ``pong`` whose round trip was longer sets no clock (it would loosen every bound)."""
+"""A ``pong`` whose round trip was longer sets no clock (it would loosen every bound): it is
+acked, not used, counted in ``Client.pongs_unused``."""
 
 MAX_PAGE_CLOCK_MS = 2.0**53
 """A page clock (``performance.now()``) is in 0..2^53 ms."""
 
 CLOCK_JUMPS = 3
-"""Contradicting ``pong``s in a row after which a page's clock estimate starts over."""
+"""Contradicting ``pong``s in a row, agreeing with each other, after which a page's clock
+estimate starts over (a clock that jumped)."""
 
 _CLOCK_SLACK_MS = 1.0
-"""Rounding and clock resolution (browsers coarsen ``performance.now()``)."""
+"""Rounding; a page's clock step (``Client.clock_step``, twice) is allowed on top of it."""
 
 _FRAME_SLACK_MS = 20.0
 """A presentation may be stamped up to about a display frame ahead (a vsync time)."""
@@ -238,30 +240,38 @@ class PageMessages:
                 "implausible",
                 f"pong.c must be a page clock (performance.now()) in 0..2^53 ms, got {shown(page)}",
             )
+        client.saw_clock(page)
         if received - sent > MAX_RTT_MS:
-            raise _Refused(
-                "implausible",
-                f"pong.t: a round trip must be at most {MAX_RTT_MS:g} ms to set the clock, got "
-                f"{received - sent:.0f} ms",
-            )
+            client.pongs_unused += 1
+            return {
+                "clock": f"pong.t: a round trip must be at most {MAX_RTT_MS:g} ms to set the "
+                f"clock, got {received - sent:.0f} ms: not used"
+            }
         offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
         if offset is not None and rtt is not None:
-            # the true offset lies within half a round trip of each exchange's: two that
-            # cannot both hold contradict each other (a clock that jumped: the page's estimate
-            # starts over after CLOCK_JUMPS of them in a row)
+            # the true offset lies within half a round trip (and the page clock's step) of
+            # each exchange's: two that cannot both hold contradict each other. Not used,
+            # counted; CLOCK_JUMPS in a row that agree with each other are a clock that
+            # jumped: the estimate starts over (a coarse clock's scatter never agrees)
+            step = 2 * client.clock_step + _CLOCK_SLACK_MS
             new = page - (sent + received) / 2
-            bound = (rtt + received - sent) / 2 + _CLOCK_SLACK_MS
+            bound = (rtt + received - sent) / 2 + step
             if abs(new - offset) > bound:
-                client.clock_jumps += 1
-                if client.clock_jumps < CLOCK_JUMPS:
-                    raise _Refused(
-                        "implausible",
-                        f"pong.c contradicts the round trip: it puts the page's clock "
-                        f"{new - offset:+.1f} ms from the estimate, more than the {bound:.1f} ms "
-                        "the round trips allow",
-                    )
+                jumps = client.clock_jumps = [*client.clock_jumps, (new, received - sent)]
+                del jumps[:-CLOCK_JUMPS]
+                news = [n for n, _ in jumps]
+                spread = max(news) - min(news) - max(r for _, r in jumps)
+                if len(jumps) < CLOCK_JUMPS or spread > step:
+                    if len(jumps) == CLOCK_JUMPS:  # scatter, not a jump: allow for it
+                        client.clock_scatter = max(client.clock_scatter, spread)
+                    client.pongs_unused += 1
+                    return {
+                        "clock": f"pong.c contradicts the round trip: it puts the page's clock "
+                        f"{new - offset:+.1f} ms from the estimate, more than the {bound:.1f} "
+                        "ms the round trips allow: not used"
+                    }
                 client.clock = ClockOffset()
-        client.clock_jumps = 0
+        client.clock_jumps = []
         client.clock.add(sent, page, received)
         return {}
 
@@ -276,14 +286,26 @@ class PageMessages:
                 f"shown times must be in order arrived <= decoded <= presented, got "
                 f"{arrived}, {decoded}, {presented}",
             )
-        self._check_shown(client, stream, _count(message, "seq"), arrived, decoded, presented)
+        too_long = self._check_shown(
+            client, stream, _count(message, "seq"), arrived, decoded, presented
+        )
+        if too_long is not None:  # a background tab's queued frame: true, but no latency to join
+            self._photon.count_implausible()
+            return {"shown": too_long}
         event = None if message.get("event") is None else _number(message, "event")
-        if event is not None and not arrived - MAX_HOP_MS <= event <= arrived:
+        note: dict[str, Any] = {}
+        if event is not None and event > arrived:
             raise _Refused(
                 "implausible",
-                f"shown.event must be at most {MAX_HOP_MS:g} ms before the frame arrived and "
-                f"not after it, got {event - arrived:+.1f} ms from arrived",
+                f"shown.event must not be after the frame arrived, got {event - arrived:+.1f} ms "
+                "from arrived",
             )
+        if event is not None and event < arrived - MAX_HOP_MS:  # the pointer sat still
+            note["event"] = (
+                f"shown.event is {arrived - event:.0f} ms before the frame arrived, more than "
+                f"{MAX_HOP_MS:g} ms: not this frame's input event, the join starts at its origin"
+            )
+            event = None
         video = message.get("video", "")
         if video not in _VIDEO_PATHS:
             raise _Refused(
@@ -303,41 +325,41 @@ class PageMessages:
         joined = self._photon.shown(report, client.clock, client.number)
         if joined is not None:
             self._photon_joined(*joined, client.number)
-        return {}
+        return note
 
     def _check_shown(
         self, client: Client, stream: str, seq: int, arrived: float, decoded: float, shown_: float
-    ) -> None:
-        """Refuse a report whose times cannot be this frame's: hops over MAX_HOP_MS, or, on the
-        server's clock (through the page's offset, good to a round trip), an arrival before
-        the frame was made or a presentation after now."""
-        for name, hop in (("decoded", decoded - arrived), ("presented", shown_ - decoded)):
-            if hop > MAX_HOP_MS:
+    ) -> str | None:
+        """Refuse a report whose times cannot be this frame's: on the server's clock (through
+        the page's offset, good to a round trip), an arrival before the frame was made or a
+        presentation after now. A hop over MAX_HOP_MS (a background tab's queued frame) is
+        not refused: the note saying why the report joins nothing."""
+        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
+        if offset is not None and rtt is not None:
+            slack = rtt + 2 * client.clock_step + _CLOCK_SLACK_MS
+            late = shown_ - offset - time.monotonic() * 1e3
+            if late > slack + _FRAME_SLACK_MS:
                 raise _Refused(
                     "implausible",
-                    f"shown.{name} must be at most {MAX_HOP_MS:g} ms after the time before it, "
-                    f"got {hop:.1f} ms",
+                    f"shown.presented must not be after now on the server's clock, got "
+                    f"{late:.1f} ms after it (through the page's clock offset, good to "
+                    f"{slack + _FRAME_SLACK_MS:.1f} ms)",
                 )
-        offset, rtt = client.clock.offset_ms, client.clock.rtt_ms
-        if offset is None or rtt is None:
-            return  # not joined anyway (counted unsynced)
-        slack = rtt + _CLOCK_SLACK_MS
-        late = shown_ - offset - time.monotonic() * 1e3
-        if late > slack + _FRAME_SLACK_MS:
-            raise _Refused(
-                "implausible",
-                f"shown.presented must not be after now on the server's clock, got {late:.1f} "
-                f"ms after it (through the page's clock offset, good to "
-                f"{slack + _FRAME_SLACK_MS:.1f} ms)",
-            )
-        origin = self._photon.origin_ms(stream, seq)
-        if origin is not None and arrived - offset < origin - slack:
-            raise _Refused(
-                "implausible",
-                f"shown.arrived must be after frame {seq} was made on the server's clock, got "
-                f"{origin - (arrived - offset):.1f} ms before it (through the page's clock "
-                f"offset, good to {slack:.1f} ms)",
-            )
+            origin = self._photon.origin_ms(stream, seq)
+            if origin is not None and arrived - offset < origin - slack:
+                raise _Refused(
+                    "implausible",
+                    f"shown.arrived must be after frame {seq} was made on the server's clock, "
+                    f"got {origin - (arrived - offset):.1f} ms before it (through the page's "
+                    f"clock offset, good to {slack:.1f} ms)",
+                )
+        for name, hop in (("decoded", decoded - arrived), ("presented", shown_ - decoded)):
+            if hop > MAX_HOP_MS:
+                return (
+                    f"shown.{name} is {hop:.1f} ms after the time before it, more than "
+                    f"{MAX_HOP_MS:g} ms: not joined (counted in PhotonJoin.implausible)"
+                )
+        return None
 
     def _stream_of(self, message: dict[str, Any]) -> str:
         stream = message.get("stream")
