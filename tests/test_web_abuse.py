@@ -515,18 +515,13 @@ def test_an_input_at_ms_far_from_now_keeps_the_sample_not_the_time(at_ms: int) -
     assert kept["at_ms"].endswith("the receive time is used")
 
 
-def test_a_join_outside_the_frames_life_is_dropped() -> None:
-    """A report arriving well before its frame's egress (the record came later) joins nothing."""
-    join = PhotonJoin()
-    join.sent("video", 1, (("input.recv", 10.0),))
-    clock = ClockOffset()
-    clock.add(0.0, 0.25, 0.5)
-    assert join.shown(Shown("video", 1, 7, 9_000.0, 9_001.0, 9_002.0), clock) is None
-    record = TimingRecord(
+def video_record(input_seq: int, *, cutover: bool) -> TimingRecord:
+    """A folded record of stream ``video``: 40 ms from ``input.recv`` to egress, one hop."""
+    return TimingRecord(
         stream="video",
-        input_seq=7,
+        input_seq=input_seq,
         input_at_ms=1,
-        cutover=False,
+        cutover=cutover,
         prompt_generation=0,
         pts=3,
         origin="input.recv",
@@ -534,6 +529,16 @@ def test_a_join_outside_the_frames_life_is_dropped() -> None:
         from_client_ms=None,
         hops=(HopTiming("video", 0.0, 40.0),),
     )
+
+
+def test_a_join_outside_the_frames_life_is_dropped() -> None:
+    """A report arriving well before its frame's egress (the record came later) joins nothing."""
+    join = PhotonJoin()
+    join.sent("video", 1, (("input.recv", 10.0),))
+    clock = ClockOffset()
+    clock.add(0.0, 0.25, 0.5)
+    assert join.shown(Shown("video", 1, 7, 9_000.0, 9_001.0, 9_002.0), clock) is None
+    record = video_record(7, cutover=False)
     assert join.record(record) == []
     assert join.implausible == 1
 
@@ -613,20 +618,7 @@ def page_report(**times: float) -> tuple[WebTransport, Client, list[ClientTiming
     now = time.monotonic() * 1e3
     client.clock.add(now, now, now)
     web._photon.sent("video", 9, (("input.recv", (times["arrived"] - 50.0) / 1e3),))
-    web._photon.record(
-        TimingRecord(
-            stream="video",
-            input_seq=3,
-            input_at_ms=1,
-            cutover=True,
-            prompt_generation=0,
-            pts=3,
-            origin="input.recv",
-            total_ms=40.0,
-            from_client_ms=None,
-            hops=(HopTiming("video", 0.0, 40.0),),
-        )
-    )
+    web._photon.record(video_record(3, cutover=True))
     joins: list[ClientTiming] = []
     web._photon_joined = lambda _record, timing, _page: joins.append(timing)  # type: ignore[method-assign,assignment]
     message = {"type": "shown", "stream": "video", "seq": 9, "input_seq": 3, "video": "jpeg"}
