@@ -355,8 +355,13 @@ class Pipeline:
         with _started_lock:
             others = [p for p in _started if p._context is self._context and p is not self]
         for other in others:
-            if other.state in ("completed", "failed"):
-                other.stop()
+            # not blocking: a thread starting or stopping that pipeline right now holds its
+            # lock, and may be waiting for this one's (two starts on one context at once)
+            if other.state in ("completed", "failed") and other._lifecycle.acquire(False):
+                try:
+                    other._stop_locked()
+                finally:
+                    other._lifecycle.release()
 
     def _release_transport(self) -> None:
         """Close the context's transport if this pipeline opened it last."""
