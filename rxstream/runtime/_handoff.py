@@ -33,6 +33,7 @@ from rxstream._kernel._scheduler import _Timer
 from rxstream._kernel._stats import StageCounters
 from rxstream.runtime._thread import (
     _INBOXES,
+    LIVE_ITEMS,
     LIVE_S,
     StageThread,
     _monotonic,
@@ -328,6 +329,7 @@ class TokenThread(StageThread):
         taken = self._taken
         perf = _perf
         live = LIVE_S
+        stride = 1  # the first items tell fast from slow
         entry: Any = None
         value: Any = None
         try:
@@ -361,6 +363,7 @@ class TokenThread(StageThread):
                     continue
                 started = perf()
                 stalled = counters.stalled_s
+                countdown = stride
                 try:
                     deliver(value)
                     entry = value = None  # as below: the first is done with
@@ -383,13 +386,20 @@ class TokenThread(StageThread):
                         deliver, value = entry[0], entry[1]
                         entry = None
                         deliver(value)
-                        # the work so far, as an item ends, every LIVE_S at least: live
-                        # statistics under a backlog that never ends (one clock read an item)
-                        done = perf()
-                        if done - started > live:
-                            now_stalled = counters.stalled_s
-                            counters.work_s += done - started - (now_stalled - stalled)
-                            started, stalled = done, now_stalled
+                        # the work so far, as an item ends, about every LIVE_S: live statistics
+                        # under a backlog that never ends (a clock read every LIVE_ITEMS fast
+                        # items, after every item once items take a while)
+                        countdown -= 1
+                        if not countdown:
+                            done = perf()
+                            if done - started > live:
+                                now_stalled = counters.stalled_s
+                                counters.work_s += done - started - (now_stalled - stalled)
+                                started, stalled = done, now_stalled
+                                stride = 1
+                            elif done - started < live / LIVE_ITEMS:
+                                stride = LIVE_ITEMS
+                            countdown = stride
                 except BaseException as exc:  # the engine's own failure: end the run, name it
                     self._on_crash(exc)
                     return
