@@ -21,12 +21,19 @@ from typing import Any
 
 from _report import STOP, Threads, ignore, noop, pulled, spread, verdict
 
+from rxstream._kernel._generations import Generations
+from rxstream._kernel._stats import StageCounters
+from rxstream.item import PipelineItem, _base, _forward, _sourced, now
+
 __all__ = [
     "FloorChain",
+    "FloorItemsChain",
     "FloorStampedChain",
     "FusedFloorChain",
+    "FusedFloorItemsChain",
     "FusedFloorStampedChain",
     "floor_line",
+    "items_line",
 ]
 
 STAGES = ("p1", "p2", "p3", "p4")
@@ -205,6 +212,124 @@ class FusedFloorStampedChain(FusedFloorChain):
     stamps = True
 
 
+def _items_source(
+    pull: Callable[[], Any], out: _HandOff, generations: Generations
+) -> Callable[[], None]:
+    """A source thread body making rxstream's items: each value with its metadata (the
+    generations now, its ``pts``) and its ``src.in``/``src.out`` stamps, counted."""
+    put, take = out.items.put, out.tokens.get
+    counters = StageCounters("src", "source")
+
+    def body() -> None:
+        values = pulled(pull)
+        pts = 0
+        while True:
+            started = now()
+            value = next(values, STOP)
+            take()
+            if value is STOP:
+                put(STOP)
+                return
+            counters.items_in += 1
+            item = _sourced(
+                value,
+                generations.prompt,
+                generations.flush,
+                False,
+                generations.drop,
+                pts,
+                0,
+                0,
+                (),
+                "src.in",
+                started,
+                "src.out",
+                now(),
+            )
+            pts += 1
+            counters.items_out += 1
+            put(item)
+
+    return body
+
+
+def _items_stage(
+    names: Sequence[str],
+    fns: Sequence[Callable[[Any], Any]],
+    inbox: _HandOff,
+    outbox: _HandOff | None,
+    generations: Generations,
+) -> Callable[[], None]:
+    """A stage thread body over rxstream's items: for each of ``fns`` in turn (one: a stage;
+    four: the fused shape), the routine admission, the counters, the stamps, the call and the
+    new item (see the module docstring); put on unless it is the end."""
+    get, give = inbox.items.get, inbox.tokens.put
+    end = outbox is None
+    put, take = (ignore, tuple) if outbox is None else (outbox.items.put, outbox.tokens.get)
+    steps = [
+        (fn, StageCounters(name, "pipe"), f"{name}.in", f"{name}.out")
+        for name, fn in zip(names, fns, strict=True)
+    ]
+    flushed = generations.flush
+
+    def body() -> None:
+        while True:
+            item: PipelineItem = get()
+            if item is STOP:
+                if not end:
+                    take()
+                    put(STOP)
+                return
+            give(None)
+            for fn, counters, in_hop, out_hop in steps:
+                base = _base(item)
+                if (
+                    base.cutover
+                    or base.flush_generation > flushed
+                    or base.prompt_generation < generations.drop
+                ):
+                    raise RuntimeError("the items floor admits routine items only")
+                started = now()
+                counters.items_in += 1
+                out = fn(item.payload)
+                counters.items_out += 1
+                item = _forward(item, out, in_hop, started, out_hop, now())
+            if not end:
+                take()
+                put(item)
+
+    return body
+
+
+class FloorItemsChain(FloorChain):
+    """The floor carrying rxstream's items (see the module docstring): ``src`` and
+    ``p1``..``p4`` as plain threads over C-queue hand-offs, each stage's per-item work the
+    engine's, inline (``fused``: the four stages back to back on one thread)."""
+
+    what = "items floor chain"
+
+    def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
+        fns = [noop] * (len(STAGES) - 1) + [last]
+        pairs = list(zip(STAGES, fns, strict=True))
+        groups = [pairs] if self.fused else [[pair] for pair in pairs]
+        hand_offs = [_HandOff(capacity) for _ in groups]
+        generations = Generations()
+        bodies = [_items_source(pull, hand_offs[0], generations)]
+        for index, group in enumerate(groups):
+            outbox = hand_offs[index + 1] if index + 1 < len(hand_offs) else None
+            names = [name for name, _ in group]
+            calls = [fn for _, fn in group]
+            bodies.append(_items_stage(names, calls, hand_offs[index], outbox, generations))
+        self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
+
+
+class FusedFloorItemsChain(FloorItemsChain):
+    """The fused shape's floor carrying rxstream's items: a source thread, one thread doing
+    the four stages' per-item work back to back."""
+
+    fused = True
+
+
 def floor_line(
     capacity: int,
     shapes: Sequence[tuple[str, Sequence[float], Sequence[float]]],
@@ -237,4 +362,33 @@ def floor_line(
     return (
         f"- capacity {capacity}, the target ≥ {target:.1f}x {against}: {'; '.join(parts)}. "
         f"So {bound}."
+    )
+
+
+def items_line(
+    capacity: int,
+    shapes: Sequence[tuple[str, Sequence[float]]],
+    baseline: Sequence[float],
+    against: str,
+    target: float,
+) -> str:
+    """One line: whether each floor carrying rxstream's items, ``(name, figures)`` of the run,
+    reaches ``target`` times ``baseline`` (the median of the ratios paired by repetition)."""
+    parts, missed = [], 0
+    for name, figures in shapes:
+        ratios, _ = verdict(figures, baseline, None)
+        reached = statistics.median(ratios) >= target
+        missed += not reached
+        parts.append(f"{name} {spread(ratios, 2, 'x')}: {'reaches it' if reached else 'below it'}")
+    bound = (
+        "no chain that carries rxstream's items on this shape (their metadata, stamps, counters "
+        "and admission, inline, nothing else) reached the target in this run: it is past what "
+        "the items allow here, whatever an engine's layers"
+        if missed == len(shapes)
+        else "a chain carrying rxstream's items reached the target in this run: the engine's "
+        "layers above the items decide"
+    )
+    return (
+        f"- capacity {capacity}, the target ≥ {target:.1f}x {against}, with rxstream's items: "
+        f"{'; '.join(parts)}. So {bound}."
     )

@@ -29,7 +29,11 @@ The chain, the same on every side: a source thread and four stage threads (``src
   chain's. Under the table, one line a capacity says, from the run's figures, whether the
   floor itself reaches issue 18's ≥ 1.5x (a floor that misses it says the target is at or
   past what the hand-offs alone allow here, not that no chain could read higher in another
-  slot of a loaded run).
+  slot of a loaded run). ``floor, C queues + rxstream's items`` carries the engine's items on
+  the same threads, each stage's per-item work inline (the base metadata read, the routine
+  admission, the counters, two stamps, the call, the new item; bench/_floors.py): the floor
+  of any engine that carries these items on a thread a stage, whatever its layers; one more
+  line a capacity says whether it reaches the target.
 
 Measures:
 1. latency, one item in flight: the main thread puts one payload on the source's feed queue
@@ -83,7 +87,7 @@ from reactivex.scheduler import EventLoopScheduler
 # `python bench/hop.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _floors import FloorChain, FloorStampedChain, floor_line
+from _floors import FloorChain, FloorItemsChain, FloorStampedChain, floor_line, items_line
 from _report import (
     ONE_CPU,
     OS,
@@ -421,6 +425,7 @@ def table(rows: Sequence[Row]) -> str:
 
 FLOOR = "floor, C queues (no engine)"
 FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
+FLOOR_ITEMS = "floor, C queues + rxstream's items (no engine)"
 THREADED_TARGET = 1.5
 """Issue 18's backlog throughput target, a thread a stage, over the hand-written chain."""
 BIG = 256
@@ -437,7 +442,11 @@ def _in_process(
         ("fused", FusedChain),
     )
     # the floors (no engine): throughput only, interleaved with the chains
-    floors: tuple[tuple[str, Chain], ...] = (("floor", FloorChain), ("floor st", FloorStampedChain))
+    floors: tuple[tuple[str, Chain], ...] = (
+        ("floor", FloorChain),
+        ("floor st", FloorStampedChain),
+        ("floor items", FloorItemsChain),
+    )
     for key, chain in chains:
         gc.collect()
         samples = latency(chain, trips)
@@ -540,7 +549,11 @@ def _rows(
     # same hand-written chain; information, the target column says rxstream's
     floor_backlog = backlog.removeprefix(label)
     for capacity in (2, big):
-        for key, name in (("floor", FLOOR), ("floor st", FLOOR_STAMPED)):
+        for key, name in (
+            ("floor", FLOOR),
+            ("floor st", FLOOR_STAMPED),
+            ("floor items", FLOOR_ITEMS),
+        ):
             rows.append(
                 Row(f"{label}{name}: {floor_backlog}, capacity {capacity}", "k items/s",
                     got[f"{key} {capacity}"], f"hand-written, queue.Queue(maxsize={capacity})",
@@ -587,6 +600,10 @@ def _rows(
     notes = [
         floor_line(capacity, [("the floor (5 threads, C queues)", got[f"floor {capacity}"],
                                got[f"floor st {capacity}"])],
+                   got[f"hand {capacity}"], "the hand-written chain", THREADED_TARGET)
+        for capacity in (2, big)
+    ] + [
+        items_line(capacity, [("the items floor (5 threads)", got[f"floor items {capacity}"])],
                    got[f"hand {capacity}"], "the hand-written chain", THREADED_TARGET)
         for capacity in (2, big)
     ]  # fmt: skip
