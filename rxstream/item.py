@@ -66,25 +66,38 @@ class PipelineMetadata:
 class PipelineItem:
     """A payload and the metadata that travels with it."""
 
+    # four slots, no ``__dict__`` (see "the item's representation" below)
+    __slots__ = ("_md", "_st", "metadata", "payload")
+
     payload: Any
     metadata: PipelineMetadata
 
+    def __post_init__(self) -> None:
+        # an item made by its constructor: its metadata built (no base, no chain)
+        _set_md(self, None)
+        _set_st(self, None)
+
     def __getattr__(self, name: str) -> Any:
-        # A lazy item (see "the item's representation" below): ``metadata`` is built on
-        # first read and kept.
+        # Only for a slot with no value: a lazy item's ``metadata``, built on first read
+        # from its base and chain, and kept.
         if name == "metadata":
-            state = self.__dict__
-            try:
-                base, chain = state["_md"], state["_st"]
-            except KeyError:
-                raise AttributeError(name) from None
-            metadata = _with_stamps(base, _unchain(chain))
-            state["metadata"] = metadata
+            metadata = _with_stamps(self._md, _unchain(self._st))
+            _set_metadata(self, metadata)
             return metadata
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle, copy and deepcopy: the frozen slots refuse the default's setattr
+        return _reduced(self)
+
 
 _new = object.__new__
+_set_payload = PipelineItem.__dict__["payload"].__set__
+_set_metadata = PipelineItem.__dict__["metadata"].__set__
+_set_md = PipelineItem.__dict__["_md"].__set__
+_set_st = PipelineItem.__dict__["_st"].__set__
+"""The slots' own setters: the frozen class refuses ``item.x = ...``; the engine builds items
+with these (a C call each, no ``__setattr__``)."""
 
 
 def evolve_metadata(metadata: PipelineMetadata, **changes: Any) -> PipelineMetadata:
@@ -151,12 +164,15 @@ def _trusted_metadata(
 
 # --- the item's representation --------------------------------------------------------------
 #
-# Private to this module; every other module goes through the functions below. An item's
-# ``__dict__`` holds ``payload`` and either ``metadata`` (built) or ``_md`` and ``_st`` (lazy:
-# the base metadata and the stamp chain gathered since, ``metadata`` built on first read and
-# kept). A chain is ``None`` or a link ``(previous link, hop, t, hop, t…)``: one tuple per hop,
-# never flattened on the way (about half the cost of a metadata copy per hop, and one object
-# for the garbage collector to count, not four; docs/performance.md).
+# Private to this module; every other module goes through the functions below. An item has
+# four slots and no ``__dict__``: ``payload``; ``metadata``, set when built (made by the
+# constructor, or read once); ``_md`` and ``_st``, the base metadata and the stamp chain
+# gathered since (lazy: ``metadata`` unset until first read, then built and kept), both
+# ``None`` on an item whose metadata was built from the start. A chain is ``None`` or a link
+# ``(previous link, hop, t, hop, t…)``: one tuple per hop, never flattened on the way (about
+# half the cost of a metadata copy per hop, and one object for the garbage collector to
+# count, not four; docs/performance.md). Slots, not a ``__dict__``: one object an item, not
+# two, made with three C calls (docs/decisions.md, "Items in slots").
 
 Chain = tuple[Any, ...] | None
 """A stamp chain: opaque outside this module (made and read by the functions below)."""
@@ -165,36 +181,44 @@ Chain = tuple[Any, ...] | None
 def _item(payload: Any, metadata: PipelineMetadata) -> PipelineItem:
     """An item of ``payload`` and built ``metadata``, without the frozen ``__init__``."""
     fresh = _new(PipelineItem)
-    state = fresh.__dict__
-    state["payload"] = payload
-    state["metadata"] = metadata
+    _set_payload(fresh, payload)
+    _set_metadata(fresh, metadata)
+    _set_md(fresh, None)
+    _set_st(fresh, None)
     return fresh
 
 
 def _from_parts(payload: Any, base: PipelineMetadata, chain: Chain) -> PipelineItem:
     """An item of ``payload`` whose metadata is ``base`` plus the stamps of ``chain``."""
     fresh = _new(PipelineItem)
-    state = fresh.__dict__
-    state["payload"] = payload
-    state["_md"] = base
-    state["_st"] = chain
+    _set_payload(fresh, payload)
+    _set_md(fresh, base)
+    _set_st(fresh, chain)
     return fresh
 
 
 def _parts(item: PipelineItem) -> tuple[PipelineMetadata, Chain]:
     """``item``'s base metadata and stamp chain: :func:`_from_parts` of them is ``item`` again."""
-    state = item.__dict__
-    base = state.get("_md")
+    base = item._md
     if base is None:
-        return state["metadata"], None
-    return base, state["_st"]
+        return item.metadata, None
+    return base, item._st
 
 
 def _base(item: PipelineItem) -> PipelineMetadata:
     """``item``'s metadata without the stamps of its latest hops: every field but the timeline
     is the item's own (what the per-hop checks read without building the metadata)."""
-    base: PipelineMetadata | None = item.__dict__.get("_md")
+    base: PipelineMetadata | None = item._md
     return item.metadata if base is None else base
+
+
+def _is_lazy(item: PipelineItem) -> bool:
+    """Whether ``item``'s metadata is still its base and chain, not built yet (tests ask)."""
+    try:
+        _get_metadata(item)
+    except AttributeError:
+        return True
+    return False
 
 
 def _forward(
@@ -203,17 +227,15 @@ def _forward(
     """The 1:1 rule for one hop: ``payload`` with ``item``'s metadata and the hop's stamps
     ``(in_hop, started)``, ``(out_hop, done)`` (the stage shell's path, once per item per
     stage: the metadata is not copied, the stamps are one link of the chain)."""
-    state = item.__dict__
-    base = state.get("_md")
+    base = item._md
     if base is None:
-        base, link = state["metadata"], None
+        base, link = item.metadata, None
     else:
-        link = state["_st"]
+        link = item._st
     fresh = _new(PipelineItem)
-    fresh_state = fresh.__dict__
-    fresh_state["payload"] = payload
-    fresh_state["_md"] = base
-    fresh_state["_st"] = (link, in_hop, started, out_hop, done)
+    _set_payload(fresh, payload)
+    _set_md(fresh, base)
+    _set_st(fresh, (link, in_hop, started, out_hop, done))
     return fresh
 
 
@@ -223,17 +245,15 @@ def _stamped(item: PipelineItem, payload: Any, stamps: tuple[Any, ...]) -> Pipel
     ``stamps`` is flat: ``hop, t, hop, t…``; they become one link of the chain (none if
     empty). :func:`_forward` is the same for one hop's two stamps.
     """
-    state = item.__dict__
-    base = state.get("_md")
+    base = item._md
     if base is None:
-        base, link = state["metadata"], None
+        base, link = item.metadata, None
     else:
-        link = state["_st"]
+        link = item._st
     fresh = _new(PipelineItem)
-    fresh_state = fresh.__dict__
-    fresh_state["payload"] = payload
-    fresh_state["_md"] = base
-    fresh_state["_st"] = (link, *stamps) if stamps else link
+    _set_payload(fresh, payload)
+    _set_md(fresh, base)
+    _set_st(fresh, (link, *stamps) if stamps else link)
     return fresh
 
 
@@ -244,18 +264,16 @@ def _linked(item: PipelineItem, payload: Any, row: list[Any], first: int) -> Pip
     ``row[first]`` is overwritten with ``item``'s link: the new link is ``row[first:]`` as
     one tuple, no other tuple made.
     """
-    state = item.__dict__
-    base = state.get("_md")
+    base = item._md
     if base is None:
-        base, link = state["metadata"], None
+        base, link = item.metadata, None
     else:
-        link = state["_st"]
+        link = item._st
     row[first] = link
     fresh = _new(PipelineItem)
-    fresh_state = fresh.__dict__
-    fresh_state["payload"] = payload
-    fresh_state["_md"] = base
-    fresh_state["_st"] = tuple(row[first:] if first else row)
+    _set_payload(fresh, payload)
+    _set_md(fresh, base)
+    _set_st(fresh, tuple(row[first:] if first else row))
     return fresh
 
 
@@ -291,13 +309,12 @@ def _sourced(
     fields["input_at_ms"] = input_at_ms
     fields["timeline"] = ()
     fresh = _new(PipelineItem)
-    state = fresh.__dict__
-    state["payload"] = payload
-    state["_md"] = metadata
+    _set_payload(fresh, payload)
+    _set_md(fresh, metadata)
     if origin:
-        state["_st"] = (None, *origin, in_hop, started, out_hop, done)
+        _set_st(fresh, (None, *origin, in_hop, started, out_hop, done))
     else:  # the common case, built without unpacking (~50 ns)
-        state["_st"] = (None, in_hop, started, out_hop, done)
+        _set_st(fresh, (None, in_hop, started, out_hop, done))
     return fresh
 
 
@@ -326,18 +343,19 @@ def _unchain(chain: Chain) -> Timeline:
     return tuple(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _reduced(item: PipelineItem) -> tuple[Callable[[dict[str, Any]], PipelineItem], tuple[Any]]:
+def _reduced(
+    item: PipelineItem,
+) -> tuple[Callable[[Any, PipelineMetadata, Chain], PipelineItem], tuple[Any, ...]]:
     """How pickle carries ``item``: its state as it is (a lazy item stays lazy), rebuilt by
-    :func:`_restored` (the default reduction would probe ``__getattr__`` for half a dozen
-    special names)."""
-    return _restored, (item.__dict__,)
+    :func:`_item` or :func:`_from_parts` (the frozen class refuses the default reduction's
+    ``setattr``; a copy and a deep copy go the same way)."""
+    base = item._md
+    if base is None:
+        return _item, (item.payload, item.metadata)
+    return _from_parts, (item.payload, base, item._st)
 
 
-def _restored(state: dict[str, Any]) -> PipelineItem:
-    """The item :func:`_reduced` described (the unpickling side)."""
-    fresh = _new(PipelineItem)
-    fresh.__dict__.update(state)
-    return fresh
+_get_metadata = PipelineItem.__dict__["metadata"].__get__
 
 
 _FIELDS = frozenset(PipelineMetadata.__dataclass_fields__)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 import re
 import typing
 from typing import Any
@@ -12,7 +14,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from rxstream import PipelineItem, PipelineMetadata, merge_metadata
-from rxstream.item import Timeline, _newest, evolve_metadata
+from rxstream.item import Timeline, _is_lazy, _newest, _stamped, evolve_metadata
 
 REFERENCE_FIELDS: list[tuple[str, Any]] = [
     ("prompt_generation", 0),
@@ -112,6 +114,48 @@ def test_item_is_frozen(field: str) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         setattr(item, field, 2)
     assert item == PipelineItem(1, PipelineMetadata())
+
+
+def _lazy_item() -> PipelineItem:
+    """An item as the hot path makes it: a base metadata and a chain of stamps, not built."""
+    first = PipelineItem([1, 2], PipelineMetadata(pts=7, timeline=(("src.in", 1.0),)))
+    return _stamped(first, [3, 4], ("a.in", 2.0, "a.out", 3.0))
+
+
+@pytest.mark.parametrize("field", ["payload", "metadata", "_md", "_st", "extra"])
+def test_a_lazy_item_is_frozen_too(field: str) -> None:
+    """An engine-made item refuses assignment as a constructed one does, and has no dict."""
+    item = _lazy_item()
+    with pytest.raises(AttributeError):
+        setattr(item, field, 2)
+    assert not hasattr(item, "__dict__")
+    assert item.payload == [3, 4]
+
+
+@pytest.mark.parametrize(
+    "copier", [copy.copy, copy.deepcopy, lambda item: pickle.loads(pickle.dumps(item))]
+)
+def test_an_item_copies_and_pickles_as_it_is(copier: Any) -> None:
+    """copy, deepcopy and pickle give an equal item; a lazy one stays lazy until read."""
+    lazy = _lazy_item()
+    got = copier(lazy)
+    assert _is_lazy(got)
+    assert _is_lazy(lazy)
+    assert got == lazy
+    assert got.metadata.timeline == (("src.in", 1.0), ("a.in", 2.0), ("a.out", 3.0))
+    built = PipelineItem(5, PipelineMetadata(pts=2))
+    again = copier(built)
+    assert again == built
+    assert not _is_lazy(again)
+
+
+def test_a_lazy_items_metadata_is_built_once() -> None:
+    """Reading a lazy item's metadata builds it once and keeps it (the same object after)."""
+    item = _lazy_item()
+    first = item.metadata
+    assert not _is_lazy(item)
+    assert item.metadata is first
+    assert first.pts == 7
 
 
 def test_metadata_is_hashable_and_compares_by_value() -> None:
