@@ -343,9 +343,7 @@ def _unchain(chain: Chain) -> Timeline:
     return tuple(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _reduced(
-    item: PipelineItem,
-) -> tuple[Callable[[Any, PipelineMetadata, Chain], PipelineItem], tuple[Any, ...]]:
+def _reduced(item: PipelineItem) -> tuple[Callable[..., PipelineItem], tuple[Any, ...]]:
     """How pickle carries ``item``: its state as it is (a lazy item stays lazy), rebuilt by
     :func:`_item` or :func:`_from_parts` (the frozen class refuses the default reduction's
     ``setattr``; a copy and a deep copy go the same way)."""
