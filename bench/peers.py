@@ -19,7 +19,9 @@ In one process, the chain of bench/hop.py (a source thread and 4 pass-through st
   bench/hop.py): the 5-thread floor (a source thread and 4 stage threads, each hand-off two C
   ``queue.SimpleQueue``s, items and free-slot tokens) and the 2-thread floor (a source thread
   and one thread making the 4 calls back to back: the fused shape's floor), each without
-  stamps and with the hand-written chain's. Under the table, one line a capacity says, from
+  stamps, with the hand-written chain's, and carrying rxstream's items (each stage's per-item
+  work the engine's, inline: the floor of any engine carrying these items on that shape).
+  Under the table, one line a capacity says, from
   the run's figures, whether each floor reaches the issue's ≥ 1.0x GStreamer (a floor that
   misses it says the target is at or past what its hand-offs alone allow here, not that no
   chain could read higher in another slot of a loaded run).
@@ -125,10 +127,13 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
 from _floors import (
     FloorChain,
+    FloorItemsChain,
     FloorStampedChain,
     FusedFloorChain,
+    FusedFloorItemsChain,
     FusedFloorStampedChain,
     floor_line,
+    items_line,
 )
 from _peer_ends import CONSUMER_CPU, Ack, PipePeer, Put, RayPeer, RingPeer, pin, ray_or_why
 from _report import ONE_CPU, OS, PLACEMENT_LABELS, on_cpus, placements, revision, spread, verdict
@@ -152,14 +157,19 @@ FUSED = "rxstream fused (opt-in)"
 """The opt-in fused shape of the in-process chain (bench/hop.py's ``FusedChain``)."""
 FLOOR_5, FLOOR_5_STAMPED = "floor, 5 threads (no engine)", "floor, 5 threads + stamps (no engine)"
 FLOOR_2, FLOOR_2_STAMPED = "floor, 2 threads (no engine)", "floor, 2 threads + stamps (no engine)"
+FLOOR_5_ITEMS = "floor, 5 threads + rxstream's items (no engine)"
+FLOOR_2_ITEMS = "floor, 2 threads + rxstream's items (no engine)"
 FLOORS = (
     (FLOOR_5, FloorChain),
     (FLOOR_5_STAMPED, FloorStampedChain),
+    (FLOOR_5_ITEMS, FloorItemsChain),
     (FLOOR_2, FusedFloorChain),
     (FLOOR_2_STAMPED, FusedFloorStampedChain),
+    (FLOOR_2_ITEMS, FusedFloorItemsChain),
 )
 """The in-process floors, no engine (bench/hop.py): a thread a stage, and the fused shape's
-(a source thread, one thread calling the 4 stages back to back), without and with stamps."""
+(a source thread, one thread calling the 4 stages back to back), without and with stamps, and
+carrying rxstream's items (each stage's per-item work the engine's, inline)."""
 ZERO, BOUNDARY_ZERO, RAY_RENDERED = "ring, zero copy", "boundary, zero copy", "Ray, rendered"
 FRAMES_ONLY = (ZERO, BOUNDARY_ZERO)
 """The peers that carry frames only (a lease is an array's), each once a render."""
@@ -647,6 +657,19 @@ def rows(
                             got[tput, FLOOR_2],
                             got[tput, FLOOR_2_STAMPED],
                         ),
+                    ],
+                    got[tput, "GStreamer"],
+                    "GStreamer's, in process",
+                    1.0,
+                )[2:]
+            )
+            lines.append(
+                f"- {label}"
+                + items_line(
+                    capacity,
+                    [
+                        ("the 5-thread items floor", got[tput, FLOOR_5_ITEMS]),
+                        ("the 2-thread items floor (the fused shape's)", got[tput, FLOOR_2_ITEMS]),
                     ],
                     got[tput, "GStreamer"],
                     "GStreamer's, in process",
