@@ -194,8 +194,10 @@ _log = structlog.get_logger("rxstream.timing")
 
 
 def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[str, Any]:
-    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried."""
+    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried (the
+    record's ``run`` among them, so that a log's reader joins it within its run)."""
     fields: dict[str, Any] = {
+        "run": record.run,
         "stream": record.stream,
         "input_seq": record.input_seq,
         "pts": record.pts,
