@@ -32,6 +32,7 @@ from rxstream.transport._photon import log_photon
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
+MAIN_RANKS_APP = str(ROOT / "tests" / "apps" / "main_ranks_app.py")
 RUN_ID = re.compile(r"^[0-9a-f]{12}$")
 
 
@@ -160,6 +161,22 @@ def test_a_two_rank_launch_is_one_run(restored_logging: None, tmp_path: Path) ->
     assert live, log.read_text()
     assert {line["run"] for line in live} == {result.run_id}
     assert load(log).runs == (LoggedRun(result.run_id, len(live), live[0]["timestamp"]),)
+
+
+def test_a_main_app_s_run_on_two_ranks_has_the_id_rank_0_chose(
+    restored_logging: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A main app's pipeline run on two ranks: rank 1's sink logs the id rank 0's launcher
+    chose for that run (rank 1's process does not see this test's patch, only the hand-over)."""
+    monkeypatch.setattr("rxstream.ranks._launch.new_run_id", lambda: "feedc0ffee00")
+    log, seen = tmp_path / "timing.jsonl", tmp_path / "rank1.pid"
+    result = rxstream.launch(
+        MAIN_RANKS_APP, ranks=2, frames=20, timeout=60, settings=(f"seen={seen}",), log=log
+    )
+    assert result.egressed >= 20
+    live = [line for line in lines_of(log) if not line.get("self_test")]
+    assert live, log.read_text()
+    assert {line["run"] for line in live} == {"feedc0ffee00"}
 
 
 # --- load() and the photon join within a run ------------------------------------------------
