@@ -27,8 +27,9 @@ from rxstream.timing import (
     summarize,
 )
 from rxstream.timing import _emit as timing_emit
+from rxstream.timing._client import ClockOffset
 from rxstream.timing._emit import emit
-from rxstream.transport._photon import log_photon
+from rxstream.transport._photon import PhotonJoin, Shown, log_photon
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
@@ -213,6 +214,23 @@ def test_photon_lines_never_join_a_record_of_another_run(
         (second, 20.0, None),
     ]
     assert log.other_events == 1  # run 2's early photon line: no record of its run before it
+
+
+def test_a_live_page_s_report_in_a_new_run_joins_its_record() -> None:
+    """The web session's join: a page that reported input_seq 0 (a cutover) in one run still
+    gets its report of the next run's cutover 0 joined, under that run's id."""
+    join = PhotonJoin()
+    clock = ClockOffset()
+    clock.add(0.0, 0.25, 0.5)  # the page's clock is the server's, known to 0.5 ms
+    joined = []
+    for run in ("1111aaaa1111", "2222bbbb2222"):
+        join.sent("video", 1, (("steer", 1.0),))  # each run numbers its frames from 1
+        join.record(replace(record_of(run, 0, 40.0), origin="steer", cutover=True))
+        shown = Shown("video", 1, 0, arrived=1045.0, decoded=1046.0, presented=1050.0)
+        result = join.shown(shown, clock, page=1)
+        assert result is not None, run
+        joined.append((result[0].run, result[1].photon_ms))
+    assert joined == [("1111aaaa1111", 50.0), ("2222bbbb2222", 50.0)]
 
 
 def test_an_old_log_reads_as_one_run(tmp_path: Path) -> None:
