@@ -74,7 +74,7 @@ class TimingLog:
     other_events: int = 0
     self_tests: int = 0
     """Records of an app's self test (``self_test``) that were left out."""
-    first_at: Mapping[str, str] = field(default_factory=dict)
+    first_at: Mapping[str, str] = field(default_factory=dict, hash=False)
     """Per run id, the ``timestamp`` of the line of its first record."""
 
     @property
