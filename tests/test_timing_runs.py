@@ -252,6 +252,20 @@ def test_an_old_log_reads_as_one_run(tmp_path: Path) -> None:
     assert format_summary(summary).splitlines()[0] == "3 timing records (ms)"
 
 
+def test_an_old_log_appended_to_is_a_run_without_id_among_the_new() -> None:
+    """Old lines (run "") then a new run: the new run shows, the old is named "(no id)" and
+    picked by its exact id "" (which is a prefix of every id)."""
+    records = [record_of("", 1), record_of("", 2), record_of("c0ffee000001", 3)]
+    summary = summarize(records)
+    assert (summary.run, summary.records) == ("c0ffee000001", 1)
+    assert (
+        format_summary(summary)
+        .splitlines()[0]
+        .startswith("log holds 2 runs: (no id) (2 records), c0ffee000001 (1 record); ")
+    )
+    assert (summarize(records, run="").run, summarize(records, run="").records) == ("", 2)
+
+
 # --- summarize / format_summary -------------------------------------------------------------
 
 
