@@ -250,6 +250,14 @@ class Pipeline:
         run = self._run
         return run.error if isinstance(run, ThreadedRun) else None
 
+    @property
+    def run_id(self) -> str | None:
+        """The id of the current (or last) run, threaded or a driven session; ``None`` before
+        the first. Every ``[timing:…]`` and ``[photon:…]`` line of that run carries it as
+        ``run``, so that ``rxstream timing --run ID`` can tell runs of one log apart."""
+        run = self._run
+        return None if run is None else run.run_id
+
     _stopped = True
 
     def _refuse_live(self, call: str) -> None:

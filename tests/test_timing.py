@@ -737,6 +737,7 @@ timing_records = st.builds(
     total_ms=millis,
     from_client_ms=st.none() | millis,
     hops=hops,
+    run=st.text(alphabet="0123456789abcdef", max_size=12),
 )
 
 
@@ -748,7 +749,7 @@ def test_fields_and_from_fields_round_trip(record: TimingRecord) -> None:
     assert TimingRecord.from_fields(json.loads(json.dumps(flat))) == record
     assert flat["hops"] == ",".join(hop.name for hop in record.hops)
     held = sum(1 for hop in record.hops if hop.hold_ms)
-    assert len(flat) == 10 + 2 * len(record.hops) + held  # <hop>.hold_ms only for a hold
+    assert len(flat) == 11 + 2 * len(record.hops) + held  # <hop>.hold_ms only for a hold
 
 
 def test_two_input_streams_into_one_sink_each_get_their_records(ctx: rxstream.Context) -> None:

@@ -48,6 +48,7 @@ class StageShell:
         "on_error",
         "out_hop",
         "reset",
+        "run_id",
         "scheduler",
         "stamps",
         "target_fn",
@@ -78,6 +79,9 @@ class StageShell:
         self.target_fn: Any = None
         """The stage's own function (a pipe's ``fn``), for operators that call it directly."""
         self.reset = reset
+        self.run_id = ""
+        """The id of the run the shell is part of (``Run.run_id``; the sink writes it on its
+        timing records)."""
         self.driven = scheduler.driven
         """Whether this is a ``drive()``: one thread, virtual time."""
         self.timing = timing

@@ -6,11 +6,13 @@
   the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
 - ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
   exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
-- ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]``
-  summarises a timing log per hop (count, p50/p95/p99 of queue-wait and compute), end to end,
-  and names the slowest inputs; malformed lines are summarised in one line, the self test's
-  records are left out; a log with nothing to summarise is a one-line error (exit 1); a
-  ``--plot`` in no format matplotlib writes (the suffix's; none: ``.png``) one too (exit 2).
+- ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]
+  [--run ID|last|all]`` summarises a timing log per hop (count, p50/p95/p99 of queue-wait and
+  compute), end to end, and names the slowest inputs; malformed lines are summarised in one
+  line, the self test's records are left out; of a log of several runs, the last run (a first
+  line names them all; ``--run`` picks one by id or prefix, or pools ``all``); a log with
+  nothing to summarise is a one-line error (exit 1); a ``--plot`` in no format matplotlib writes
+  (the suffix's; none: ``.png``) one too, and a ``--run`` naming no run of the log (exit 2).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
@@ -31,6 +33,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rxstream._exceptions import ArgumentError
 from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
 from rxstream.timing import TimingLog, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
@@ -131,6 +134,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     timing.add_argument("--json", action="store_true", help="print the summary as JSON")
     timing.add_argument("--stream", help="only this stream's records")
+    timing.add_argument(
+        "--run",
+        default="last",
+        metavar="ID",
+        help="the run to summarise when the log holds several: its id (a unique prefix is "
+        "enough), 'last' (the default: the run that started last) or 'all' (pooled)",
+    )
     timing.add_argument(
         "--include-self-test",
         action="store_true",
@@ -236,7 +246,12 @@ def _timing(args: argparse.Namespace) -> int:
     if args.stream is not None:
         kept = tuple(r for r in log.records if r.stream == args.stream)
         log = replace(log, records=kept)
-    summary = summarize(log)
+    try:
+        shown = log.select(args.run)
+    except ArgumentError as exc:  # a run the log does not hold: name the ones it does
+        print(f"rxstream timing: {args.log}: {exc}", file=sys.stderr)
+        return 2
+    summary = summarize(log, run=args.run)
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
     else:
@@ -248,7 +263,7 @@ def _timing(args: argparse.Namespace) -> int:
             )
     if target is not None:
         try:
-            plot(summary, log.records, target)
+            plot(summary, shown.records, target)
         except OSError as exc:
             print(f"rxstream timing: cannot write {target}: {exc.strerror}", file=sys.stderr)
             return 2

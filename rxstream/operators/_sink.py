@@ -6,7 +6,8 @@ returns its items and sends nothing to the transport, which only a threaded run 
 the timeline of each conditioned window into one :class:`~rxstream.timing.TimingRecord`:
 the first frame of every new ``input_seq`` of each input stream, and every cutover (a steer or
 a rebuild), never an idle repeat. The record is logged as ``[timing:<name>]`` and given to
-``on_timing`` and to the transport's ``on_timing``.
+``on_timing`` and to the transport's ``on_timing``; it carries the run's id (``run``), read
+from the shell when the record is folded.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def sink_operator(
                     if seq:
                         reported[last[1]] = max(reported.get(last[1], 0), seq)
                     try:
-                        record = fold(stream, out.metadata, time.time() * 1000)
+                        record = fold(stream, out.metadata, time.time() * 1000, shell.run_id)
                         if self_testing():
                             record = replace(record, self_test=True)
                         emit(record, on_timing)

@@ -78,6 +78,9 @@ class LaunchResult:
     """Of those, items sinks on ranks > 0 forwarded that rank 0's session refused, past
     ``frames`` (sinks on several ranks together past it): counted ``out`` by their sinks, sent
     nowhere; ``egressed - refused`` reached the session."""
+    run_id: str = ""
+    """The run's id, the same on every rank (the ``run`` of its timing lines); ``""`` for a
+    ``main`` app, whose pipelines' runs each have their own (``Pipeline.run_id``)."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
@@ -40,6 +40,7 @@ from rxstream.ranks._distcontrol import Control, describe
 from rxstream.ranks._egress import Forward
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
+from rxstream.runtime._run import new_run_id
 from rxstream.timing import configure_logging
 
 if TYPE_CHECKING:
@@ -224,12 +225,17 @@ class Launch:
             except BaseException as exc:
                 failure = exc
             environ = (os.environ.get(CROSS_HOST_ENV, ""), os.environ.get(BACKEND_ENV, ""))
-            box: list[Any] = [None if failure is None else describe(failure), docs, environ]
+            box: list[Any] = [
+                None if failure is None else describe(failure),
+                docs,
+                environ,
+                new_run_id(),  # the run's id on every rank
+            ]
             dist.broadcast_object_list(box, src=0)
             if failure is not None:
                 raise failure
         else:
-            box = [None, None, None]
+            box = [None, None, None, None]
             dist.broadcast_object_list(box, src=0)
             if box[0] is not None:
                 raise PipelineError("rank 0", RuntimeError(box[0]))
@@ -241,6 +247,8 @@ class Launch:
             except BaseException as exc:
                 failure = exc
         self.environ: tuple[str, str] = box[2]
+        self.run_id: str = box[3]
+        """The run's id, rank 0's: the ``run`` of every rank's timing lines."""
         self.peers = self._gather_peers(failure)
 
     def _gather_peers(self, failure: BaseException | None) -> list[Peer]:
@@ -340,11 +348,11 @@ class Launch:
                 releases=releases,
                 cuda_api=ctx.cuda_api,
             )
+            run.run_id = self.run_id
             run.on_done(control.changed.set)  # a failing boundary wakes the watch at once
             self.egress.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop
-            if self.rank == 0:
-                return control.lead(run, self.options)
-            return control.follow(run)
+            ended = control.lead(run, self.options) if self.rank == 0 else control.follow(run)
+            return replace(ended, run_id=self.run_id)
         finally:
             if run is not None:
                 run.stop(0.45)

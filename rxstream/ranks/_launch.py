@@ -32,6 +32,7 @@ import multiprocessing.connection
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import MappingProxyType
@@ -66,7 +67,7 @@ from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_ru
 from rxstream.ranks._replicate import replicate
 from rxstream.ranks._watch import Watch, stopped_by
 from rxstream.runtime._aio import AsyncBridge
-from rxstream.runtime._run import DoneEvent
+from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import Transport
 
@@ -270,7 +271,7 @@ def _launch_build(
     ranks = Ranks(spawn, pipeline)
     run: ThreadedRun | None = None
     try:
-        run = rank_run(pipeline, 0, ranks.rings, ranks.releases)
+        run = rank_run(pipeline, 0, ranks.rings, ranks.releases, run_id=ranks.run_id)
         if not ranks.wait_ready(stopping=lambda: egress.stopping):
             return LaunchResult(spawn.world)  # stopped before it started: nothing ran
         egress.halt_at_frames(run)
@@ -279,7 +280,8 @@ def _launch_build(
         run.start()
         try:
             watch = Watch(run, ranks, egress, options.on_status)
-            return watch.until_end(options.frames, options.timeout)
+            ended = watch.until_end(options.frames, options.timeout)
+            return replace(ended, run_id=ranks.run_id)
         finally:
             for subscription in replicas:
                 subscription.dispose()
@@ -306,6 +308,8 @@ class Ranks:
         self.releases: dict[str, tuple[Connection, Connection]] = {}  # CUDA ref ids coming back
         self.conns: dict[int, Connection] = {}
         self.procs: dict[int, Any] = {}
+        self.run_id = new_run_id()
+        """The run's id on every rank (rank 0's run takes it too)."""
         context = multiprocessing.get_context("spawn")
         try:
             spec = pipeline.context.ring_spec
@@ -323,7 +327,7 @@ class Ranks:
             for rank in range(1, spawn.world):
                 parent, child = context.Pipe()
                 self.conns[rank] = parent
-                setup = RankSetup(spawn, rank, touching[rank], docs, layout)
+                setup = RankSetup(spawn, rank, touching[rank], docs, layout, self.run_id)
                 proc = context.Process(
                     target=rank_main,
                     args=(setup, self.releases, child),
@@ -430,7 +434,7 @@ class _MainRanks:
     def __call__(self, pipeline: Pipeline, bridge: AsyncBridge) -> "_RankRun":
         ranks = Ranks(self._spawn, pipeline)
         try:
-            run = rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge)
+            run = rank_run(pipeline, 0, ranks.rings, ranks.releases, bridge, ranks.run_id)
             if not ranks.wait_ready(stopping=lambda: self._egress.stopping):
                 raise PipelineStateError("the launch was stopped before every rank was ready")
         except BaseException:

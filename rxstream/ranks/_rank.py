@@ -43,10 +43,12 @@ def rank_run(
     rings: Mapping[str, ShmRing],
     releases: Mapping[str, tuple[Connection, Connection]],
     bridge: AsyncBridge | None = None,
+    run_id: str = "",
 ) -> ThreadedRun:
-    """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings."""
+    """The run of ``pipeline``'s stages on ``rank``, over the launcher's rings; ``run_id`` is
+    the launch's (every rank's run the same; ``""``: a fresh one)."""
     ctx = pipeline.context
-    return ThreadedRun(
+    run = ThreadedRun(
         pipeline.plan,
         bridge=bridge if bridge is not None else AsyncBridge(),
         generations=ctx.generations,
@@ -57,6 +59,9 @@ def rank_run(
         ),
         replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
     )
+    if run_id:
+        run.run_id = run_id
+    return run
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ class RankSetup:
     docs: Mapping[str, tuple[dict[str, Any], int]]
     layout: tuple[str, ...]
     """Every stage as ``name@rank``: the graph the controller runs, which this rank must build."""
+    run_id: str = ""
+    """The run's id, chosen by the controller: every rank's timing lines carry the same."""
 
 
 def layout_of(pipeline: Pipeline) -> tuple[str, ...]:
@@ -157,7 +164,7 @@ def rank_main(
             apply_serving(pipeline, spawn.options.serving)
         if pipeline_has_sink(pipeline, rank):
             configure_log(spawn.options.log)
-        run = rank_run(pipeline, rank, rings, releases)
+        run = rank_run(pipeline, rank, rings, releases, run_id=setup.run_id)
         signals.run = run  # a stop signal from now on halts the run, reported below
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early
         listener = threading.Thread(

@@ -12,6 +12,7 @@ session of drives). docs/architecture.md ("Runs") says who calls what.
 
 from __future__ import annotations
 
+import secrets
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -50,9 +51,14 @@ from rxstream.typing import ItemStream
 _End = tuple[Callable[[PipelineItem], None], Callable[[Exception], None], Callable[[], None]]
 """A pipeline end's ``on_next``, ``on_error`` and ``on_completed``."""
 
-__all__ = ["DoneEvent", "Run"]
+__all__ = ["DoneEvent", "Run", "new_run_id"]
 
 _log = structlog.get_logger("rxstream")
+
+
+def new_run_id() -> str:
+    """A fresh run id: 12 hex digits (48 random bits), short enough to read in a log line."""
+    return secrets.token_hex(6)
 
 
 class DoneEvent(threading.Event):
@@ -123,12 +129,28 @@ class Run(ABC):
         self.outputs: dict[Node, list[Any]] = {tail: [] for tail in self.tails}
         """What each end received: items (``collect="items"``) or payloads (``"payloads"``)."""
         self.shells: dict[Node, StageShell] = {}
+        self._run_id = new_run_id()
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._subscriptions = CompositeDisposable()
         for node in self.local:
             self._make_shell(node)
         self._wire()
+
+    @property
+    def run_id(self) -> str:
+        """This run's id, on every ``[timing:…]`` and ``[photon:…]`` line it logs.
+
+        Fresh for each run; a launcher sets every rank's run to one id (before it starts), so
+        a multi-rank launch is one run in the log.
+        """
+        return self._run_id
+
+    @run_id.setter
+    def run_id(self, value: str) -> None:
+        self._run_id = value
+        for shell in self.shells.values():
+            shell.run_id = value
 
     # --- what a run mode decides ----------------------------------------------------------
 
@@ -181,6 +203,7 @@ class Run(ABC):
             reset if callable(reset) else None,
             self.timing,
         )
+        shell.run_id = self._run_id
         self.shells[node] = shell
         return shell
 

@@ -2,6 +2,7 @@
 
 from rxstream._util import fixup_module_metadata
 from rxstream.timing._analysis import (
+    LoggedRun,
     Malformed,
     TimingLog,
     format_summary,
@@ -16,6 +17,7 @@ from rxstream.timing._record import HopTiming, TimingRecord
 __all__ = [
     "ClientTiming",
     "HopTiming",
+    "LoggedRun",
     "Malformed",
     "TimingLog",
     "TimingRecord",

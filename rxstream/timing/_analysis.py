@@ -4,23 +4,37 @@ The log is JSON lines (``rxstream.timing.configure_logging``); lines whose ``eve
 ``[timing:<stream>]`` are records, other events are skipped, and a line that is not JSON or a
 timing line that lacks its fields is counted as malformed with its line number — never a crash.
 A ``[photon:<stream>]`` line (a page showed the frame) is joined to the latest record before it
-with the same stream and ``input_seq``, as the record's ``client`` part.
+of the same run with the same stream and ``input_seq``, as the record's ``client`` part.
+
+Every line of a run carries its id (``run``); a line without one (written before runs had ids)
+belongs to the run ``""``. One log may hold several runs (``configure_logging(path)`` appends):
+:meth:`TimingLog.select` and :func:`summarize` take one of them — the last by default — never
+pooling them unless asked (``"all"``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rxstream._exceptions import ArgumentError
 from rxstream._table import table
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 
-__all__ = ["Malformed", "TimingLog", "format_summary", "load", "plot", "summarize"]
+__all__ = [
+    "LoggedRun",
+    "Malformed",
+    "TimingLog",
+    "format_summary",
+    "load",
+    "plot",
+    "summarize",
+]
 
 PERCENTILES = (50, 95, 99)
 
@@ -36,6 +50,22 @@ class Malformed:
 
 
 @dataclass(frozen=True)
+class LoggedRun:
+    """One run's share of a timing log."""
+
+    id: str
+    """The run's id (``Pipeline.run_id``); ``""`` for lines written without one."""
+    records: int
+    """How many of the records held run under it."""
+    first_at: str = ""
+    """The ``timestamp`` of its first record's line (``""`` when unknown)."""
+    self_test: bool = False
+    """Whether every record of it is of an app's self test (the drives of ``ctx.self_test()``,
+    kept by ``include_self_test``): such a run goes with the run after it (an app checks
+    itself at start-up, then runs) and is never ``"last"``."""
+
+
+@dataclass(frozen=True)
 class TimingLog:
     """The records of a log, what could not be read, and how many other events it had."""
 
@@ -44,18 +74,41 @@ class TimingLog:
     other_events: int = 0
     self_tests: int = 0
     """Records of an app's self test (``self_test``) that were left out."""
+    first_at: Mapping[str, str] = field(default_factory=dict, hash=False)
+    """Per run id, the ``timestamp`` of the line of its first record."""
+
+    @property
+    def runs(self) -> tuple[LoggedRun, ...]:
+        """The runs of the records held, in the order they started (their first record)."""
+        return runs_of(self.records, self.first_at)
+
+    def select(self, run: str = "last") -> TimingLog:
+        """This log with only one run's records: ``"last"`` (the run that started last), a
+        run's id or a unique prefix of one; ``"all"`` keeps every run's (this log). A run
+        keeps the self-test runs just before it (:attr:`LoggedRun.self_test`).
+
+        Raises :class:`~rxstream.ArgumentError` naming the runs held for an id that matches
+        none of them, or a prefix that matches several.
+        """
+        runs = self.runs
+        chosen = pick_run(runs, run)
+        if chosen is None:
+            return self
+        kept = with_its_self_test(runs, chosen)
+        return replace(self, records=tuple(r for r in self.records if r.run in kept))
 
     def dataframe(self) -> Any:
         """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
 
-        Columns: stream, input_seq, cutover, total_ms, photon_ms, hop, order, wait_ms,
+        Columns: run, stream, input_seq, cutover, total_ms, photon_ms, hop, order, wait_ms,
         compute_ms, hold_ms. ``photon_ms`` is the record's input-to-pixels time (NaN without a
-        page's report).
+        page's report); ``run`` its run's id (``groupby("run")`` splits the runs).
         """
         import pandas as pd
 
         rows = [
             {
+                "run": r.run,
                 "stream": r.stream,
                 "input_seq": r.input_seq,
                 "cutover": r.cutover,
@@ -80,11 +133,13 @@ def load(
 
     Records of the app's self test (tagged ``self_test``: frames driven at start-up, not a
     user's inputs) are left out and counted in ``self_tests``, unless ``include_self_test``.
+    Each record keeps its run (``run``); the log holds every run's (see :meth:`TimingLog.select`).
     """
     records: list[TimingRecord] = []
     malformed: list[Malformed] = []
     others = 0
-    latest: dict[tuple[str, int], int] = {}  # (stream, input_seq) -> index in records
+    latest: dict[tuple[str, str, int], int] = {}  # (run, stream, input_seq) -> index in records
+    first_at: dict[str, str] = {}
     self_tests = 0
     with Path(path).open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
@@ -123,9 +178,68 @@ def load(
             if record.self_test and not include_self_test:
                 self_tests += 1
                 continue
-            latest[(record.stream, record.input_seq)] = len(records)
+            latest[(record.run, record.stream, record.input_seq)] = len(records)
+            first_at.setdefault(record.run, str(entry.get("timestamp", "")))
             records.append(record)
-    return TimingLog(tuple(records), tuple(malformed), others, self_tests)
+    return TimingLog(tuple(records), tuple(malformed), others, self_tests, first_at)
+
+
+def runs_of(records: Iterable[TimingRecord], first_at: Mapping[str, str]) -> tuple[LoggedRun, ...]:
+    """The runs of ``records`` in the order of their first record, each with its count."""
+    counts: dict[str, int] = {}
+    tests: dict[str, int] = {}
+    for record in records:
+        counts[record.run] = counts.get(record.run, 0) + 1
+        tests[record.run] = tests.get(record.run, 0) + record.self_test
+    return tuple(
+        LoggedRun(run, n, first_at.get(run, ""), tests[run] == n) for run, n in counts.items()
+    )
+
+
+def with_its_self_test(runs: Sequence[LoggedRun], chosen: str) -> set[str]:
+    """``chosen`` and the self-test runs just before it (none for a self-test run itself)."""
+    ids = [r.id for r in runs]
+    kept = {chosen}
+    if chosen not in ids:
+        return kept
+    index = ids.index(chosen)
+    if runs[index].self_test:
+        return kept
+    while index > 0 and runs[index - 1].self_test:
+        index -= 1
+        kept.add(ids[index])
+    return kept
+
+
+def run_label(run: str) -> str:
+    """A run's id as printed: ``(no id)`` for the lines written without one."""
+    return run or "(no id)"
+
+
+def pick_run(runs: Sequence[LoggedRun], run: str) -> str | None:
+    """The id ``run`` names among ``runs`` (``"last"``, an id or a unique prefix), or ``None``
+    for ``"all"``; ``ArgumentError`` naming the runs when it names none, or several."""
+    if run == "all":
+        return None
+    ids = [r.id for r in runs]
+    if run == "last":
+        live = [r.id for r in runs if not r.self_test] or ids
+        return live[-1] if live else ""
+    if run in ids:  # an exact id first: "" is the run of lines written without one
+        return run
+    matches = [i for i in ids if run and i.startswith(run)]
+    if len(matches) == 1:
+        return matches[0]
+    held = ", ".join(run_label(i) for i in ids) or "none"
+    if matches:
+        raise ArgumentError(
+            f"run {run!r} is the prefix of several runs ({', '.join(matches)}): give more of "
+            f"the id; the log's runs are: {held}"
+        )
+    raise ArgumentError(
+        f"run must be 'last', 'all' or the id (or a unique prefix) of one of the log's runs, "
+        f"got {run!r}; its runs are: {held}"
+    )
 
 
 def describe_malformed(malformed: Sequence[Malformed]) -> str:
@@ -139,18 +253,19 @@ def describe_malformed(malformed: Sequence[Malformed]) -> str:
 def _join_photon(
     entry: dict[str, Any],
     records: list[TimingRecord],
-    latest: dict[tuple[str, int], int],
+    latest: dict[tuple[str, str, int], int],
     stream: str | None,
 ) -> str:
-    """Join a ``[photon:…]`` line to its record: ``""``, ``"unmatched"`` or why it is malformed."""
+    """Join a ``[photon:…]`` line to its record (of its run: a line without ``run`` is of the
+    run ``""``): ``""``, ``"unmatched"`` or why it is malformed."""
     try:
-        key = (str(entry["stream"]), int(entry["input_seq"]))
+        key = (str(entry.get("run", "")), str(entry["stream"]), int(entry["input_seq"]))
         client = ClientTiming.from_fields(entry)
     except KeyError as exc:
         return f"photon line without field {exc.args[0]!r}"
     except (TypeError, ValueError) as exc:
         return f"photon line with a bad value: {exc}"
-    if stream is not None and key[0] != stream:
+    if stream is not None and key[1] != stream:
         return ""
     index = latest.get(key)
     if index is None:
@@ -200,10 +315,19 @@ class Summary:
     """The client hops (``up``, ``net``, ``decode``, ``present``) p50/p95/p99 over those."""
     shown: int = 0
     """Records that a page reported showing (they have ``photon_ms``)."""
+    run: str = ""
+    """The run summarised: its id, or ``"all"`` when every run's records were pooled."""
+    runs: tuple[LoggedRun, ...] = ()
+    """Every run of the log (or records) given, in the order they started."""
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for other tools (``rxstream timing --json``)."""
         return {
+            "run": self.run,
+            "runs": [
+                {"id": r.id, "records": r.records, "first_at": r.first_at, "self_test": r.self_test}
+                for r in self.runs
+            ],
             "records": self.records,
             "hops": [_hop_json(h) for h in self.hops],
             "total_ms": {k: round(v, 3) for k, v in self.total_ms.items()},
@@ -241,10 +365,24 @@ def _hop_json(h: HopSummary) -> dict[str, Any]:
     return entry
 
 
-def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> Summary:
-    """Per hop count and p50/p95/p99 of wait, hold and compute; the end-to-end distribution."""
-    records = list(log.records if isinstance(log, TimingLog) else log)
-    malformed = log.malformed if isinstance(log, TimingLog) else ()
+def summarize(
+    log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5, run: str = "last"
+) -> Summary:
+    """Per hop count and p50/p95/p99 of wait, hold and compute; the end-to-end distribution.
+
+    Of one run: ``run`` is ``"last"`` (the run that started last), an id or a unique prefix
+    of one (``ArgumentError`` naming the runs held when it matches none or several), or
+    ``"all"`` to pool every run's records. ``Summary.runs`` lists every run either way.
+    """
+    if isinstance(log, TimingLog):
+        runs, malformed = log.runs, log.malformed
+        records = list(log.select(run).records)
+    else:
+        given = list(log)
+        runs, malformed = runs_of(given, {}), ()
+        records = list(TimingLog(tuple(given)).select(run).records)
+    chosen = pick_run(runs, run)
+    shown_run = "all" if chosen is None else chosen
     waits: dict[str, list[float]] = {}
     computes: dict[str, list[float]] = {}
     holds: dict[str, list[float]] = {}
@@ -293,6 +431,8 @@ def summarize(log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5) -> S
         photon_ms=photon,
         client=client,
         shown=len(shown),
+        run=shown_run,
+        runs=runs,
     )
 
 
@@ -314,7 +454,7 @@ def format_summary(summary: Summary) -> str:
         )
         for h in summary.hops
     ]
-    lines = [f"{summary.records} timing records (ms)", *table(rows)]
+    lines = [*_runs_line(summary), f"{summary.records} timing records (ms)", *table(rows)]
     t = summary.total_ms
     lines.append(
         "end to end: " + "  ".join(f"{key} {t[key]:.2f}" for key in ("p50", "p95", "p99", "max"))
@@ -337,6 +477,34 @@ def format_summary(summary: Summary) -> str:
     if summary.malformed:
         lines.append(describe_malformed(summary.malformed))
     return "\n".join(lines)
+
+
+RUNS_LISTED = 5
+"""The runs ``format_summary``'s first line lists by name (the latest; the earlier counted)."""
+
+
+def _runs_line(summary: Summary) -> list[str]:
+    """The first line for a summary of a log of several runs: which it holds, which is shown."""
+    runs = summary.runs
+    if len(runs) < 2:
+        return []
+    listed = ", ".join(
+        f"{run_label(r.id)} ({r.records} record{'s' * (r.records != 1)}"
+        + (", self test" if r.self_test else "")
+        + (f", first at {r.first_at[:19]}" if r.first_at else "")
+        + ")"
+        for r in runs[-RUNS_LISTED:]
+    )
+    if len(runs) > RUNS_LISTED:
+        listed = f"{len(runs) - RUNS_LISTED} earlier, then {listed}"
+    if summary.run == "all":
+        showing = "showing all of them pooled; --run ID shows one"
+    else:
+        last = " (the last)" if summary.run == pick_run(runs, "last") else ""
+        if len(with_its_self_test(runs, summary.run)) > 1:
+            last += " with the self test before it"
+        showing = f"showing {run_label(summary.run)}{last}; --run ID or --run all"
+    return [f"log holds {len(runs)} runs: {listed}; {showing}"]
 
 
 def _hold_cells(h: HopSummary) -> tuple[str, ...]:
@@ -377,7 +545,8 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
         cdf.legend(["total_ms (server)", "photon_ms (input to pixels)"], loc="lower right")
     cdf.set_xlabel("end-to-end ms")
     cdf.set_ylabel("fraction of inputs")
-    cdf.set_title(f"end to end ({len(totals)} records)")
+    of_run = f", run {run_label(summary.run)}" if len(summary.runs) > 1 else ""
+    cdf.set_title(f"end to end ({len(totals)} records{of_run})")
     cdf.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -64,6 +64,10 @@ class TimingRecord:
     self_test: bool = False
     """Whether the frame egressed inside ``with ctx.self_test():`` (the app checking itself at
     start-up, not a user's input): ``rxstream timing`` leaves such records out by default."""
+    run: str = ""
+    """The id of the run that folded it (``Pipeline.run_id``: one per threaded run or driven
+    session, the same on every rank of a launch); ``""`` for a record made outside a run, or
+    read from a line written before runs had ids."""
 
     def fields(self) -> dict[str, Any]:
         """The flat key-value form of the log line (``<hop>.wait_ms``, ``<hop>.compute_ms``).
@@ -72,6 +76,7 @@ class TimingRecord:
         lines of stages that do not hold are as they were; a missing one reads back as 0.
         """
         flat: dict[str, Any] = {
+            "run": self.run,
             "stream": self.stream,
             "input_seq": self.input_seq,
             "input_at_ms": self.input_at_ms,
@@ -123,11 +128,13 @@ class TimingRecord:
             hops=hops,
             client=ClientTiming.from_fields(flat) if "photon_ms" in flat else None,
             self_test=flat.get("self_test") is True,
+            run=str(flat.get("run", "")),
         )
 
 
-def fold(stream: str, metadata: PipelineMetadata, wall_ms: float) -> TimingRecord:
-    """Fold ``metadata.timeline`` into a record; ``wall_ms`` is the egress wall-clock time."""
+def fold(stream: str, metadata: PipelineMetadata, wall_ms: float, run: str = "") -> TimingRecord:
+    """Fold ``metadata.timeline`` into a record of ``run``; ``wall_ms`` is the egress
+    wall-clock time."""
     timeline: Timeline = metadata.timeline
     hops: list[HopTiming] = []
     origin = timeline[0][0] if timeline else ""
@@ -167,4 +174,5 @@ def fold(stream: str, metadata: PipelineMetadata, wall_ms: float) -> TimingRecor
         total_ms=(end - start) * 1e3,
         from_client_ms=from_client,
         hops=tuple(hops),
+        run=run,
     )

@@ -73,8 +73,9 @@ class PhotonJoin:
         self._frames: OrderedDict[tuple[str, int], _Frame] = OrderedDict()
         self._records: OrderedDict[tuple[str, int], TimingRecord] = OrderedDict()
         self._waiting: OrderedDict[tuple[str, int, int], tuple[Shown, float, float]] = OrderedDict()
-        self._joined: OrderedDict[tuple[str, int, int], None] = OrderedDict()
-        """(stream, input_seq, page) already joined: a page's repeated report joins nothing."""
+        self._joined: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
+        """(run, stream, input_seq, page) already joined: a page's repeated report joins
+        nothing (a later run's record of the same input_seq, a cutover's 0, joins anew)."""
         self.unsynced = 0
         """Reports dropped because the page's clock was not known yet."""
         self.implausible = 0
@@ -111,10 +112,10 @@ class PhotonJoin:
             (record, client, page)
             for page, report, offset, rtt in reports
             if (client := self._join(report, record, offset, rtt)) is not None
-            and self._first((*key, page))
+            and self._first((record.run, *key, page))
         ]
 
-    def _first(self, key: tuple[str, int, int]) -> bool:
+    def _first(self, key: tuple[str, str, int, int]) -> bool:
         """Whether this page's report of this input joins for the first time (then marked)."""
         with self._lock:
             if key in self._joined:
@@ -137,7 +138,7 @@ class PhotonJoin:
                 _put(self._waiting, key, (report, offset, rtt), self.keep)
                 return None
         client = self._join(report, record, offset, rtt)
-        if client is None or not self._first((report.stream, report.input_seq, page)):
+        if client is None or not self._first((record.run, report.stream, report.input_seq, page)):
             return None
         return record, client
 
@@ -194,8 +195,10 @@ _log = structlog.get_logger("rxstream.timing")
 
 
 def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[str, Any]:
-    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried."""
+    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried (the
+    record's ``run`` among them, so that a log's reader joins it within its run)."""
     fields: dict[str, Any] = {
+        "run": record.run,
         "stream": record.stream,
         "input_seq": record.input_seq,
         "pts": record.pts,
