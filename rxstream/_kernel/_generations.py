@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from rxstream.item import PipelineMetadata
+from rxstream.item import PipelineItem, PipelineMetadata, _base
 
 __all__ = ["Admission", "GenerationState", "Generations"]
 
@@ -147,6 +147,38 @@ class Admission:
             if reset is not None:
                 reset()
         return True
+
+    @property
+    def flushed(self) -> int:
+        """The newest flush generation this subscription has admitted (or the context's at
+        its start)."""
+        return self._flushed
+
+    def admitting(self, on_next: Callable[[PipelineItem], None]) -> Callable[[PipelineItem], None]:
+        """``on_next`` behind these checks: an item goes on when :meth:`admit` lets it in.
+
+        A routine item (:meth:`routine`'s rule) costs one compare chain on its base metadata,
+        written out here, no further call; any other goes through :meth:`admit` (a port's
+        per-item path: ``bench/hop_parts.py``'s admission row).
+        """
+        generations = self._generations
+        admit = self.admit
+        flushed = self._flushed
+
+        def admitted(item: PipelineItem) -> None:
+            nonlocal flushed
+            base = _base(item)
+            if (
+                base.cutover
+                or base.flush_generation > flushed
+                or base.prompt_generation < generations.drop
+            ):
+                if not admit(base):
+                    return
+                flushed = self._flushed
+            on_next(item)
+
+        return admitted
 
     def routine(self, metadata: PipelineMetadata) -> bool:
         """Whether :meth:`admit` would let ``metadata`` in and do nothing else: not stale, no

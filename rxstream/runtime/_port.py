@@ -17,7 +17,7 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, _base
+from rxstream.item import PipelineItem
 from rxstream.operators._core import attach
 from rxstream.runtime import _handoff  # noqa: F401  # registers the C-queue inbox
 from rxstream.runtime._thread import StageThread
@@ -45,13 +45,7 @@ class Port:
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
-            on_next = observer.on_next
-            checks = shell.admission().admit
-
-            def admit(item: PipelineItem) -> None:
-                if checks(_base(item)):
-                    on_next(item)
-
+            admit = shell.admission().admitting(observer.on_next)
             return hand_off(upstream, admit, observer, scheduler)
 
         return Observable(subscribe)
