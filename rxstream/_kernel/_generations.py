@@ -12,11 +12,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from reactivex import Observable, abc
 
 from rxstream.item import PipelineItem, PipelineMetadata, _base
 
-__all__ = ["Admission", "GenerationState", "Generations"]
+__all__ = ["Admission", "Admitted", "GenerationState", "Generations"]
 
 
 @dataclass(frozen=True)
@@ -188,3 +190,40 @@ class Admission:
             or metadata.flush_generation > self._flushed
             or self._generations.is_stale(metadata)
         )
+
+
+Unadmitted = Callable[
+    [
+        Callable[[PipelineItem], None],
+        Callable[[Exception], None],
+        Callable[[], None],
+        abc.SchedulerBase | None,
+    ],
+    abc.DisposableBase,
+]
+"""How an :class:`Admitted` stream hands on its items unchecked: ``(on_next, on_error,
+on_completed, scheduler)``, the subscription returned."""
+
+
+class Admitted(Observable[PipelineItem]):
+    """A stage's input whose items meet the stage's :class:`Admission` on arrival (a port's
+    stream, :mod:`rxstream.runtime._port`).
+
+    An operator of the same ``stage`` that makes the checks itself, inline in its own per-item
+    call (a pipe's ``on_next``), subscribes through :meth:`unadmitted` instead and gets each
+    item as it arrives, on the same thread, before any check: one Python call an item and a
+    stage fewer (docs/decisions.md, "A pipe admits its items itself").
+    """
+
+    def __init__(
+        self,
+        subscribe: Callable[[abc.ObserverBase[PipelineItem], abc.SchedulerBase | None], Any],
+        unadmitted: Unadmitted,
+        stage: object,
+    ) -> None:
+        super().__init__(subscribe)
+        self.stage = stage
+        """The stage (its shell) whose admission the stream's subscribers get."""
+        self.unadmitted = unadmitted
+        """Subscribe ``(on_next, on_error, on_completed, scheduler)`` to the items unchecked:
+        the subscriber makes the stage's admission itself (:meth:`Admission.admit`)."""
