@@ -6,6 +6,10 @@ it first sees an item of a newer flush generation. Sources stamp all three on ev
 
 Both rules are written here once: :meth:`Generations.is_stale`, and :class:`Admission`, the
 checks an item meets on arriving at a stage (the threaded port and the fused drive path alike).
+The per-item quick test that finds nothing to do (:meth:`Admission.routine`'s rule) is also
+written out where a call an item counts: :meth:`Admission.admitting` (a port's closure) and a
+pipe's ``on_next`` behind its own port (:class:`Admitted`); tests/test_admission.py drives
+every branch through both.
 """
 
 import threading

@@ -26,7 +26,12 @@ def caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
 
 
 def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell], Operator]:
-    """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine."""
+    """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine.
+
+    Behind its own stage's port (an :class:`Admitted` input: not through a chunk buffer, not
+    under fan-in) the pipe takes the items unchecked and admits each itself, first in its
+    ``on_next``: a routine item costs a compare chain, any other goes to ``Admission.admit``.
+    """
 
     def build(shell: StageShell) -> Operator:
         call = caller(fn, shell)

@@ -6,6 +6,10 @@ stage's thread; a driven run's plain :class:`Port` admits it in the caller's cal
 are :class:`~rxstream._kernel._generations.Admission`'s, the same ones a fused drive chain makes
 (:mod:`rxstream.runtime._fuse`): a stale item is dropped (reason ``stale``), a cutover is
 counted, the first item of a newer flush generation resets the stage.
+
+A port's stream is an :class:`~rxstream._kernel._generations.Admitted`: a pipe of the same
+stage takes the items through its ``unadmitted`` hand-off, unchecked, and makes the checks
+first in its own ``on_next`` (:mod:`rxstream.operators._pipe`; one call an item fewer).
 """
 
 from __future__ import annotations
