@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import rxstream
+from rxstream._kernel._generations import Admission
 from rxstream.item import PipelineItem, PipelineMetadata
 from rxstream.transport import MemoryTransport
 
@@ -74,3 +75,28 @@ def test_admission_drops_stale_counts_cutovers_and_resets_on_a_newer_flush(
     assert stage.dropped == {"stale": 2}
     assert stage.cutovers == 1
     assert (stage.items_in, stage.items_out) == (6, 6)
+
+
+@pytest.mark.parametrize("kind", ["pipe", "tap"])
+def test_a_routine_item_is_admitted_without_a_call_to_admit(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the items that need something (stale, cutover, newer flush) reach Admission.admit."""
+    seen: list[tuple[int, bool, int]] = []
+    admit = Admission.admit
+
+    def spy(self: Admission, metadata: PipelineMetadata) -> bool:
+        seen.append((metadata.prompt_generation, metadata.cutover, metadata.flush_generation))
+        return admit(self, metadata)
+
+    monkeypatch.setattr(Admission, "admit", spy)
+    ctx = rxstream.Context(transport=MemoryTransport())
+    ctx.generations.steer()
+    pipeline = _pipeline(ctx, kind, Recorder())
+    pipeline.start()
+    assert pipeline.wait(timeout=30)
+    # the stage: every arrival but the routine ones (0, 4, 6); the stream after it: what
+    # got through that needs something there (1's cutover, 3's and 7's newer flushes)
+    expected = [(1, True, 0), (0, False, 0), (1, False, 1), (0, True, 1), (1, False, 2)]
+    expected += [(1, True, 0), (1, False, 1), (1, False, 2)]
+    assert sorted(seen) == sorted(expected)
