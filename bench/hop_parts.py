@@ -3,7 +3,8 @@
 The parts of one item's trip through one stage of ``bench/hop.py``'s chain, each timed in a
 loop with nothing contending (no other thread, no wake-ups): the put into the stage's inbox,
 the stage thread's take and delivery under a backlog, the port's admission, the pipe's
-``on_next`` (its counters, two stamps, the function, the new item), four fused pipes'
+``on_next`` (its counters, two stamps, the function, the new item), both as a run wires a
+pipe (which admits its items itself, behind its port), four fused pipes'
 ``on_next`` (``p1``'s thread in the opt-in fused shape), the chain's end (the collector) and
 the source's pull. What the table leaves out is what only a threaded run has:
 wake-ups, the GIL hand-offs and lock contention; ``bench/hop.py``'s CPU-per-item rows hold
@@ -147,11 +148,7 @@ def admission_part(items: int) -> None:
 
     class Capture(Port):
         def _hand_off(
-            self,
-            upstream: Any,
-            admit: Callable[[PipelineItem], None],
-            observer: abc.ObserverBase[PipelineItem],
-            scheduler: abc.SchedulerBase | None,
+            self, upstream: Any, admit: Callable[[PipelineItem], None], *_rest: Any
         ) -> abc.DisposableBase:
             admits.append(admit)
             return Disposable()
@@ -174,6 +171,23 @@ def pipe_part(items: int) -> None:
         return Disposable()
 
     stream = pipe_operator(noop)(_shell("p1"))([Observable(subscribe)])
+    attach(stream, _sink, _sink, lambda: None)
+    on_next = observers[0].on_next
+    for _ in range(items):
+        on_next(_ITEM)
+
+
+def admitting_pipe_part(items: int) -> None:
+    """A pipe's ``on_next`` behind its own port (as a run wires it): the stage's admission
+    inline, then the pipe's work (the two rows above in one call)."""
+    observers: list[abc.ObserverBase[PipelineItem]] = []
+
+    def subscribe(observer: Any, _scheduler: Any = None) -> abc.DisposableBase:
+        observers.append(observer)
+        return Disposable()
+
+    shell = _shell("p1")
+    stream = pipe_operator(noop)(shell)([Port(shell)(Observable(subscribe))])
     attach(stream, _sink, _sink, lambda: None)
     on_next = observers[0].on_next
     for _ in range(items):
@@ -454,6 +468,7 @@ def main(argv: list[str] | None = None) -> None:
         ("the port's admission (stale, cutover, flush checks)", admission_part),
         ("a pipe's on_next: counters, 2 stamps, no-op, new item", pipe_part),
         ("  of which one clock read (a stamp)", clock_part),
+        ("a pipe behind its port: the admission, then the pipe's on_next", admitting_pipe_part),
         ("four fused pipes' on_next (p1's thread in the fused shape)", fused_part),
         ("the end's collector", collector_part),
         ("a source's pull (and the pump's take_waited if it asks)", source_part),

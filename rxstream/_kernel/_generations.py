@@ -6,17 +6,23 @@ it first sees an item of a newer flush generation. Sources stamp all three on ev
 
 Both rules are written here once: :meth:`Generations.is_stale`, and :class:`Admission`, the
 checks an item meets on arriving at a stage (the threaded port and the fused drive path alike).
+The per-item quick test that finds nothing to do (:meth:`Admission.routine`'s rule) is also
+written out where a call an item counts: :meth:`Admission.admitting` (a port's closure) and a
+pipe's ``on_next`` behind its own port (:class:`Admitted`); tests/test_admission.py drives
+every branch through both.
 """
 
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
-from rxstream.item import PipelineMetadata
+from reactivex import Observable, abc
 
-__all__ = ["Admission", "GenerationState", "Generations"]
+from rxstream.item import PipelineItem, PipelineMetadata, _base
+
+__all__ = ["Admission", "Admitted", "GenerationState", "Generations"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +154,38 @@ class Admission:
                 reset()
         return True
 
+    @property
+    def flushed(self) -> int:
+        """The newest flush generation this subscription has admitted (or the context's at
+        its start)."""
+        return self._flushed
+
+    def admitting(self, on_next: Callable[[PipelineItem], None]) -> Callable[[PipelineItem], None]:
+        """``on_next`` behind these checks: an item goes on when :meth:`admit` lets it in.
+
+        A routine item (:meth:`routine`'s rule) costs one compare chain on its base metadata,
+        written out here, no further call; any other goes through :meth:`admit` (a port's
+        per-item path: ``bench/hop_parts.py``'s admission row).
+        """
+        generations = self._generations
+        admit = self.admit
+        flushed = self._flushed
+
+        def admitted(item: PipelineItem) -> None:
+            nonlocal flushed
+            base = _base(item)
+            if (
+                base.cutover
+                or base.flush_generation > flushed
+                or base.prompt_generation < generations.drop
+            ):
+                if not admit(base):
+                    return
+                flushed = self._flushed
+            on_next(item)
+
+        return admitted
+
     def routine(self, metadata: PipelineMetadata) -> bool:
         """Whether :meth:`admit` would let ``metadata`` in and do nothing else: not stale, no
         cutover to count, no flush to reset (a fused chain's quick path)."""
@@ -156,3 +194,40 @@ class Admission:
             or metadata.flush_generation > self._flushed
             or self._generations.is_stale(metadata)
         )
+
+
+Unadmitted = Callable[
+    [
+        Callable[[PipelineItem], None],
+        Callable[[Exception], None],
+        Callable[[], None],
+        abc.SchedulerBase | None,
+    ],
+    abc.DisposableBase,
+]
+"""How an :class:`Admitted` stream hands on its items unchecked: ``(on_next, on_error,
+on_completed, scheduler)``, the subscription returned."""
+
+
+class Admitted(Observable[PipelineItem]):
+    """A stage's input whose items meet the stage's :class:`Admission` on arrival (a port's
+    stream, :mod:`rxstream.runtime._port`).
+
+    An operator of the same ``stage`` that makes the checks itself, inline in its own per-item
+    call (a pipe's ``on_next``), subscribes through :meth:`unadmitted` instead and gets each
+    item as it arrives, on the same thread, before any check: one Python call an item and a
+    stage fewer (docs/decisions.md, "A pipe admits its items itself").
+    """
+
+    def __init__(
+        self,
+        subscribe: Callable[[abc.ObserverBase[PipelineItem], abc.SchedulerBase | None], Any],
+        unadmitted: Unadmitted,
+        stage: object,
+    ) -> None:
+        super().__init__(subscribe)
+        self.stage = stage
+        """The stage (its shell) whose admission the stream's subscribers get."""
+        self.unadmitted = unadmitted
+        """Subscribe ``(on_next, on_error, on_completed, scheduler)`` to the items unchecked:
+        the subscriber makes the stage's admission itself (:meth:`Admission.admit`)."""

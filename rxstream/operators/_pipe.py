@@ -8,8 +8,9 @@ from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._kernel._generations import Admitted
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, _forward, now
+from rxstream.item import PipelineItem, _base, _forward, now
 from rxstream.operators._core import OnNext, attach, per_item
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.typing import ItemStream, Operator, StageFn
@@ -25,7 +26,12 @@ def caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
 
 
 def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell], Operator]:
-    """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine."""
+    """``fn(payload) -> payload`` per item; under fan-in, ``fn(*payloads)`` over combine.
+
+    Behind its own stage's port (an :class:`Admitted` input: not through a chunk buffer, not
+    under fan-in) the pipe takes the items unchecked and admits each itself, first in its
+    ``on_next``: a routine item costs a compare chain, any other goes to ``Admission.admit``.
+    """
 
     def build(shell: StageShell) -> Operator:
         call = caller(fn, shell)
@@ -39,14 +45,33 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
             if len(ports) > 1:
                 return _fan_in_pipe(call, shell, ports)
             source = ports[0]
+            # the stage's own port: the pipe admits each item itself, in its on_next
+            port = source if isinstance(source, Admitted) and source.stage is shell else None
 
             def subscribe(
                 observer: abc.ObserverBase[PipelineItem],
                 scheduler: abc.SchedulerBase | None = None,
             ) -> abc.DisposableBase:
                 on_next_down = observer.on_next
+                admits = port is not None
+                admission = shell.admission()
+                admit = admission.admit
+                generations = shell.generations
+                flushed = admission.flushed
 
                 def on_next(item: PipelineItem) -> None:
+                    nonlocal flushed
+                    if admits:
+                        # Admission.admitting's routine check, written out (one call fewer)
+                        base = _base(item)
+                        if (
+                            base.cutover
+                            or base.flush_generation > flushed
+                            or base.prompt_generation < generations.drop
+                        ):
+                            if not admit(base):
+                                return
+                            flushed = admission.flushed
                     started = now()
                     counters.items_in += 1
                     try:
@@ -62,6 +87,10 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
                     else:
                         on_next_down(forward(item, out, started))
 
+                if port is not None:
+                    return port.unadmitted(
+                        on_next, observer.on_error, observer.on_completed, scheduler
+                    )
                 return attach(source, on_next, observer.on_error, observer.on_completed, scheduler)
 
             return Observable(subscribe)

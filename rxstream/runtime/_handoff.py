@@ -368,7 +368,8 @@ class TokenThread(StageThread):
                     deliver(value)
                     entry = value = None  # as below: the first is done with
                     # a backlog: the next entries back to back, in one span of work
-                    while waiting() and not (ready or timers or taken):
+                    # (``taken`` changes only in ``_next``: asked once, not an item)
+                    while not taken and waiting() and not (ready or timers):
                         if not self._accepting:
                             break
                         try:
@@ -381,9 +382,11 @@ class TokenThread(StageThread):
                             break
                         if len(entry) == 2:
                             free(None)
+                            deliver, value = entry
                         elif len(entry) == 1:
                             continue
-                        deliver, value = entry[0], entry[1]
+                        else:
+                            deliver, value = entry[0], entry[1]
                         entry = None
                         deliver(value)
                         # the work so far, as an item ends, about every LIVE_S: live statistics

@@ -6,18 +6,22 @@ stage's thread; a driven run's plain :class:`Port` admits it in the caller's cal
 are :class:`~rxstream._kernel._generations.Admission`'s, the same ones a fused drive chain makes
 (:mod:`rxstream.runtime._fuse`): a stale item is dropped (reason ``stale``), a cutover is
 counted, the first item of a newer flush generation resets the stage.
+
+A port's stream is an :class:`~rxstream._kernel._generations.Admitted`: a pipe of the same
+stage takes the items through its ``unadmitted`` hand-off, unchecked, and makes the checks
+first in its own ``on_next`` (:mod:`rxstream.operators._pipe`; one call an item fewer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
-from reactivex import Observable, abc
+from reactivex import abc
 
+from rxstream._kernel._generations import Admitted
 from rxstream._kernel._shell import StageShell
-from rxstream.item import PipelineItem, _base
+from rxstream.item import PipelineItem
 from rxstream.operators._core import attach
 from rxstream.runtime import _handoff  # noqa: F401  # registers the C-queue inbox
 from rxstream.runtime._thread import StageThread
@@ -38,32 +42,36 @@ class Port:
         self.shell = shell
 
     def __call__(self, upstream: ItemStream) -> ItemStream:
-        """``upstream`` as the stage receives it: admitted, on the stage's scheduler."""
+        """``upstream`` as the stage receives it: admitted, on the stage's scheduler (or, for
+        an operator that admits them itself, :meth:`Admitted.unadmitted`, only the latter)."""
         shell = self.shell
         hand_off = self._hand_off
 
         def subscribe(
             observer: abc.ObserverBase[PipelineItem], scheduler: abc.SchedulerBase | None = None
         ) -> abc.DisposableBase:
-            on_next = observer.on_next
-            checks = shell.admission().admit
+            admit = shell.admission().admitting(observer.on_next)
+            return hand_off(upstream, admit, observer.on_error, observer.on_completed, scheduler)
 
-            def admit(item: PipelineItem) -> None:
-                if checks(_base(item)):
-                    on_next(item)
+        def unadmitted(
+            on_next: Callable[[PipelineItem], None],
+            on_error: Callable[[Exception], None],
+            on_completed: Callable[[], None],
+            scheduler: abc.SchedulerBase | None = None,
+        ) -> abc.DisposableBase:
+            return hand_off(upstream, on_next, on_error, on_completed, scheduler)
 
-            return hand_off(upstream, admit, observer, scheduler)
-
-        return Observable(subscribe)
+        return Admitted(subscribe, unadmitted, shell)
 
     def _hand_off(
         self,
         upstream: ItemStream,
         admit: Callable[[PipelineItem], None],
-        observer: abc.ObserverBase[PipelineItem],
+        on_error: Callable[[Exception], None],
+        on_completed: Callable[[], None],
         scheduler: abc.SchedulerBase | None,
     ) -> abc.DisposableBase:
-        return attach(upstream, admit, observer.on_error, observer.on_completed, scheduler)
+        return attach(upstream, admit, on_error, on_completed, scheduler)
 
 
 class InboxPort(Port):
@@ -80,18 +88,19 @@ class InboxPort(Port):
         self,
         upstream: ItemStream,
         admit: Callable[[PipelineItem], None],
-        observer: abc.ObserverBase[PipelineItem],
+        on_error: Callable[[Exception], None],
+        on_completed: Callable[[], None],
         scheduler: abc.SchedulerBase | None,
     ) -> abc.DisposableBase:
         put_control = self.thread.put_control
         return attach(
             upstream,
             partial(self.thread.put, admit),  # a C call: no Python frame per item
-            lambda error: put_control(observer.on_error, error),
-            lambda: put_control(_complete, observer),
+            lambda error: put_control(on_error, error),
+            lambda: put_control(_complete, on_completed),
             scheduler,
         )
 
 
-def _complete(observer: abc.ObserverBase[Any]) -> None:
-    observer.on_completed()
+def _complete(on_completed: Callable[[], None]) -> None:
+    on_completed()
