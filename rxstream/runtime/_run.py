@@ -346,7 +346,7 @@ class Run(ABC):
         """
         outputs = self.outputs
         collect = self.collect is not None
-        is_stale = self.generations.is_stale
+        generations = self.generations
         counters = self.shells[tail].counters
         drop = counters.drop
         fail = self.fail
@@ -358,7 +358,8 @@ class Run(ABC):
         def on_next(item: PipelineItem) -> None:
             if stopped:
                 return
-            if not sink and is_stale(_base(item)):  # the end is a hop too
+            # the end is a hop too: Generations.is_stale's rule, inline (a call an item fewer)
+            if not sink and _base(item).prompt_generation < generations.drop:
                 counters.items_out -= 1  # the tail's last hop: what it drops there never left
                 drop("stale")
             elif collect:  # keep no item alive that nobody asked for
