@@ -404,3 +404,30 @@ def test_cli_plot_draws_the_run_shown(
     assert cli.main(["timing", str(path), "--plot", str(tmp_path / "p.png"), "--run", first]) == 0
     capsys.readouterr()
     assert drawn == [(second, [second] * 3), (first, [first] * 2)]
+
+
+# --- the run id of a launch: LaunchResult.run_id and `rxstream run` --------------------------
+
+MAIN_APP = str(ROOT / "tests" / "apps" / "main_app.py")
+
+
+def test_a_main_app_s_launch_result_names_its_run(restored_logging: None, tmp_path: Path) -> None:
+    """LaunchResult.run_id of a main app is the run its live timing lines carry."""
+    log = tmp_path / "timing.jsonl"
+    result = rxstream.launch(MAIN_APP, ranks=1, frames=3, timeout=60, log=log)
+    assert RUN_ID.match(result.run_id), result
+    live = {line["run"] for line in lines_of(log) if not line.get("self_test")}
+    assert live == {result.run_id}
+
+
+def test_rxstream_run_prints_the_run_id_beside_the_log(
+    restored_logging: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rxstream run --log` ends naming the log and the run's id in it."""
+    log = tmp_path / "timing.jsonl"
+    assert cli.main(["run", MAIN_APP, "--frames", "3", "--timeout", "60", "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    live = {line["run"] for line in lines_of(log) if not line.get("self_test")}
+    assert len(live) == 1
+    (run_id,) = live
+    assert f"timing log: {log}, run {run_id} (summarise it with: rxstream timing {log})" in out
