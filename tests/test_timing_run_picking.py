@@ -119,6 +119,8 @@ def test_an_id_named_all_or_last_is_picked_with_id_prefix() -> None:
         1,
     )
     assert summarize(records, run="id:last").run == "last"
+    first = format_summary(summarize(records, run="id:all")).splitlines()[0]
+    assert first.endswith("showing all; --run ID or --run all")
     assert summarize(records, run="last").run == A
 
 
@@ -146,13 +148,13 @@ def test_ids_are_shown_safely_and_the_error_lists_as_many_as_the_header() -> Non
         record_of(long, 7),
     ]
     first = format_summary(summarize(records)).splitlines()[0]
-    assert "bad\\nrun (1 record)" in first
+    assert "'bad\\nrun' (1 record)" in first
     assert f"{'x' * 39}… (1 record)" in first
     assert len(first) < 400
     with pytest.raises(ArgumentError) as caught:
         summarize(records, run="nope")
     assert str(caught.value).endswith(
-        f"its runs are: 000000000002, 000000000003, 000000000004, bad\\nrun, {'x' * 39}… "
+        f"its runs are: 000000000002, 000000000003, 000000000004, 'bad\\nrun', {'x' * 39}… "
         "(…and 2 earlier)"
     )
 
@@ -270,7 +272,9 @@ def test_photon_lines_of_no_record_are_counted_per_run_and_shown(
     path = write(tmp_path / "t.jsonl", lines)
     assert load(path).unjoined == {A: 1, B: 1}
     _, out, _ = timing(capsys, str(path), "--run", "aaaa")
-    assert out.splitlines()[-1] == "photon lines joined to no record: 1 (2 in the whole log)"
+    assert out.splitlines()[-1] == (
+        "photon lines joined to no record: 1 of the run shown, 2 in the whole log"
+    )
     _, out, _ = timing(capsys, str(path), "--run", "all")
     assert out.splitlines()[-1] == "photon lines joined to no record: 2"
 

@@ -271,7 +271,7 @@ def _timing(args: argparse.Namespace) -> int:
         unjoined = sum(log.unjoined.values())
         if unjoined:
             of_run = sum(log.unjoined.get(i, 0) for i in summary.included or log.unjoined)
-            whole = f" ({unjoined} in the whole log)" if of_run != unjoined else ""
+            whole = f" of the run shown, {unjoined} in the whole log" * (of_run != unjoined)
             print(f"photon lines joined to no record: {of_run}{whole}")
     if target is not None:
         try:

@@ -478,7 +478,7 @@ def _runs_line(summary: Summary) -> list[str]:
     )
     if len(runs) > RUNS_LISTED:  # as many as an error about --run names
         listed = f"{len(runs) - RUNS_LISTED} earlier, then {listed}"
-    if summary.run == "all":
+    if summary.run == "all" and not summary.included:  # pooled (not a run whose id is "all")
         showing = "showing all of them pooled; --run ID shows one"
     else:
         last = " (the last)" if summary.run == pick_run(runs, "last") else ""

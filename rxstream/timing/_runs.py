@@ -9,6 +9,7 @@ show the run that started last as ``"last"``.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +39,8 @@ LABEL_CHARS = 40
 """The longest id printed whole; a longer one is cut with an ellipsis."""
 RUNS_LISTED = 5
 """The runs a line names (the latest; the earlier counted)."""
+_PLAIN = re.compile(r"[\w.:-]+")
+"""An id printed as it is (any other is quoted)."""
 
 
 @dataclass(frozen=True)
@@ -118,9 +121,12 @@ def safe(text: str) -> str:
 
 
 def run_label(run: str) -> str:
-    """A run's id as printed: ``(no id)`` for the lines written without one; an id with
-    control characters escaped, a long one cut with an ellipsis."""
-    return safe(run) if run else NO_ID
+    """A run's id as printed: ``(no id)`` for the lines written without one; an id of other
+    than word characters, ``.``, ``:`` and ``-`` quoted (``repr``: control characters
+    escaped, so that an id cannot pass for the text around it); cut to LABEL_CHARS."""
+    if not run:
+        return NO_ID
+    return safe(run if _PLAIN.fullmatch(run) else repr(run))
 
 
 def listing(ids: Sequence[str]) -> str:
