@@ -9,8 +9,9 @@
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]
   [--run ID|last|all]`` summarises a timing log per hop (count, p50/p95/p99 of queue-wait and
   compute), end to end, and names the slowest inputs; malformed lines are summarised in one
-  line, the self test's records are left out; of a log of several runs, the last run (a first
-  line names them all; ``--run`` picks one by id or prefix, or pools ``all``); a log with
+  line, the self test's records are left out; of a log of several runs, the last run to start
+  (a first line names them all; ``--run`` picks one by id or prefix, ``(no id)``, ``id:ID``,
+  or pools ``all``; ``--stream`` keeps one stream's records of it); a log with
   nothing to summarise is a one-line error (exit 1); a ``--plot`` in no format matplotlib writes
   (the suffix's; none: ``.png``) one too, and a ``--run`` naming no run of the log (exit 2).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
