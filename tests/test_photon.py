@@ -212,7 +212,7 @@ def test_load_joins_photon_lines_to_their_records(tmp_path: Path) -> None:
             timing_line(2, 50.0),
             photon_line(2, 58.0),
             photon_line(2, 99.0, page=2),  # a second page: the first report wins
-            photon_line(9, 10.0),  # no record: another event
+            photon_line(9, 10.0),  # no record: joined to none, counted under its run
             {"event": "[photon:video]", "stream": "video", "input_seq": 1},
         ],
     )
@@ -222,7 +222,7 @@ def test_load_joins_photon_lines_to_their_records(tmp_path: Path) -> None:
     assert first.photon_ms is None
     assert second.photon_ms == 58.0
     assert second.client == ClientTiming(58.0, 1.0, 2.0, 3.0, 0.5, 0.4, "webcodecs")
-    assert loaded.other_events == 1
+    assert (loaded.other_events, loaded.unjoined) == (0, {"": 1})
     assert [(m.line, m.reason) for m in loaded.malformed] == [
         (6, "photon line without field 'photon_ms'")
     ]

@@ -27,6 +27,7 @@ from rxstream.timing import (
     summarize,
 )
 from rxstream.timing import _emit as timing_emit
+from rxstream.timing._analysis import plotted
 from rxstream.timing._client import ClockOffset
 from rxstream.timing._emit import emit
 from rxstream.transport._photon import PhotonJoin, Shown, log_photon
@@ -213,7 +214,8 @@ def test_photon_lines_never_join_a_record_of_another_run(
         (first, 10.0, 31.0),
         (second, 20.0, None),
     ]
-    assert log.other_events == 1  # run 2's early photon line: no record of its run before it
+    assert log.unjoined == {second: 1}  # run 2's early photon line: no record of its run before
+    assert log.other_events == 0
 
 
 def test_a_live_page_s_report_in_a_new_run_joins_its_record() -> None:
@@ -309,8 +311,9 @@ def test_a_run_matching_none_or_several_is_refused_naming_the_runs() -> None:
     records = [record_of("abc100000000", 1), record_of("abc200000000", 1)]
     with pytest.raises(
         ArgumentError,
-        match=r"^run must be 'last', 'all' or the id \(or a unique prefix\) of one of the "
-        r"log's runs, got 'ffff'; its runs are: abc100000000, abc200000000$",
+        match=r"^run must be 'last', 'all', '\(no id\)' or the id \(or a unique prefix; 'id:' "
+        r"before an id named 'all' or 'last'\) of one of the log's runs, got 'ffff'; its runs "
+        r"are: abc100000000, abc200000000$",
     ):
         summarize(records, run="ffff")
     with pytest.raises(
@@ -343,8 +346,9 @@ def test_cli_on_two_appended_runs_shows_the_last_and_names_both(
     assert cli.main(["timing", str(path)]) == 0
     out = capsys.readouterr().out.splitlines()
     assert re.match(
-        rf"^log holds 2 runs: {first} \(2 records, first at [0-9T:-]+\), {second} \(3 records, "
-        rf"first at [0-9T:-]+\); showing {second} \(the last\); --run ID or --run all$",
+        rf"^log holds 2 runs: {first} \(2 records, first at [0-9T:-]+\.[0-9]{{3}}Z\), {second} "
+        rf"\(3 records, first at [0-9T:-]+\.[0-9]{{3}}Z\); showing {second} \(the last\); "
+        r"--run ID or --run all$",
         out[0],
     ), out[0]
     assert out[1] == "3 timing records (ms)"
@@ -373,8 +377,9 @@ def test_cli_run_flag_picks_by_prefix_pools_all_and_refuses_an_unknown_id(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == (
-        f"rxstream timing: {path}: run must be 'last', 'all' or the id (or a unique prefix) of "
-        f"one of the log's runs, got 'nope'; its runs are: {first}, {second}\n"
+        f"rxstream timing: {path}: run must be 'last', 'all', '(no id)' or the id (or a unique "
+        f"prefix; 'id:' before an id named 'all' or 'last') of one of the log's runs, got "
+        f"'nope'; its runs are: {first}, {second}\n"
     )
 
 
@@ -384,16 +389,45 @@ def test_cli_plot_draws_the_run_shown(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """--plot draws the records of the run summarised, not every run's."""
+    """--plot draws the records of the run summarised, not every run's (``plotted``)."""
     path = tmp_path / "nb.jsonl"
     first, second = notebook_log(path, (2, 3))
     drawn: list[tuple[str, list[str]]] = []
     monkeypatch.setattr(
         cli,
         "plot",
-        lambda summary, records, target: drawn.append((summary.run, [r.run for r in records])),
+        lambda summary, records, target: drawn.append(
+            (summary.run, [r.run for r in plotted(summary, records)])
+        ),
     )
     assert cli.main(["timing", str(path), "--plot", str(tmp_path / "p.png")]) == 0
     assert cli.main(["timing", str(path), "--plot", str(tmp_path / "p.png"), "--run", first]) == 0
     capsys.readouterr()
     assert drawn == [(second, [second] * 3), (first, [first] * 2)]
+
+
+# --- the run id of a launch: LaunchResult.run_id and `rxstream run` --------------------------
+
+MAIN_APP = str(ROOT / "tests" / "apps" / "main_app.py")
+
+
+def test_a_main_app_s_launch_result_names_its_run(restored_logging: None, tmp_path: Path) -> None:
+    """LaunchResult.run_id of a main app is the run its live timing lines carry."""
+    log = tmp_path / "timing.jsonl"
+    result = rxstream.launch(MAIN_APP, ranks=1, frames=3, timeout=60, log=log)
+    assert RUN_ID.match(result.run_id), result
+    live = {line["run"] for line in lines_of(log) if not line.get("self_test")}
+    assert live == {result.run_id}
+
+
+def test_rxstream_run_prints_the_run_id_beside_the_log(
+    restored_logging: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rxstream run --log` ends naming the log and the run's id in it."""
+    log = tmp_path / "timing.jsonl"
+    assert cli.main(["run", MAIN_APP, "--frames", "3", "--timeout", "60", "--log", str(log)]) == 0
+    out = capsys.readouterr().out
+    live = {line["run"] for line in lines_of(log) if not line.get("self_test")}
+    assert len(live) == 1
+    (run_id,) = live
+    assert f"timing log: {log}, run {run_id} (summarise it with: rxstream timing {log})" in out

@@ -9,8 +9,9 @@
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]
   [--run ID|last|all]`` summarises a timing log per hop (count, p50/p95/p99 of queue-wait and
   compute), end to end, and names the slowest inputs; malformed lines are summarised in one
-  line, the self test's records are left out; of a log of several runs, the last run (a first
-  line names them all; ``--run`` picks one by id or prefix, or pools ``all``); a log with
+  line, the self test's records are left out; of a log of several runs, the last run to start
+  (a first line names them all; ``--run`` picks one by id or prefix, ``(no id)``, ``id:ID``,
+  or pools ``all``; ``--stream`` keeps one stream's records of it); a log with
   nothing to summarise is a one-line error (exit 1); a ``--plot`` in no format matplotlib writes
   (the suffix's; none: ``.png``) one too, and a ``--run`` naming no run of the log (exit 2).
 - ``rxstream topology APP [--config serving.yaml]`` prints the app's partitions, connections
@@ -29,14 +30,14 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
 from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
-from rxstream.timing import TimingLog, format_summary, load, plot, summarize
+from rxstream.timing import TimingLog, TimingRecord, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
+from rxstream.timing._runs import listing, run_label
 
 __all__ = ["main"]
 
@@ -139,7 +140,8 @@ def _parser() -> argparse.ArgumentParser:
         default="last",
         metavar="ID",
         help="the run to summarise when the log holds several: its id (a unique prefix is "
-        "enough), 'last' (the default: the run that started last) or 'all' (pooled)",
+        "enough; 'id:ID' for an id named all or last), '(no id)' for lines written without "
+        "one, 'last' (the default: the run that started last) or 'all' (pooled)",
     )
     timing.add_argument(
         "--include-self-test",
@@ -243,27 +245,38 @@ def _timing(args: argparse.Namespace) -> int:
     if problem is not None:  # one line, and no table of nan nor an empty plot
         print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
         return 1
-    if args.stream is not None:
-        kept = tuple(r for r in log.records if r.stream == args.stream)
-        log = replace(log, records=kept)
-    try:
-        shown = log.select(args.run)
+    try:  # the run is picked among every stream's runs, then --stream kept of it
+        summary = summarize(log, run=args.run, stream=args.stream)
     except ArgumentError as exc:  # a run the log does not hold: name the ones it does
         print(f"rxstream timing: {args.log}: {exc}", file=sys.stderr)
         return 2
-    summary = summarize(log, run=args.run)
+    if not summary.records:  # a run of the log, without a record of --stream
+        having = [r.id for r in summary.runs if any(x.run == r.id for x in _of(log, args.stream))]
+        print(
+            f"rxstream timing: {args.log}: run {run_label(summary.run)}"
+            f"{' (the last)' * (args.run == 'last')} has no records of stream {args.stream!r}; "
+            f"the runs with some: {listing(having)} (--run ID picks one)",
+            file=sys.stderr,
+        )
+        return 1
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
     else:
         print(format_summary(summary))
-        if log.self_tests:
+        left_out = log.self_tests_of(args.run)
+        if left_out:
             print(
-                f"left out: {log.self_tests} self-test record{'s' * (log.self_tests != 1)} "
+                f"left out: {left_out} self-test record{'s' * (left_out != 1)} "
                 "(--include-self-test keeps them)"
             )
+        unjoined = sum(log.unjoined.values())
+        if unjoined:
+            of_run = sum(log.unjoined.get(i, 0) for i in summary.included or log.unjoined)
+            whole = f" of the run shown, {unjoined} in the whole log" * (of_run != unjoined)
+            print(f"photon lines joined to no record: {of_run}{whole}")
     if target is not None:
         try:
-            plot(summary, shown.records, target)
+            plot(summary, log.records, target)
         except OSError as exc:
             print(f"rxstream timing: cannot write {target}: {exc.strerror}", file=sys.stderr)
             return 2
@@ -292,6 +305,11 @@ def _plot_target(text: str) -> tuple[Path, None] | tuple[None, str]:
             f"(format {kind!r})"
         )
     return path, None
+
+
+def _of(log: TimingLog, stream: str | None) -> tuple[TimingRecord, ...]:
+    """The records of ``log`` of ``stream`` (every one for ``None``)."""
+    return tuple(r for r in log.records if stream is None or r.stream == stream)
 
 
 def _no_records(args: argparse.Namespace, log: TimingLog) -> str | None:

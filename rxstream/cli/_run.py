@@ -189,7 +189,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
 
     refused = f" ({result.refused} of them past --frames, refused)" if result.refused else ""
     print(f"{result.egressed} items egressed on {result.ranks} rank(s){refused}")
-    _say_kept(args, before)
+    _say_kept(args, before, result.run_id)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
@@ -316,9 +316,10 @@ def _stamp(path: str | None) -> tuple[int, int] | None:
     return None if found is None else (found.st_ino, found.st_mtime_ns)
 
 
-def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None) -> None:
+def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None, run_id: str = "") -> None:
     """Name the files the run wrote (finished, also when it failed): the MP4 and its frames,
-    the timing log; ``before`` is the ``--out`` file's :func:`_stamp` before the run. Under
+    the timing log (and ``run_id``, the run's id in it, when known); ``before`` is the
+    ``--out`` file's :func:`_stamp` before the run. Under
     torchrun, rank 0 alone (it writes the file)."""
     from rxstream.ranks._torchrun import torchrun_env
 
@@ -334,7 +335,8 @@ def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None) -> None:
         else:
             print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
     if args.log is not None and Path(args.log).exists():
-        print(f"timing log: {args.log} (summarise it with: rxstream timing {args.log})")
+        of_run = f", run {run_id}" if run_id else ""
+        print(f"timing log: {args.log}{of_run} (summarise it with: rxstream timing {args.log})")
 
 
 def _video_frames(path: str) -> int | None:

@@ -79,8 +79,9 @@ class LaunchResult:
     ``frames`` (sinks on several ranks together past it): counted ``out`` by their sinks, sent
     nowhere; ``egressed - refused`` reached the session."""
     run_id: str = ""
-    """The run's id, the same on every rank (the ``run`` of its timing lines); ``""`` for a
-    ``main`` app, whose pipelines' runs each have their own (``Pipeline.run_id``)."""
+    """The run's id, the same on every rank (the ``run`` of its timing lines); for a ``main``
+    app, whose pipelines' runs each have their own (``Pipeline.run_id``), the last run of the
+    pipeline it served; ``""`` when nothing ran."""
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,8 @@ def _launch_main(
         statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
         total += sum(watch.egressed.values())
     refused = egress.refused
-    return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused)
+    run_id = (egress.pipeline.run_id if egress.pipeline is not None else None) or ""
+    return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused, run_id)
 
 
 async def supervise(

@@ -21,10 +21,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import ArgumentError
 from rxstream._table import table
 from rxstream.timing._client import ClientTiming
-from rxstream.timing._record import TimingRecord
+from rxstream.timing._record import TimingRecord, run_of
+from rxstream.timing._runs import (
+    NO_ID,
+    RUNS_LISTED,
+    LoggedRun,
+    order_runs,
+    pick_run,
+    run_label,
+    runs_of,
+    show_time,
+    with_its_self_test,
+)
 
 __all__ = [
     "LoggedRun",
@@ -50,22 +60,6 @@ class Malformed:
 
 
 @dataclass(frozen=True)
-class LoggedRun:
-    """One run's share of a timing log."""
-
-    id: str
-    """The run's id (``Pipeline.run_id``); ``""`` for lines written without one."""
-    records: int
-    """How many of the records held run under it."""
-    first_at: str = ""
-    """The ``timestamp`` of its first record's line (``""`` when unknown)."""
-    self_test: bool = False
-    """Whether every record of it is of an app's self test (the drives of ``ctx.self_test()``,
-    kept by ``include_self_test``): such a run goes with the run after it (an app checks
-    itself at start-up, then runs) and is never ``"last"``."""
-
-
-@dataclass(frozen=True)
 class TimingLog:
     """The records of a log, what could not be read, and how many other events it had."""
 
@@ -75,27 +69,48 @@ class TimingLog:
     self_tests: int = 0
     """Records of an app's self test (``self_test``) that were left out."""
     first_at: Mapping[str, str] = field(default_factory=dict, hash=False)
-    """Per run id, the ``timestamp`` of the line of its first record."""
+    """Per run id, the ``timestamp`` of the line of its first record (left out ones too)."""
+    left_out: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """Per run id, the self-test records left out (``self_tests`` in all)."""
+    unjoined: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """Per run id, the ``[photon:…]`` lines joined to no record (none of their run, stream and
+    ``input_seq`` before them)."""
 
     @property
     def runs(self) -> tuple[LoggedRun, ...]:
-        """The runs of the records held, in the order they started (their first record)."""
+        """The runs of the records held, in the order they started (see ``order_runs``)."""
         return runs_of(self.records, self.first_at)
 
     def select(self, run: str = "last") -> TimingLog:
         """This log with only one run's records: ``"last"`` (the run that started last), a
-        run's id or a unique prefix of one; ``"all"`` keeps every run's (this log). A run
-        keeps the self-test runs just before it (:attr:`LoggedRun.self_test`).
+        run's id or a unique prefix of one, ``"(no id)"`` (or ``""``) for the lines written
+        without one, ``"id:VALUE"`` for an id that is ``all`` or ``last``; ``"all"`` keeps
+        every run's (this log). A run keeps the self-test runs just before it
+        (:attr:`LoggedRun.self_test`).
 
         Raises :class:`~rxstream.ArgumentError` naming the runs held for an id that matches
-        none of them, or a prefix that matches several.
+        none of them (or a self-test run left out), or a prefix that matches several;
+        :class:`~rxstream.ArgumentTypeError` for a ``run`` that is not a string.
         """
         runs = self.runs
-        chosen = pick_run(runs, run)
+        chosen = pick_run(runs, run, self.left_out)
         if chosen is None:
             return self
         kept = with_its_self_test(runs, chosen)
         return replace(self, records=tuple(r for r in self.records if r.run in kept))
+
+    def self_tests_of(self, run: str = "last") -> int:
+        """The self-test records left out that go with ``run`` (``select``'s names): those
+        of the self-test runs just before it (and its own); every one for ``"all"``."""
+        chosen = pick_run(self.runs, run, self.left_out)
+        if chosen is None:
+            return self.self_tests
+        known = {r.id: r for r in self.runs}
+        for i, n in self.left_out.items():
+            known.setdefault(i, LoggedRun(i, n, self.first_at.get(i, ""), self_test=True))
+        position = dict.fromkeys([*self.first_at, *known])  # first_at: in the log's order
+        every = order_runs([known[i] for i in position if i in known])
+        return sum(self.left_out.get(i, 0) for i in with_its_self_test(every, chosen))
 
     def dataframe(self) -> Any:
         """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
@@ -140,7 +155,8 @@ def load(
     others = 0
     latest: dict[tuple[str, str, int], int] = {}  # (run, stream, input_seq) -> index in records
     first_at: dict[str, str] = {}
-    self_tests = 0
+    left_out: dict[str, int] = {}
+    unjoined: dict[str, int] = {}
     with Path(path).open(encoding="utf-8", errors="replace") as lines:
         for number, line in enumerate(lines, start=1):
             text = line.strip()
@@ -151,14 +167,18 @@ def load(
             except json.JSONDecodeError as exc:
                 malformed.append(Malformed(number, f"not JSON: {exc.msg} (column {exc.colno})"))
                 continue
+            except RecursionError:  # [[[[… past the parser's depth: a line, not a crash
+                malformed.append(Malformed(number, "not JSON: nested too deeply"))
+                continue
             if not isinstance(entry, dict):
                 malformed.append(Malformed(number, f"not a JSON object: {type(entry).__name__}"))
                 continue
             event = entry.get("event")
             if isinstance(event, str) and event.startswith("[photon:"):
                 problem = _join_photon(entry, records, latest, stream)
-                if problem == "unmatched":
-                    others += 1
+                if problem.startswith(_UNJOINED):
+                    run = problem[len(_UNJOINED) :]
+                    unjoined[run] = unjoined.get(run, 0) + 1
                 elif problem:
                     malformed.append(Malformed(number, problem))
                 continue
@@ -175,70 +195,15 @@ def load(
                 continue
             if stream is not None and record.stream != stream:
                 continue
+            first_at.setdefault(record.run, str(entry.get("timestamp", "")))
             if record.self_test and not include_self_test:
-                self_tests += 1
+                left_out[record.run] = left_out.get(record.run, 0) + 1
                 continue
             latest[(record.run, record.stream, record.input_seq)] = len(records)
-            first_at.setdefault(record.run, str(entry.get("timestamp", "")))
             records.append(record)
-    return TimingLog(tuple(records), tuple(malformed), others, self_tests, first_at)
-
-
-def runs_of(records: Iterable[TimingRecord], first_at: Mapping[str, str]) -> tuple[LoggedRun, ...]:
-    """The runs of ``records`` in the order of their first record, each with its count."""
-    counts: dict[str, int] = {}
-    tests: dict[str, int] = {}
-    for record in records:
-        counts[record.run] = counts.get(record.run, 0) + 1
-        tests[record.run] = tests.get(record.run, 0) + record.self_test
-    return tuple(
-        LoggedRun(run, n, first_at.get(run, ""), tests[run] == n) for run, n in counts.items()
-    )
-
-
-def with_its_self_test(runs: Sequence[LoggedRun], chosen: str) -> set[str]:
-    """``chosen`` and the self-test runs just before it (none for a self-test run itself)."""
-    ids = [r.id for r in runs]
-    kept = {chosen}
-    if chosen not in ids:
-        return kept
-    index = ids.index(chosen)
-    if runs[index].self_test:
-        return kept
-    while index > 0 and runs[index - 1].self_test:
-        index -= 1
-        kept.add(ids[index])
-    return kept
-
-
-def run_label(run: str) -> str:
-    """A run's id as printed: ``(no id)`` for the lines written without one."""
-    return run or "(no id)"
-
-
-def pick_run(runs: Sequence[LoggedRun], run: str) -> str | None:
-    """The id ``run`` names among ``runs`` (``"last"``, an id or a unique prefix), or ``None``
-    for ``"all"``; ``ArgumentError`` naming the runs when it names none, or several."""
-    if run == "all":
-        return None
-    ids = [r.id for r in runs]
-    if run == "last":
-        live = [r.id for r in runs if not r.self_test] or ids
-        return live[-1] if live else ""
-    if run in ids:  # an exact id first: "" is the run of lines written without one
-        return run
-    matches = [i for i in ids if run and i.startswith(run)]
-    if len(matches) == 1:
-        return matches[0]
-    held = ", ".join(run_label(i) for i in ids) or "none"
-    if matches:
-        raise ArgumentError(
-            f"run {run!r} is the prefix of several runs ({', '.join(matches)}): give more of "
-            f"the id; the log's runs are: {held}"
-        )
-    raise ArgumentError(
-        f"run must be 'last', 'all' or the id (or a unique prefix) of one of the log's runs, "
-        f"got {run!r}; its runs are: {held}"
+    self_tests = sum(left_out.values())
+    return TimingLog(
+        tuple(records), tuple(malformed), others, self_tests, first_at, left_out, unjoined
     )
 
 
@@ -250,6 +215,10 @@ def describe_malformed(malformed: Sequence[Malformed]) -> str:
     return f"{count} malformed {lines}, first at line {first.line}: {first.reason}"
 
 
+_UNJOINED = "unjoined:"
+"""``_join_photon``'s answer for a line of no record, followed by the line's run."""
+
+
 def _join_photon(
     entry: dict[str, Any],
     records: list[TimingRecord],
@@ -257,9 +226,9 @@ def _join_photon(
     stream: str | None,
 ) -> str:
     """Join a ``[photon:…]`` line to its record (of its run: a line without ``run`` is of the
-    run ``""``): ``""``, ``"unmatched"`` or why it is malformed."""
+    run ``""``): ``""``, ``"unjoined:<run>"`` or why it is malformed."""
     try:
-        key = (str(entry.get("run", "")), str(entry["stream"]), int(entry["input_seq"]))
+        key = (run_of(entry), str(entry["stream"]), int(entry["input_seq"]))
         client = ClientTiming.from_fields(entry)
     except KeyError as exc:
         return f"photon line without field {exc.args[0]!r}"
@@ -269,7 +238,7 @@ def _join_photon(
         return ""
     index = latest.get(key)
     if index is None:
-        return "unmatched"
+        return _UNJOINED + key[0]
     if records[index].client is None:  # the first page to show it wins
         records[index] = replace(records[index], client=client)
     return ""
@@ -319,6 +288,11 @@ class Summary:
     """The run summarised: its id, or ``"all"`` when every run's records were pooled."""
     runs: tuple[LoggedRun, ...] = ()
     """Every run of the log (or records) given, in the order they started."""
+    included: tuple[str, ...] = ()
+    """The ids of the runs whose records it summarised: ``run`` and the self-test runs
+    counted with it (empty when ``run`` is ``"all"``)."""
+    stream: str | None = None
+    """The stream it summarised (``None``: every stream's records)."""
 
     def to_json(self) -> dict[str, Any]:
         """A plain dict for other tools (``rxstream timing --json``)."""
@@ -366,22 +340,31 @@ def _hop_json(h: HopSummary) -> dict[str, Any]:
 
 
 def summarize(
-    log: TimingLog | Iterable[TimingRecord], *, slowest: int = 5, run: str = "last"
+    log: TimingLog | Iterable[TimingRecord],
+    *,
+    slowest: int = 5,
+    run: str = "last",
+    stream: str | None = None,
 ) -> Summary:
     """Per hop count and p50/p95/p99 of wait, hold and compute; the end-to-end distribution.
 
     Of one run: ``run`` is ``"last"`` (the run that started last), an id or a unique prefix
-    of one (``ArgumentError`` naming the runs held when it matches none or several), or
-    ``"all"`` to pool every run's records. ``Summary.runs`` lists every run either way.
+    of one, ``"(no id)"`` for the lines written without one, ``"id:VALUE"`` for an id named
+    ``all`` or ``last`` (``ArgumentError`` naming the runs held when it matches none or
+    several; ``ArgumentTypeError`` when it is not a string), or ``"all"`` to pool every run's
+    records. ``stream``: only that stream's records of the run, the run being picked among
+    every stream's (``"last"`` is the log's last run, not the last with ``stream``).
+    ``Summary.runs`` lists every run either way.
     """
-    if isinstance(log, TimingLog):
-        runs, malformed = log.runs, log.malformed
-        records = list(log.select(run).records)
-    else:
-        given = list(log)
-        runs, malformed = runs_of(given, {}), ()
-        records = list(TimingLog(tuple(given)).select(run).records)
-    chosen = pick_run(runs, run)
+    base = log if isinstance(log, TimingLog) else TimingLog(tuple(log))
+    runs, malformed = base.runs, base.malformed
+    chosen = pick_run(runs, run, base.left_out)
+    kept = None if chosen is None else with_its_self_test(runs, chosen)
+    records = [
+        r
+        for r in base.records
+        if (kept is None or r.run in kept) and (stream is None or r.stream == stream)
+    ]
     shown_run = "all" if chosen is None else chosen
     waits: dict[str, list[float]] = {}
     computes: dict[str, list[float]] = {}
@@ -433,6 +416,8 @@ def summarize(
         shown=len(shown),
         run=shown_run,
         runs=runs,
+        included=() if kept is None else tuple(r.id for r in runs if r.id in kept),
+        stream=stream,
     )
 
 
@@ -479,10 +464,6 @@ def format_summary(summary: Summary) -> str:
     return "\n".join(lines)
 
 
-RUNS_LISTED = 5
-"""The runs ``format_summary``'s first line lists by name (the latest; the earlier counted)."""
-
-
 def _runs_line(summary: Summary) -> list[str]:
     """The first line for a summary of a log of several runs: which it holds, which is shown."""
     runs = summary.runs
@@ -491,19 +472,21 @@ def _runs_line(summary: Summary) -> list[str]:
     listed = ", ".join(
         f"{run_label(r.id)} ({r.records} record{'s' * (r.records != 1)}"
         + (", self test" if r.self_test else "")
-        + (f", first at {r.first_at[:19]}" if r.first_at else "")
+        + (f", first at {show_time(r.first_at)}" if r.first_at else "")
         + ")"
         for r in runs[-RUNS_LISTED:]
     )
-    if len(runs) > RUNS_LISTED:
+    if len(runs) > RUNS_LISTED:  # as many as an error about --run names
         listed = f"{len(runs) - RUNS_LISTED} earlier, then {listed}"
-    if summary.run == "all":
+    if summary.run == "all" and not summary.included:  # pooled (not a run whose id is "all")
         showing = "showing all of them pooled; --run ID shows one"
     else:
         last = " (the last)" if summary.run == pick_run(runs, "last") else ""
         if len(with_its_self_test(runs, summary.run)) > 1:
             last += " with the self test before it"
         showing = f"showing {run_label(summary.run)}{last}; --run ID or --run all"
+    if any(not r.id for r in runs):
+        showing += f" (--run {NO_ID!r}: the lines written without an id)"
     return [f"log holds {len(runs)} runs: {listed}; {showing}"]
 
 
@@ -514,9 +497,26 @@ def _hold_cells(h: HopSummary) -> tuple[str, ...]:
     return tuple(f"{h.hold_ms[q]:.2f}" for q in PERCENTILES)
 
 
+def plotted(summary: Summary, records: Iterable[TimingRecord]) -> list[TimingRecord]:
+    """The ``records`` that ``plot`` draws for ``summary``: those of the runs it included
+    (every one's for ``"all"``), of its stream when it was of one."""
+    return [
+        r
+        for r in records
+        if (not summary.included or r.run in summary.included)
+        and (summary.stream is None or r.stream == summary.stream)
+    ]
+
+
 def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) -> None:
     """Draw a stacked per-hop wait/hold/compute bar (p50) and the end-to-end CDF into a PNG
-    (with ``photon_ms`` beside ``total_ms`` where a page reported)."""
+    (with ``photon_ms`` beside ``total_ms`` where a page reported).
+
+    The CDF draws the records of what ``summary`` summarised: of ``records`` (a log's, say,
+    of every run), those of ``summary.run`` and the self-test runs counted with it, of
+    ``summary.stream`` when it was of one stream; every one for a summary of ``"all"``.
+    """
+    records = plotted(summary, records)
     import matplotlib
 
     matplotlib.use("Agg")

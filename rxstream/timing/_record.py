@@ -1,13 +1,34 @@
 """Timing records: one item's timeline folded into per-hop queue-wait, hold and compute."""
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineMetadata, Timeline
 from rxstream.timing._client import ClientTiming
 
-__all__ = ["HopTiming", "TimingRecord", "fold"]
+__all__ = ["HopTiming", "TimingRecord", "fold", "run_of"]
+
+_SHOWN_CHARS = 60
+"""The most of a bad ``run`` value a malformed line's reason shows."""
+
+
+def run_of(flat: Mapping[str, Any]) -> str:
+    """A log line's ``run``: ``""`` when it has none (a line written before runs had ids);
+    ``ArgumentTypeError`` (a ``TypeError``: the line is malformed) when it is not a string,
+    ``null`` included (rxstream never writes one)."""
+    run = flat.get("run", "")
+    if isinstance(run, str):
+        return run
+    try:
+        shown = json.dumps(run, default=repr)
+    except RecursionError:  # nested past the encoder's depth: its start is enough
+        shown = "[" * _SHOWN_CHARS
+    if len(shown) > _SHOWN_CHARS:
+        shown = shown[: _SHOWN_CHARS - 1] + "…"
+    raise ArgumentTypeError(f"run must be a string, got {shown} ({type(run).__name__})")
 
 
 @dataclass(frozen=True)
@@ -103,7 +124,8 @@ class TimingRecord:
 
     @classmethod
     def from_fields(cls, flat: Mapping[str, Any]) -> "TimingRecord":
-        """The record a log line's fields describe (``KeyError``/``ValueError`` when malformed)."""
+        """The record a log line's fields describe (``KeyError``/``ValueError``/``TypeError``
+        when malformed: a ``run`` that is not a string among them)."""
         names = [name for name in str(flat["hops"]).split(",") if name]
         hops = tuple(
             HopTiming(
@@ -128,7 +150,7 @@ class TimingRecord:
             hops=hops,
             client=ClientTiming.from_fields(flat) if "photon_ms" in flat else None,
             self_test=flat.get("self_test") is True,
-            run=str(flat.get("run", "")),
+            run=run_of(flat),
         )
 
 

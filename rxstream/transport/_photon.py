@@ -72,7 +72,13 @@ class PhotonJoin:
         self._lock = threading.Lock()
         self._frames: OrderedDict[tuple[str, int], _Frame] = OrderedDict()
         self._records: OrderedDict[tuple[str, int], TimingRecord] = OrderedDict()
-        self._waiting: OrderedDict[tuple[str, int, int], tuple[Shown, float, float]] = OrderedDict()
+        self._waiting: OrderedDict[tuple[str, str, int, int], tuple[Shown, float, float]] = (
+            OrderedDict()
+        )
+        """(run, stream, input_seq, page) of a report whose record was not known yet, the run
+        the latest record's (a report waits for a record of the run it came in)."""
+        self._run = ""
+        """The run of the latest record folded."""
         self._joined: OrderedDict[tuple[str, str, int, int], None] = OrderedDict()
         """(run, stream, input_seq, page) already joined: a page's repeated report joins
         nothing (a later run's record of the same input_seq, a cutover's 0, joins anew)."""
@@ -105,9 +111,13 @@ class PhotonJoin:
         """A sink folded ``record``; the joins of reports that waited for it, with their page."""
         key = (record.stream, record.input_seq)
         with self._lock:
+            if record.run != self._run:  # a new run: the reports of the last never join it
+                self._run = record.run
+                for stale in [k for k in self._waiting if k[0] != record.run]:
+                    del self._waiting[stale]
             _put(self._records, key, record, self.keep)
-            waiting = [k for k in self._waiting if k[:2] == key]
-            reports = [(k[2], *self._waiting.pop(k)) for k in waiting]
+            waiting = [k for k in self._waiting if k[1:3] == key]
+            reports = [(k[3], *self._waiting.pop(k)) for k in waiting]
         return [
             (record, client, page)
             for page, report, offset, rtt in reports
@@ -134,7 +144,7 @@ class PhotonJoin:
         with self._lock:
             record = self._records.get((report.stream, report.input_seq))
             if record is None:
-                key = (report.stream, report.input_seq, page)
+                key = (self._run, report.stream, report.input_seq, page)
                 _put(self._waiting, key, (report, offset, rtt), self.keep)
                 return None
         client = self._join(report, record, offset, rtt)
