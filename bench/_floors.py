@@ -23,11 +23,24 @@ from _report import STOP, Threads, ignore, noop, pulled, spread, verdict
 
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._stats import StageCounters
-from rxstream.item import PipelineItem, _base, _forward, _sourced, now
+from rxstream.item import (
+    PipelineItem,
+    _base,
+    _forward,
+    _new,
+    _set_md,
+    _set_payload,
+    _set_st,
+    _sourced,
+    _trusted_metadata,
+    now,
+)
 
 __all__ = [
     "FloorChain",
     "FloorItemsChain",
+    "FloorItemsInlineChain",
+    "FloorPlainItemsChain",
     "FloorStampedChain",
     "FusedFloorChain",
     "FusedFloorItemsChain",
@@ -363,6 +376,125 @@ def floor_line(
         f"- capacity {capacity}, the target ≥ {target:.1f}x {against}: {'; '.join(parts)}. "
         f"So {bound}."
     )
+
+
+class _PlainItem:
+    """An item's slots in a class that is not frozen (the plain-assignment floor's item)."""
+
+    __slots__ = ("_md", "_st", "metadata", "payload")
+
+
+def _inline_bodies(
+    pull: Callable[[], Any],
+    hand_offs: Sequence[_HandOff],
+    fns: Sequence[Callable[[Any], Any]],
+    plain: bool,
+) -> list[Callable[[], None]]:
+    """The 5 thread bodies of a representation floor: a source making each item's metadata
+    (``_trusted_metadata``) and the item inline, four stages each doing the items floor's work
+    with the item read and made inline (``plain``: a :class:`_PlainItem` by assignment; else a
+    ``PipelineItem`` through its slots' setters)."""
+    generations = Generations()
+    flushed = generations.flush
+
+    def source() -> None:
+        put, take = hand_offs[0].items.put, hand_offs[0].tokens.get
+        counters = StageCounters("src", "source")
+        values = pulled(pull)
+        pts = 0
+        while True:
+            started = now()
+            value = next(values, STOP)
+            take()
+            if value is STOP:
+                put(STOP)
+                return
+            counters.items_in += 1
+            base = _trusted_metadata(
+                generations.prompt, generations.flush, False, generations.drop,
+                pts, False, None, 0, 0, (),
+            )  # fmt: skip
+            link = (None, "src.in", started, "src.out", now())
+            if plain:
+                item: Any = _new(_PlainItem)
+                item.payload, item._md, item._st = value, base, link
+            else:
+                item = _new(PipelineItem)
+                _set_payload(item, value)
+                _set_md(item, base)
+                _set_st(item, link)
+            pts += 1
+            counters.items_out += 1
+            put(item)
+
+    def stage(index: int) -> Callable[[], None]:
+        name, fn = STAGES[index], fns[index]
+        inbox = hand_offs[index]
+        end = index + 1 == len(hand_offs)
+        put, take = (ignore, tuple) if end else (hand_offs[index + 1].items.put,
+                                                 hand_offs[index + 1].tokens.get)  # fmt: skip
+        get, give = inbox.items.get, inbox.tokens.put
+        counters = StageCounters(name, "pipe")
+        in_hop, out_hop = f"{name}.in", f"{name}.out"
+
+        def body() -> None:
+            while True:
+                item = get()
+                if item is STOP:
+                    if not end:
+                        take()
+                        put(STOP)
+                    return
+                give(None)
+                base = item._md
+                if (
+                    base.cutover
+                    or base.flush_generation > flushed
+                    or base.prompt_generation < generations.drop
+                ):
+                    raise RuntimeError("the representation floors admit routine items only")
+                started = now()
+                counters.items_in += 1
+                out = fn(item.payload)
+                counters.items_out += 1
+                link = (item._st, in_hop, started, out_hop, now())
+                if plain:
+                    fresh: Any = _new(_PlainItem)
+                    fresh.payload, fresh._md, fresh._st = out, base, link
+                else:
+                    fresh = _new(PipelineItem)
+                    _set_payload(fresh, out)
+                    _set_md(fresh, base)
+                    _set_st(fresh, link)
+                if not end:
+                    take()
+                    put(fresh)
+
+        return body
+
+    return [source] + [stage(index) for index in range(len(STAGES))]
+
+
+class FloorItemsInlineChain(FloorChain):
+    """The items floor with the item read and made inline, through a ``PipelineItem``'s slot
+    setters (the frozen class's own way; see the module docstring)."""
+
+    what = "items floor chain, inline"
+    plain = False
+
+    def __init__(self, pull: Callable[[], Any], last: Callable[[Any], Any], capacity: int):
+        fns = [noop] * (len(STAGES) - 1) + [last]
+        hand_offs = [_HandOff(capacity) for _ in STAGES]
+        bodies = _inline_bodies(pull, hand_offs, fns, self.plain)
+        self._threads = [threading.Thread(target=body, daemon=True) for body in bodies]
+
+
+class FloorPlainItemsChain(FloorItemsInlineChain):
+    """The same with a plain slotted class written by assignment (not frozen: what the items
+    would cost if an engine-made item could be written like any object)."""
+
+    what = "plain-slots floor chain"
+    plain = True
 
 
 def items_line(

@@ -33,7 +33,10 @@ The chain, the same on every side: a source thread and four stage threads (``src
   the same threads, each stage's per-item work inline (the base metadata read, the routine
   admission, the counters, two stamps, the call, the new item; bench/_floors.py): the floor
   of any engine that carries these items on a thread a stage, whatever its layers; one more
-  line a capacity says whether it reaches the target.
+  line a capacity says whether it reaches the target. Two more take the representation
+  apart: ``… made inline`` (no function of ``rxstream.item`` called, the slots written with
+  their setters, as the frozen class allows) and ``… in plain slots, not frozen`` (a
+  hypothetical item that could be written like any object: what immutability costs).
 
 Measures:
 1. latency, one item in flight: the main thread puts one payload on the source's feed queue
@@ -87,7 +90,15 @@ from reactivex.scheduler import EventLoopScheduler
 # `python bench/hop.py` from a checkout where the package is not installed: the repo root
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 
-from _floors import FloorChain, FloorItemsChain, FloorStampedChain, floor_line, items_line
+from _floors import (
+    FloorChain,
+    FloorItemsChain,
+    FloorItemsInlineChain,
+    FloorPlainItemsChain,
+    FloorStampedChain,
+    floor_line,
+    items_line,
+)
 from _report import (
     ONE_CPU,
     OS,
@@ -426,6 +437,8 @@ def table(rows: Sequence[Row]) -> str:
 FLOOR = "floor, C queues (no engine)"
 FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
 FLOOR_ITEMS = "floor, C queues + rxstream's items (no engine)"
+FLOOR_INLINE = "floor, C queues + rxstream's items made inline (no engine)"
+FLOOR_PLAIN = "floor, C queues + items in plain slots, not frozen (no engine, hypothetical)"
 THREADED_TARGET = 1.5
 """Issue 18's backlog throughput target, a thread a stage, over the hand-written chain."""
 BIG = 256
@@ -446,6 +459,8 @@ def _in_process(
         ("floor", FloorChain),
         ("floor st", FloorStampedChain),
         ("floor items", FloorItemsChain),
+        ("floor inline", FloorItemsInlineChain),
+        ("floor plain", FloorPlainItemsChain),
     )
     for key, chain in chains:
         gc.collect()
@@ -553,6 +568,8 @@ def _rows(
             ("floor", FLOOR),
             ("floor st", FLOOR_STAMPED),
             ("floor items", FLOOR_ITEMS),
+            ("floor inline", FLOOR_INLINE),
+            ("floor plain", FLOOR_PLAIN),
         ):
             rows.append(
                 Row(f"{label}{name}: {floor_backlog}, capacity {capacity}", "k items/s",

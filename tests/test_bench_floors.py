@@ -63,8 +63,14 @@ def test_an_items_floor_stage_makes_the_engines_item_with_its_stamps() -> None:
 
 
 def test_the_items_floor_chains_deliver_every_value_in_order() -> None:
-    """Both items floors (5 threads, fused) hand every pulled value to the end, in order."""
-    for chain in (FLOORS.FloorItemsChain, FLOORS.FusedFloorItemsChain):
+    """Every items floor (5 threads, fused, inline, plain) hands every value on, in order."""
+    chains = (
+        FLOORS.FloorItemsChain,
+        FLOORS.FusedFloorItemsChain,
+        FLOORS.FloorItemsInlineChain,
+        FLOORS.FloorPlainItemsChain,
+    )
+    for chain in chains:
         values = iter(range(200))
         seen: list[int] = []
         done = threading.Event()
