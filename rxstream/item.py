@@ -5,11 +5,12 @@ the stage shell keeps the metadata: 1:1 stages keep it and add their stamps, 1:N
 it to every child, N:1 stages merge it with :func:`merge_metadata`.
 """
 
+import contextlib
 import numbers
 import operator
 import time
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -66,8 +67,8 @@ class PipelineMetadata:
 class PipelineItem:
     """A payload and the metadata that travels with it."""
 
-    # four slots, no ``__dict__`` (see "the item's representation" below)
-    __slots__ = ("_md", "_st", "metadata", "payload")
+    # four slots and a weak reference's, no ``__dict__`` (see "the item's representation")
+    __slots__ = ("__weakref__", "_md", "_st", "metadata", "payload")
 
     payload: Any
     metadata: PipelineMetadata
@@ -79,16 +80,25 @@ class PipelineItem:
 
     def __getattr__(self, name: str) -> Any:
         # Only for a slot with no value: a lazy item's ``metadata``, built on first read
-        # from its base and chain, and kept.
+        # from its base and chain, and kept; ``_md``/``_st`` of an item whose
+        # ``__post_init__`` did not run (a subclass's own): no base, no chain.
+        if name == "_md" or name == "_st":
+            return None
         if name == "metadata":
-            metadata = _with_stamps(self._md, _unchain(self._st))
-            _set_metadata(self, metadata)
-            return metadata
+            base = self._md
+            if base is not None:
+                metadata = _with_stamps(base, _unchain(self._st))
+                _set_metadata(self, metadata)
+                return metadata
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickle, copy and deepcopy: the frozen slots refuse the default's setattr
         return _reduced(self)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
 
 
 _new = object.__new__
@@ -343,14 +353,29 @@ def _unchain(chain: Chain) -> Timeline:
     return tuple(zip(flat[::2], flat[1::2], strict=True))
 
 
-def _reduced(item: PipelineItem) -> tuple[Callable[..., PipelineItem], tuple[Any, ...]]:
-    """How pickle carries ``item``: its state as it is (a lazy item stays lazy), rebuilt by
-    :func:`_item` or :func:`_from_parts` (the frozen class refuses the default reduction's
-    ``setattr``; a copy and a deep copy go the same way)."""
-    base = item._md
-    if base is None:
-        return _item, (item.payload, item.metadata)
-    return _from_parts, (item.payload, base, item._st)
+def _reduced(item: PipelineItem) -> tuple[Any, ...]:
+    """How pickle (and ``copy``/``deepcopy``) carries ``item``: made blank, then its slots set
+    as they are (a lazy item stays lazy; the frozen class refuses the default's ``setattr``).
+    A subclass's own slots and ``__dict__`` go too; the object exists before its state is
+    copied, so a payload that refers back to its item deep-copies to the copy."""
+    if type(item) is PipelineItem:
+        state = {"payload": item.payload, "_md": item._md, "_st": item._st}
+        with contextlib.suppress(AttributeError):  # unset on a lazy item: built on first read
+            state["metadata"] = _get_metadata(item)
+    else:
+        state = dict(getattr(item, "__dict__", {}))
+        for kind in type(item).__mro__:
+            slots = kind.__dict__.get("__slots__", ())
+            for name in (slots,) if isinstance(slots, str) else slots:
+                if name not in ("__dict__", "__weakref__"):
+                    with contextlib.suppress(AttributeError):  # a slot with no value
+                        state[name] = object.__getattribute__(item, name)
+    return _blank, (type(item),), state
+
+
+def _blank(kind: type[PipelineItem]) -> PipelineItem:
+    """An item of ``kind`` with no slot set (:func:`_reduced`'s state fills them)."""
+    return _new(kind)
 
 
 _get_metadata = PipelineItem.__dict__["metadata"].__get__

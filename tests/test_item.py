@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import dataclasses
 import pickle
 import re
 import typing
+import weakref
 from typing import Any
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import rxstream
 from rxstream import PipelineItem, PipelineMetadata, merge_metadata
 from rxstream.item import Timeline, _is_lazy, _newest, _stamped, evolve_metadata
+from rxstream.transport import MemoryTransport
 
 REFERENCE_FIELDS: list[tuple[str, Any]] = [
     ("prompt_generation", 0),
@@ -147,6 +151,70 @@ def test_an_item_copies_and_pickles_as_it_is(copier: Any) -> None:
     again = copier(built)
     assert again == built
     assert not _is_lazy(again)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tagged(PipelineItem):
+    """A user's item subclass with a field of its own."""
+
+    tag: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Checked(PipelineItem):
+    """A user's item subclass whose own ``__post_init__`` does not call the base's."""
+
+    def __post_init__(self) -> None:
+        if self.payload is None:
+            raise ValueError("payload")
+
+
+@pytest.mark.parametrize(
+    "copier", [copy.copy, copy.deepcopy, lambda item: pickle.loads(pickle.dumps(item))]
+)
+def test_an_item_subclass_copies_and_pickles_as_itself(copier: Any) -> None:
+    """A subclass's copy is of the subclass, its own fields kept, equal to the original."""
+    tagged = _Tagged(1, PipelineMetadata(pts=4), "hello")
+    got = copier(tagged)
+    assert type(got) is _Tagged
+    assert got.tag == "hello"
+    assert got == tagged
+
+
+def test_a_deep_copy_keeps_a_payload_that_refers_to_its_item() -> None:
+    """An item whose payload holds the item itself deep-copies to a copy that holds the copy."""
+    payload: list[Any] = []
+    item = PipelineItem(payload, PipelineMetadata())
+    payload.append(item)
+    got = copy.deepcopy(item)
+    assert got.payload[0] is got
+
+
+def test_an_item_subclass_without_the_base_post_init_goes_through_a_pipeline() -> None:
+    """Items of a subclass whose __post_init__ skips the base's flow through driven and
+    threaded runs as items, their metadata read as it was set."""
+    for threaded in (False, True):
+        ctx = rxstream.Context(transport=MemoryTransport())
+        pipeline = (
+            ctx.source(range(3), name="src")
+            | ctx.pipe(lambda item: _Checked(item.payload + 1, item.metadata), items=True)
+            | ctx.stream("out")
+        )
+        if threaded:
+            asyncio.run(pipeline.run())
+            assert isinstance(ctx.transport, MemoryTransport)
+            got = [item.payload for item in ctx.transport.items("out")]
+        else:
+            got = pipeline.drive(frames=3)
+        assert got == [1, 2, 3]
+    assert _Checked(5, PipelineMetadata(pts=2)).metadata.pts == 2
+
+
+def test_an_item_is_weakly_referenceable() -> None:
+    """A weak reference to an item (a user's cache keyed by item) works, lazy or built."""
+    lazy, built = _lazy_item(), PipelineItem(1, PipelineMetadata())
+    assert weakref.ref(lazy)() is lazy
+    assert weakref.ref(built)() is built
 
 
 def test_a_lazy_items_metadata_is_built_once() -> None:

@@ -368,7 +368,7 @@ class TokenThread(StageThread):
                     deliver(value)
                     entry = value = None  # as below: the first is done with
                     # a backlog: the next entries back to back, in one span of work
-                    # (``taken`` changes only in ``_next``: asked once, not an item)
+                    # (``taken``, a local's truth test, asked first: only ``_next`` fills it)
                     while not taken and waiting() and not (ready or timers):
                         if not self._accepting:
                             break
