@@ -279,6 +279,23 @@ def test_photon_lines_of_no_record_are_counted_per_run_and_shown(
     assert out.splitlines()[-1] == "photon lines joined to no record: 2"
 
 
+def test_json_carries_the_left_out_self_tests_and_the_unjoined_photon_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json says what the text's closing lines say: self-test records left out of the run
+    shown, photon lines joined to no record (of the run shown, of the log)."""
+    path = self_tested_log(tmp_path / "t.jsonl")
+    _, out, _ = timing(capsys, str(path), "--json")
+    shown = json.loads(out)
+    assert shown["self_tests_left_out"] == 1
+    assert shown["photon_unjoined"] == {"run": 0, "log": 0}
+    lines = [line(record_of(A, 1), "2026-01-01T00:00:00Z"), photon(A, 9), photon(B, 1)]
+    lines.append(line(record_of(B, 1), "2026-01-01T01:00:00Z"))
+    path = write(tmp_path / "p.jsonl", lines)
+    _, out, _ = timing(capsys, str(path), "--run", "aaaa", "--json")
+    assert json.loads(out)["photon_unjoined"] == {"run": 1, "log": 2}
+
+
 def test_a_waiting_report_never_joins_the_next_run_s_record() -> None:
     """A page's report waiting for its record in one run is dropped when the next run starts:
     that run's record of the same input_seq gets no join from it."""

@@ -259,19 +259,22 @@ def _timing(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+    left_out = log.self_tests_of(args.run)
+    unjoined = sum(log.unjoined.values())
+    of_run = sum(log.unjoined.get(i, 0) for i in summary.included or log.unjoined)
+    if args.json:  # the text's two closing lines, as fields
+        shown = summary.to_json()
+        shown["self_tests_left_out"] = left_out
+        shown["photon_unjoined"] = {"run": of_run, "log": unjoined}
+        print(json.dumps(shown, indent=2))
     else:
         print(format_summary(summary))
-        left_out = log.self_tests_of(args.run)
         if left_out:
             print(
                 f"left out: {left_out} self-test record{'s' * (left_out != 1)} "
                 "(--include-self-test keeps them)"
             )
-        unjoined = sum(log.unjoined.values())
         if unjoined:
-            of_run = sum(log.unjoined.get(i, 0) for i in summary.included or log.unjoined)
             whole = f" of the run shown, {unjoined} in the whole log" * (of_run != unjoined)
             print(f"photon lines joined to no record: {of_run}{whole}")
     if target is not None:
