@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import threading
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import pytest
 
 import rxstream
 from rxstream import DocPathError, DocValidationError
+from rxstream._exceptions import ArgumentTypeError
 
 DEFAULTS = {"prompt": "a cat", "vae": {"model": "tiny", "steps": 4}, "scale": 1.0}
 
@@ -204,3 +206,39 @@ def test_legacy_bind_warns_and_maps_changes_to_update(ctx: rxstream.Context) -> 
     ui.set(text={"prompt": "a dog"})
     assert ctx.control.desired.prompt.value == "a dog"
     assert ctx.generations.prompt == 1
+
+
+@pytest.mark.parametrize(
+    ("defaults", "message"),
+    [
+        (5, "doc 'control': defaults must be a mapping of field names to values, got 5 (int)"),
+        ([1], "doc 'control': defaults must be a mapping of field names to values, got [1] (list)"),
+        ({1: 2}, "doc 'control': defaults field names must be str, got 1 (int)"),
+        (
+            {"a": {3: 4}},
+            "doc 'control': defaults field names must be str, got 3 (int) in defaults.a",
+        ),
+    ],
+)
+def test_defaults_that_are_not_named_fields_are_refused_naming_them(
+    defaults: object, message: str
+) -> None:
+    """defaults= must be a mapping of str field names, at every depth: one clear error."""
+    with pytest.raises(ArgumentTypeError) as caught:
+        rxstream.Context().doc("control", defaults=defaults)  # type: ignore[arg-type]
+    assert str(caught.value) == message
+
+
+def test_a_write_whose_fields_are_not_str_is_refused_and_changes_nothing(
+    ctx: rxstream.Context,
+) -> None:
+    """doc.set({1: 2}) or doc.set(7): a clear error, the state and version unchanged."""
+    doc = ctx.doc("control", defaults={"a": 1})
+    for changes, rule in (
+        ({1: 2}, "field names must be str, got 1 (int)"),
+        (7, "must be a mapping"),
+    ):
+        with pytest.raises(ArgumentTypeError, match=re.escape(rule)):
+            doc.set(changes)  # type: ignore[arg-type]
+    assert doc.version == 0
+    assert doc.desired.a() == 1

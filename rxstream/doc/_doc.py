@@ -58,6 +58,8 @@ class Doc:
         self.name = name
         self.schema = schema
         """The schema the doc validates with (a dataclass, a callable, or ``None``)."""
+        if defaults is not None:
+            _check_fields(name, "defaults", defaults)
         base = thaw(defaults) if defaults is not None else defaults_from_schema(name, schema)
         self._validate = make_validator(name, base, schema)
         self._validate(base, base)
@@ -113,6 +115,8 @@ class Doc:
 
         Raises :class:`~rxstream.doc.DocValidationError` (state unchanged) when refused.
         """
+        if changes is not None:
+            _check_fields(self.name, "changes", changes)
         merged_changes = _merge(thaw(changes or {}), thaw(kwargs))
         with self._lock:
             state = _merge(thaw(self._snapshot), merged_changes)
@@ -189,3 +193,22 @@ def _merge(base: dict[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
+
+
+def _check_fields(name: str, what: str, data: object, at: str = "") -> None:
+    """``data`` (a doc's ``defaults``, a write's ``changes``) as a mapping of ``str`` field
+    names at every depth, or an :class:`ArgumentTypeError` naming the doc, the rule and the
+    value (and where it sits)."""
+    if not isinstance(data, Mapping):
+        raise ArgumentTypeError(
+            f"doc {name!r}: {what}{at} must be a mapping of field names to values, "
+            f"got {data!r:.80} ({type(data).__name__})"
+        )
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise ArgumentTypeError(
+                f"doc {name!r}: {what} field names must be str, got {key!r:.80} "
+                f"({type(key).__name__}){' in ' + what + at if at else ''}"
+            )
+        if isinstance(value, Mapping):
+            _check_fields(name, what, value, f"{at}.{key}" if at else f".{key}")
