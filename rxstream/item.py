@@ -75,6 +75,11 @@ class PipelineItem:
 
     def __post_init__(self) -> None:
         # an item made by its constructor: its metadata built (no base, no chain)
+        if not isinstance(self.metadata, PipelineMetadata):
+            raise ArgumentTypeError(
+                f"PipelineItem.metadata must be a PipelineMetadata, got {self.metadata!r:.80} "
+                f"({type(self.metadata).__name__})"
+            )
         _set_md(self, None)
         _set_st(self, None)
 

@@ -484,3 +484,27 @@ def test_metadata_value_of_the_wrong_kind_names_field_rule_and_value(
         PipelineMetadata(**{field: value})
     with pytest.raises(TypeError, match=pattern):
         evolve_metadata(PipelineMetadata(), **{field: value})
+
+
+@pytest.mark.parametrize("metadata", [None, {"pts": 3}, 5])
+def test_an_item_needs_pipeline_metadata(metadata: object) -> None:
+    """PipelineItem(payload, not-metadata) raises naming the field, the rule and the value."""
+    with pytest.raises(TypeError) as caught:
+        PipelineItem(1, metadata)  # type: ignore[arg-type]
+    assert str(caught.value) == (
+        f"PipelineItem.metadata must be a PipelineMetadata, got {metadata!r} "
+        f"({type(metadata).__name__})"
+    )
+
+
+def test_a_source_yielding_an_item_without_metadata_fails_naming_the_source() -> None:
+    """A source's item built with bad metadata ends the run with a PipelineError naming it."""
+    ctx = rxstream.Context(transport=MemoryTransport())
+
+    def frames() -> Any:
+        yield PipelineItem(1, None)  # type: ignore[arg-type]
+
+    pipeline = ctx.source(frames, name="src") | ctx.stream("out")
+    failed = r"stage 'src' failed .*PipelineItem\.metadata"
+    with pytest.raises(rxstream.PipelineError, match=failed):
+        pipeline.drive(frames=1)
