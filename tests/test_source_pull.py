@@ -62,3 +62,23 @@ def test_an_inputs_wait_for_samples_is_wait_not_work(ctx: rxstream.Context) -> N
     assert stats.items_out == 2
     assert stats.wait_s > first.wait_s
     assert stats.wait_s > stats.work_s
+
+
+def test_a_source_counts_the_cutovers_it_emits() -> None:
+    """The cutover a steer makes, and one an app's item carries, count at the source too."""
+    ctx = rxstream.Context(transport=MemoryTransport())
+    ctx.doc("control", defaults={"prompt": "a"})
+    pipeline = ctx.source(range(100), name="src") | ctx.pipe(abs, name="f") | ctx.stream("out")
+    pipeline.drive(frames=2)
+    pipeline.update(prompt="b")
+    pipeline.drive(frames=2)
+    assert {name: s.cutovers for name, s in pipeline.statistics().items()} == {
+        "src": 1,
+        "f": 1,
+        "out": 1,
+    }
+    ctx = rxstream.Context(transport=MemoryTransport())
+    marked = rxstream.PipelineItem(1, rxstream.PipelineMetadata(cutover=True))
+    pipeline = ctx.source([marked], name="src") | ctx.stream("out")
+    pipeline.drive(frames=1)
+    assert pipeline.statistics()["src"].cutovers == 1

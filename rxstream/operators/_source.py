@@ -161,6 +161,8 @@ class SourcePuller:
         counters.items_in += 1
         if isinstance(value, PipelineItem):
             shell = self._shell
+            if value.metadata.cutover:  # the item's own cutover: counted here as downstream
+                counters.cutovers += 1
             metadata = _with_stamps(value.metadata, shell.stamps(started))
             self._count += 1
             return shell.emit(value.payload, metadata)
@@ -178,6 +180,8 @@ class SourcePuller:
         elif cutover:  # a steer during this pull counts from the pull's start
             origin = ("steer", min(gens.steered_at, started))
         self._prompt = prompt
+        if cutover:  # the source's own cutover counts here too, as at every stage it reaches
+            counters.cutovers += 1
         count = self._count
         self._count = count + 1
         counters.items_out += 1
