@@ -84,7 +84,7 @@ class Context(Environment):
     ) -> Stage:
         return Stage(
             kind=kind,
-            name=name or default_name,
+            name=default_name if name is None else name,
             explicit_name=name is not None,
             build=build,
             context=self,

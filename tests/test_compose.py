@@ -149,3 +149,23 @@ def test_stages_from_two_contexts_do_not_mix(ctx: rxstream.Context) -> None:
         StageBuildError, match=r"^stages of one pipeline must come from one Context$"
     ):
         _ = ctx.source([1]) | other.pipe(double)
+
+
+@pytest.mark.parametrize(
+    ("kind", "build"),
+    [
+        ("source", lambda ctx: ctx.source(range(3), name="")),
+        ("pipe", lambda ctx: ctx.pipe(abs, name="")),
+        ("tap", lambda ctx: ctx.tap(print, name="")),
+        ("pace", lambda ctx: ctx.pace(fps=24, name="")),
+        ("window", lambda ctx: ctx.window(2, name="")),
+        ("stream", lambda ctx: ctx.stream("")),
+    ],
+)
+def test_an_empty_stage_name_is_refused_by_every_builder(kind: str, build: object) -> None:
+    """name="" is refused as ctx.stream("") is, never silently replaced by the default."""
+    with pytest.raises(StageBuildError) as caught:
+        build(rxstream.Context())  # type: ignore[operator]
+    assert str(caught.value) == (
+        f"stage name must be a non-empty str without '.', got '' for a {kind} stage"
+    )
