@@ -693,8 +693,23 @@ def test_a_failed_run_names_the_video_and_log_it_kept(
     shown = f"({frames} frame{'s' * (frames != 1)})" if frames else "not written"
     assert out.splitlines() == [
         f"video: {video} {shown}" if frames else f"video: {video} {shown} (no frame reached it)",
-        f"timing log: {log} (summarise it with: rxstream timing {log})",
+        f"timing log: {log}: no timing record written (no input or steer reached a sink)",
     ]
+
+
+def test_a_log_with_no_timing_record_is_said_so_and_no_summary_suggested(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--log`` of a run whose sink saw no input or steer: the line says no record was
+    written and suggests no ``rxstream timing`` (which would exit 1 on the file)."""
+    log = tmp_path / "t.jsonl"
+    args = ["run", FRAMES_APP, "--frames", "2", "--set", "steer_every=0", "--log", str(log)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    said = f"timing log: {log}: no timing record written (no input or steer reached a sink)"
+    assert said in out.splitlines()
+    assert "summarise it with" not in out
+    assert cli.main(["timing", str(log)]) == 1  # what the line no longer suggests
 
 
 def test_a_run_that_wrote_no_frame_does_not_claim_an_older_file(

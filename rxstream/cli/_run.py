@@ -335,8 +335,29 @@ def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None, run_id: 
         else:
             print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
     if args.log is not None and Path(args.log).exists():
+        written = _timing_records(args.log)
+        if written is not None:  # `rxstream timing` would find nothing: suggest nothing
+            print(f"timing log: {args.log}: {written}")
+            return
         of_run = f", run {run_id}" if run_id else ""
         print(f"timing log: {args.log}{of_run} (summarise it with: rxstream timing {args.log})")
+
+
+def _timing_records(path: str) -> str | None:
+    """``None`` when the timing log at ``path`` holds a record of the run (what
+    ``rxstream timing`` summarises), else what it lacks (it is started afresh by the run)."""
+    from rxstream.timing import load
+
+    try:
+        log = load(path)
+    except OSError:
+        return None  # (it was there a moment ago: named as before, its reader says why)
+    if log.records:
+        return None
+    why = "no input or steer reached a sink"
+    if log.self_tests:
+        return f"no timing record of the run written ({why}; only the self test's)"
+    return f"no timing record written ({why})"
 
 
 def _video_frames(path: str) -> int | None:
