@@ -298,6 +298,44 @@ def test_run_main_app_writes_its_frames(tmp_path: Path, capsys: pytest.CaptureFi
     assert decoded_frames(video) == [(16, 16)] * 5
 
 
+MAIN_ONLY_APP = """\
+import numpy as np
+
+
+async def main(ctx):
+    pipeline = ctx.input("clicks") | ctx.pipe(lambda c: np.zeros((16, 16, 3), np.uint8))
+    await (pipeline | ctx.stream("video")).run()
+"""
+
+
+def test_run_main_app_with_a_bad_out_stream_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A main app's streams are known once its session opens: a bad ``--out-stream`` fails
+    the run then (exit 1), naming the flag as the build-app path does."""
+    app = tmp_path / "main_only.py"  # (no build: nothing to check before the run)
+    app.write_text(MAIN_ONLY_APP)
+    video = tmp_path / "main.mp4"
+    args = ["run", str(app), "--frames", "5", "--out", str(video), "--out-stream", "audio"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "rxstream run: --out-stream must be one of the app's streams ('video'), got 'audio'"
+    )
+    assert "FileTransport" not in err
+
+
+@pytest.mark.parametrize("entry", [MAIN_APP, f"{MAIN_APP}:build"])
+def test_launch_refuses_an_out_stream_the_app_lacks(entry: str, tmp_path: Path) -> None:
+    """``launch(out_stream=)`` naming no stream of the app (main or build) is an
+    ArgumentError naming the argument, not the FileTransport's."""
+    with pytest.raises(rxstream.ArgumentError) as caught:
+        launch(entry, 1, frames=2, timeout=60, out=tmp_path / "a.mp4", out_stream="audio")
+    assert str(caught.value) == (
+        "out_stream must be one of the app's streams ('video'), got 'audio'"
+    )
+
+
 def test_run_main_app_without_build_on_several_ranks_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

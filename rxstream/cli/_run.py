@@ -53,6 +53,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
     from rxstream.ranks._app import load_app
+    from rxstream.ranks._common import OutStreamRefused
     from rxstream.ranks._launch import launch
     from rxstream.ranks._torchrun import torchrun_env
     from rxstream.topology import DeploymentError, load_serving_config
@@ -174,6 +175,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     except (SettingError, DeploymentError) as exc:
         _clear(status)
         return fail(str(exc), 2)
+    except OutStreamRefused as exc:  # a main app's streams, known once its session opened
+        _clear(status)
+        _say_kept(args, before)
+        return fail(f"--out-stream {exc.rule}", 1)
     except Exception as exc:
         _clear(status)
         _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays

@@ -52,6 +52,7 @@ from rxstream.ranks._common import (
     WATCH_S,
     LaunchOptions,
     LaunchResult,
+    OutStreamRefused,
     Statistics,
     live_ranks,
 )
@@ -185,6 +186,8 @@ def _launch_main(
 
     def on_session(pipeline: Pipeline | None) -> None:
         ctx.check_settings()
+        if pipeline is not None:
+            _check_out_stream(pipeline, options)
         if pipeline is not None and serving is not None:
             apply_serving(pipeline, serving)
 
@@ -222,6 +225,16 @@ def _launch_main(
     refused = egress.refused
     run_id = (egress.pipeline.run_id if egress.pipeline is not None else None) or ""
     return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused, run_id)
+
+
+def _check_out_stream(pipeline: Pipeline, options: LaunchOptions) -> None:
+    """Refuse an ``out_stream`` that names none of the pipeline's streams (before the file
+    is opened): :class:`OutStreamRefused`."""
+    if options.out is None or options.out_stream is None:
+        return
+    streams = sorted(pipeline.session().streams)
+    if streams and options.out_stream not in streams:
+        raise OutStreamRefused(options.out_stream, streams)
 
 
 async def supervise(
@@ -265,6 +278,7 @@ def _launch_build(
     """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
     pipeline = app(ctx)
     ctx.check_settings()
+    _check_out_stream(pipeline, options)
     if options.serving is not None:
         apply_serving(pipeline, options.serving)
     if pipeline_has_sink(pipeline, 0):
