@@ -336,6 +336,37 @@ def test_launch_refuses_an_out_stream_the_app_lacks(entry: str, tmp_path: Path) 
     )
 
 
+TWICE_APP = """\
+import numpy as np
+
+
+def build(ctx):
+    paint = ctx.pipe(lambda i: np.full((16, 16, 3), i, np.uint8), name="paint", rank=ctx.world - 1)
+    return ctx.source(range(3)) | paint | ctx.stream("video", rank=ctx.world - 1)
+
+
+async def main(ctx):
+    pipeline = build(ctx)
+    await pipeline.run()
+    await pipeline.run()
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_main_app_s_egressed_sums_every_run(ranks: int, tmp_path: Path) -> None:
+    """A main app that runs its pipeline twice (3 items each): ``egressed`` counts both runs'
+    (on 2 ranks, with ``out``: rank 1's forwarded items counted once), the statistics the
+    last run's."""
+    app = tmp_path / f"twice{ranks}.py"
+    app.write_text(TWICE_APP)
+    video = tmp_path / "twice.mp4"
+    result = launch(str(app), ranks, timeout=60, out=video if ranks > 1 else None)
+    assert (result.egressed, result.refused) == (6, 0)
+    assert result.statistics[ranks - 1]["video"].items_out == 3
+    if ranks > 1:
+        assert len(decoded_frames(video)) == 6
+
+
 def test_run_main_app_without_build_on_several_ranks_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

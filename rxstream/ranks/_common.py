@@ -89,7 +89,8 @@ class LaunchResult:
     statistics: Statistics = field(default_factory=dict)
     """Each rank's stage statistics when it stopped, by rank."""
     egressed: int = 0
-    """Items all sinks egressed, over every rank."""
+    """Items all sinks egressed, over every rank; for a ``main`` app, over every run of its
+    pipelines too (``statistics`` are the last run's)."""
     refused: int = 0
     """Of those, items sinks on ranks > 0 forwarded that rank 0's session refused, past
     ``frames`` (sinks on several ranks together past it): counted ``out`` by their sinks, sent

@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
-from rxstream._kernel._stats import StageStatistics, egressed
+from rxstream._kernel._stats import StageStatistics
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
@@ -216,12 +216,13 @@ def _launch_main(
             launcher.close()
     stats = dict(egress.pipeline.statistics()) if egress.pipeline is not None else {}
     statistics: dict[int, Mapping[str, StageStatistics]] = {0: stats}
-    total = egressed(stats)
+    total = egress.sent  # every run's, of every pipeline of main's
     ranked = None if launcher is None else launcher.last_of(egress.pipeline)
     if ranked is not None:
         watch = ranked.watch
         statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
-        total += sum(watch.egressed.values())
+    if launcher is not None:
+        total += launcher.egressed()
     refused = egress.refused
     run_id = (egress.pipeline.run_id if egress.pipeline is not None else None) or ""
     return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused, run_id)
@@ -463,6 +464,10 @@ class _MainRanks:
         """The latest run of ``pipeline``."""
         runs = [ranked for made, ranked in self._runs if made is pipeline]
         return runs[-1] if runs else None
+
+    def egressed(self) -> int:
+        """Items the sinks of ranks 1..N-1 egressed, over every run."""
+        return sum(sum(ranked.watch.egressed.values()) for _, ranked in self._runs)
 
     def live(self) -> dict[int, Mapping[str, StageStatistics]]:
         """The latest statistics of ranks 1..N-1 in the latest run."""
