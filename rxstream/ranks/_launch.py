@@ -61,7 +61,6 @@ from rxstream.ranks._egress import (
     apply_serving,
     configure_log,
     configure_quiet,
-    pipeline_has_sink,
     start_log,
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
@@ -276,14 +275,17 @@ def _launch_build(
     egress: Egress,
     options: LaunchOptions,
 ) -> LaunchResult:
-    """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
+    """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned.
+
+    Rank 0 logs to the timing log from before its build, as a ``main`` app's does: a
+    ``ctx.self_test()`` block in ``build`` logs ``self_test_passed`` and its records there
+    (ranks > 0 run it too, unlogged, until they know they have a sink)."""
+    configure_log(spawn.options.log)
     pipeline = app(ctx)
     ctx.check_settings()
     _check_out_stream(pipeline, options)
     if options.serving is not None:
         apply_serving(pipeline, options.serving)
-    if pipeline_has_sink(pipeline, 0):
-        configure_log(spawn.options.log)
     ranks = Ranks(spawn, pipeline)
     run: ThreadedRun | None = None
     try:
