@@ -298,6 +298,75 @@ def test_run_main_app_writes_its_frames(tmp_path: Path, capsys: pytest.CaptureFi
     assert decoded_frames(video) == [(16, 16)] * 5
 
 
+MAIN_ONLY_APP = """\
+import numpy as np
+
+
+async def main(ctx):
+    pipeline = ctx.input("clicks") | ctx.pipe(lambda c: np.zeros((16, 16, 3), np.uint8))
+    await (pipeline | ctx.stream("video")).run()
+"""
+
+
+def test_run_main_app_with_a_bad_out_stream_names_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A main app's streams are known once its session opens: a bad ``--out-stream`` fails
+    the run then (exit 1), naming the flag as the build-app path does."""
+    app = tmp_path / "main_only.py"  # (no build: nothing to check before the run)
+    app.write_text(MAIN_ONLY_APP)
+    video = tmp_path / "main.mp4"
+    args = ["run", str(app), "--frames", "5", "--out", str(video), "--out-stream", "audio"]
+    assert cli.main(args) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "rxstream run: --out-stream must be one of the app's streams ('video'), got 'audio'"
+    )
+    assert "FileTransport" not in err
+
+
+@pytest.mark.parametrize("entry", [MAIN_APP, f"{MAIN_APP}:build"])
+def test_launch_refuses_an_out_stream_the_app_lacks(entry: str, tmp_path: Path) -> None:
+    """``launch(out_stream=)`` naming no stream of the app (main or build) is an
+    ArgumentError naming the argument, not the FileTransport's."""
+    with pytest.raises(rxstream.ArgumentError) as caught:
+        launch(entry, 1, frames=2, timeout=60, out=tmp_path / "a.mp4", out_stream="audio")
+    assert str(caught.value) == (
+        "out_stream must be one of the app's streams ('video'), got 'audio'"
+    )
+
+
+TWICE_APP = """\
+import numpy as np
+
+
+def build(ctx):
+    paint = ctx.pipe(lambda i: np.full((16, 16, 3), i, np.uint8), name="paint", rank=ctx.world - 1)
+    return ctx.source(range(3)) | paint | ctx.stream("video", rank=ctx.world - 1)
+
+
+async def main(ctx):
+    pipeline = build(ctx)
+    await pipeline.run()
+    await pipeline.run()
+"""
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_a_main_app_s_egressed_sums_every_run(ranks: int, tmp_path: Path) -> None:
+    """A main app that runs its pipeline twice (3 items each): ``egressed`` counts both runs'
+    (on 2 ranks, with ``out``: rank 1's forwarded items counted once), the statistics the
+    last run's."""
+    app = tmp_path / f"twice{ranks}.py"
+    app.write_text(TWICE_APP)
+    video = tmp_path / "twice.mp4"
+    result = launch(str(app), ranks, timeout=60, out=video if ranks > 1 else None)
+    assert (result.egressed, result.refused) == (6, 0)
+    assert result.statistics[ranks - 1]["video"].items_out == 3
+    if ranks > 1:
+        assert len(decoded_frames(video)) == 6
+
+
 def test_run_main_app_without_build_on_several_ranks_is_refused(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -693,8 +762,23 @@ def test_a_failed_run_names_the_video_and_log_it_kept(
     shown = f"({frames} frame{'s' * (frames != 1)})" if frames else "not written"
     assert out.splitlines() == [
         f"video: {video} {shown}" if frames else f"video: {video} {shown} (no frame reached it)",
-        f"timing log: {log} (summarise it with: rxstream timing {log})",
+        f"timing log: {log}: no timing record written (no input or steer reached a sink)",
     ]
+
+
+def test_a_log_with_no_timing_record_is_said_so_and_no_summary_suggested(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--log`` of a run whose sink saw no input or steer: the line says no record was
+    written and suggests no ``rxstream timing`` (which would exit 1 on the file)."""
+    log = tmp_path / "t.jsonl"
+    args = ["run", FRAMES_APP, "--frames", "2", "--set", "steer_every=0", "--log", str(log)]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    said = f"timing log: {log}: no timing record written (no input or steer reached a sink)"
+    assert said in out.splitlines()
+    assert "summarise it with" not in out
+    assert cli.main(["timing", str(log)]) == 1  # what the line no longer suggests
 
 
 def test_a_run_that_wrote_no_frame_does_not_claim_an_older_file(

@@ -431,3 +431,50 @@ def test_rxstream_run_prints_the_run_id_beside_the_log(
     assert len(live) == 1
     (run_id,) = live
     assert f"timing log: {log}, run {run_id} (summarise it with: rxstream timing {log})" in out
+
+
+SELF_TESTED_BUILD_APP = """\
+import numpy as np
+
+
+def build(ctx):
+    pipeline = (
+        ctx.input("clicks")
+        | ctx.pipe(lambda c: np.full((16, 16, 3), c, np.uint8), name="paint")
+        | ctx.stream("video")
+    )
+    with ctx.self_test():
+        pipeline.feed("clicks", 1)
+        (frame,) = pipeline.drive(frames=1)
+        assert frame.shape == (16, 16, 3)
+    return pipeline
+"""
+
+
+def test_a_build_app_s_self_test_is_logged_once(
+    restored_logging: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A self test inside build(ctx) (built twice: the command line's check, then the run)
+    leaves one ``self_test_passed`` and its ``self_test`` records in ``--log``, as a main
+    app's does."""
+    app = tmp_path / "self_tested.py"
+    app.write_text(SELF_TESTED_BUILD_APP)
+    log = tmp_path / "timing.jsonl"
+    assert cli.main(["run", str(app), "--timeout", "0.2", "--log", str(log)]) == 0
+    assert len(lines_of(log, "self_test_passed")) == 1
+    records = lines_of(log)
+    assert records
+    assert all(r.get("self_test") for r in records), records
+    assert len({r["run"] for r in records}) == 1  # one self test's session, not two
+    out = capsys.readouterr().out
+    assert f"timing log: {log}: no timing record of the run written" in out
+
+
+def test_a_build_app_s_self_test_is_logged_with_no_sink_on_rank_0(
+    restored_logging: None, tmp_path: Path
+) -> None:
+    """The sink on rank 1: rank 0's self test is logged, once (rank 1's is not)."""
+    log = tmp_path / "timing.jsonl"
+    args = ["run", FRAMES_APP, "--ranks", "2", "--set", "split=true", "--frames", "4"]
+    assert cli.main([*args, "--log", str(log)]) == 0
+    assert len(lines_of(log, "self_test_passed")) == 1

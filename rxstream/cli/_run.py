@@ -53,6 +53,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
     from rxstream.ranks._app import load_app
+    from rxstream.ranks._common import OutStreamRefused
     from rxstream.ranks._launch import launch
     from rxstream.ranks._torchrun import torchrun_env
     from rxstream.topology import DeploymentError, load_serving_config
@@ -174,6 +175,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     except (SettingError, DeploymentError) as exc:
         _clear(status)
         return fail(str(exc), 2)
+    except OutStreamRefused as exc:  # a main app's streams, known once its session opened
+        _clear(status)
+        _say_kept(args, before)
+        return fail(f"--out-stream {exc.rule}", 1)
     except Exception as exc:
         _clear(status)
         _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays
@@ -335,8 +340,29 @@ def _say_kept(args: argparse.Namespace, before: tuple[int, int] | None, run_id: 
         else:
             print(f"video: {args.out} ({frames} frame{'s' * (frames != 1)})")
     if args.log is not None and Path(args.log).exists():
+        written = _timing_records(args.log)
+        if written is not None:  # `rxstream timing` would find nothing: suggest nothing
+            print(f"timing log: {args.log}: {written}")
+            return
         of_run = f", run {run_id}" if run_id else ""
         print(f"timing log: {args.log}{of_run} (summarise it with: rxstream timing {args.log})")
+
+
+def _timing_records(path: str) -> str | None:
+    """``None`` when the timing log at ``path`` holds a record of the run (what
+    ``rxstream timing`` summarises), else what it lacks (it is started afresh by the run)."""
+    from rxstream.timing import load
+
+    try:
+        log = load(path)
+    except OSError:
+        return None  # (it was there a moment ago: named as before, its reader says why)
+    if log.records:
+        return None
+    why = "no input or steer reached a sink"
+    if log.self_tests:
+        return f"no timing record of the run written ({why}; only the self test's)"
+    return f"no timing record written ({why})"
 
 
 def _video_frames(path: str) -> int | None:

@@ -5,7 +5,7 @@ import math
 import os
 import signal
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,22 @@ def heartbeat_s() -> float:
 Statistics = Mapping[int, Mapping[str, StageStatistics]]
 
 
+class OutStreamRefused(ArgumentError):
+    """``out_stream`` names none of the app's streams (``rxstream run`` names its flag,
+    ``--out-stream``; a ``main`` app's streams are known only once it opens its session)."""
+
+    def __init__(self, stream: str, streams: Sequence[str]) -> None:
+        self.stream = stream
+        self.streams = tuple(streams)
+        super().__init__(f"out_stream {self.rule}")
+
+    @property
+    def rule(self) -> str:
+        """The rule and the value, without the argument's name: ``must be one of …, got …``."""
+        shown = ", ".join(map(repr, self.streams))
+        return f"must be one of the app's streams ({shown}), got {self.stream!r}"
+
+
 @dataclass(frozen=True)
 class LaunchResult:
     """How a launched pipeline ended: statistics per rank, and egressed frames."""
@@ -73,7 +89,8 @@ class LaunchResult:
     statistics: Statistics = field(default_factory=dict)
     """Each rank's stage statistics when it stopped, by rank."""
     egressed: int = 0
-    """Items all sinks egressed, over every rank."""
+    """Items all sinks egressed, over every rank; for a ``main`` app, over every run of its
+    pipelines too (``statistics`` are the last run's)."""
     refused: int = 0
     """Of those, items sinks on ranks > 0 forwarded that rank 0's session refused, past
     ``frames`` (sinks on several ranks together past it): counted ``out`` by their sinks, sent

@@ -64,6 +64,8 @@ class Egress(Transport):
         self._inner: Transport | None = None
         self._gate = _Gate(frames, self.end)
         self._ended = False
+        self.sent = 0
+        """Items rank 0's sinks sent on (their ``out``, over every run of the launch)."""
         self.refused = 0
         """Items a rank > 0's sink forwarded (and counted ``out``) that the gate refused past
         ``frames``: :attr:`LaunchResult.refused <rxstream.ranks._common.LaunchResult.refused>`."""
@@ -125,6 +127,7 @@ class Egress(Transport):
         if inner is not None:
             self._gate.admit()
             inner.send(stream, item)
+            self.sent += 1
 
     def forward(self, stream: str, item: PipelineItem) -> None:
         """Send an item a rank > 0's sink forwarded (the controller's watch). Its sink counted
@@ -134,6 +137,8 @@ class Egress(Transport):
             self.send(stream, item)
         except ItemRefused:
             self.refused += 1
+        else:
+            self.sent -= 1  # a rank > 0's, counted there
 
     def on_timing(self, record: TimingRecord) -> None:
         if self._inner is not None:

@@ -39,7 +39,7 @@ from types import MappingProxyType
 from typing import Any
 
 from rxstream._exceptions import ArgumentError, PipelineError, PipelineStateError
-from rxstream._kernel._stats import StageStatistics, egressed
+from rxstream._kernel._stats import StageStatistics
 from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
@@ -52,6 +52,7 @@ from rxstream.ranks._common import (
     WATCH_S,
     LaunchOptions,
     LaunchResult,
+    OutStreamRefused,
     Statistics,
     live_ranks,
 )
@@ -60,7 +61,6 @@ from rxstream.ranks._egress import (
     apply_serving,
     configure_log,
     configure_quiet,
-    pipeline_has_sink,
     start_log,
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
@@ -185,6 +185,8 @@ def _launch_main(
 
     def on_session(pipeline: Pipeline | None) -> None:
         ctx.check_settings()
+        if pipeline is not None:
+            _check_out_stream(pipeline, options)
         if pipeline is not None and serving is not None:
             apply_serving(pipeline, serving)
 
@@ -213,15 +215,26 @@ def _launch_main(
             launcher.close()
     stats = dict(egress.pipeline.statistics()) if egress.pipeline is not None else {}
     statistics: dict[int, Mapping[str, StageStatistics]] = {0: stats}
-    total = egressed(stats)
+    total = egress.sent  # every run's, of every pipeline of main's
     ranked = None if launcher is None else launcher.last_of(egress.pipeline)
     if ranked is not None:
         watch = ranked.watch
         statistics.update((rank, s) for rank, s in watch.stats.items() if rank != 0)
-        total += sum(watch.egressed.values())
+    if launcher is not None:
+        total += launcher.egressed()
     refused = egress.refused
     run_id = (egress.pipeline.run_id if egress.pipeline is not None else None) or ""
     return LaunchResult(spawn.world, MappingProxyType(statistics), total, refused, run_id)
+
+
+def _check_out_stream(pipeline: Pipeline, options: LaunchOptions) -> None:
+    """Refuse an ``out_stream`` that names none of the pipeline's streams (before the file
+    is opened): :class:`OutStreamRefused`."""
+    if options.out is None or options.out_stream is None:
+        return
+    streams = sorted(pipeline.session().streams)
+    if streams and options.out_stream not in streams:
+        raise OutStreamRefused(options.out_stream, streams)
 
 
 async def supervise(
@@ -262,13 +275,17 @@ def _launch_build(
     egress: Egress,
     options: LaunchOptions,
 ) -> LaunchResult:
-    """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned."""
+    """Run a ``build`` app: this process is rank 0, ranks 1..N-1 are spawned.
+
+    Rank 0 logs to the timing log from before its build, as a ``main`` app's does: a
+    ``ctx.self_test()`` block in ``build`` logs ``self_test_passed`` and its records there
+    (ranks > 0 run it too, unlogged, until they know they have a sink)."""
+    configure_log(spawn.options.log)
     pipeline = app(ctx)
     ctx.check_settings()
+    _check_out_stream(pipeline, options)
     if options.serving is not None:
         apply_serving(pipeline, options.serving)
-    if pipeline_has_sink(pipeline, 0):
-        configure_log(spawn.options.log)
     ranks = Ranks(spawn, pipeline)
     run: ThreadedRun | None = None
     try:
@@ -449,6 +466,10 @@ class _MainRanks:
         """The latest run of ``pipeline``."""
         runs = [ranked for made, ranked in self._runs if made is pipeline]
         return runs[-1] if runs else None
+
+    def egressed(self) -> int:
+        """Items the sinks of ranks 1..N-1 egressed, over every run."""
+        return sum(sum(ranked.watch.egressed.values()) for _, ranked in self._runs)
 
     def live(self) -> dict[int, Mapping[str, StageStatistics]]:
         """The latest statistics of ranks 1..N-1 in the latest run."""
