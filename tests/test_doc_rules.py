@@ -18,6 +18,7 @@ import rxstream
 from rxstream import cli
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, DocValidationError, SettingError
 from rxstream.doc import controls
+from rxstream.doc._validate import on_grid
 from rxstream.ranks._app import AppContext
 from rxstream.transport import WebTransport
 
@@ -110,6 +111,41 @@ def test_steer_and_update_refuse_and_start_no_generation() -> None:
         pipeline.start(speed=6)
     assert ctx.generations.state().prompt == 0
     assert doc.version == 0
+
+
+def test_nan_is_outside_any_bound() -> None:
+    """A field that takes non-finite floats still refuses NaN when it declares a bound."""
+
+    @dataclass
+    class Loose:
+        x: float = field(default=1.0, metadata={"min": 0, "finite": False})
+
+    doc = rxstream.Context().doc("control", schema=Loose)
+    doc.set(x=float("inf"))
+    with pytest.raises(
+        DocValidationError, match=r"^control\.x must be >= 0 \(schema min\), got nan$"
+    ):
+        doc.set(x=float("nan"))
+
+
+@pytest.mark.parametrize(
+    ("value", "base", "step", "on"),
+    [
+        (0.1 * 3, 0, 0.1, True),
+        (1e308, 0, 0.5, True),
+        (1e12 + 0.1, 0, 0.1, True),
+        (1e12 + 0.05, 0, 0.1, False),
+        (0.7, 0.5, 0.5, False),
+        (7, 1, 3, True),
+        (8, 1, 3, False),
+        (float("inf"), 0, 1.0, False),
+    ],
+)
+def test_the_step_rule_is_exact_but_for_float_rounding(
+    value: float, base: float, step: float, on: bool
+) -> None:
+    """on_grid allows a float's rounding, near zero and far from it, and nothing more."""
+    assert on_grid(value, base, step) is on
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,10 @@ def _on(value: float, low: float, step: float) -> bool:
     """Whether ``value`` is ``low`` plus a whole multiple of ``step``, exactly, in decimal
     (how a page's range input reads the numbers JSON gives it)."""
     offset = _decimal(value) - _decimal(low)
-    return offset % _decimal(step) == 0
+    try:
+        return offset % _decimal(step) == 0
+    except decimal.InvalidOperation:  # more steps than 28 digits count: off any fine grid
+        return False
 
 
 def _decimal(number: float) -> decimal.Decimal:

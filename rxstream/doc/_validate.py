@@ -250,11 +250,11 @@ def _check_metadata(name: str, path: tuple[str, ...], value: Any, meta: Mapping[
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
     low, high, step = meta.get("min"), meta.get("max"), meta.get("step")
-    if low is not None and value < low:
+    if low is not None and not value >= low:  # NaN (a field with "finite": False) too
         raise DocValidationError(
             f"{_dotted(name, path)} must be >= {low!r} (schema min), got {shown(value)}"
         )
-    if high is not None and value > high:
+    if high is not None and not value <= high:
         raise DocValidationError(
             f"{_dotted(name, path)} must be <= {high!r} (schema max), got {shown(value)}"
         )
@@ -268,11 +268,15 @@ def _check_metadata(name: str, path: tuple[str, ...], value: Any, meta: Mapping[
 
 def on_grid(value: float, base: float, step: float) -> bool:
     """Whether ``value`` is ``base`` plus a whole multiple of ``step`` (a float within
-    :data:`STEP_TOLERANCE` steps of it is)."""
+    :data:`STEP_TOLERANCE` steps of it is, or within a float's rounding of a far one)."""
     if all(isinstance(x, int) for x in (value, base, step)):
         return (value - base) % step == 0
-    steps = (value - base) / step
-    return abs(steps - round(steps)) <= STEP_TOLERANCE
+    offset = value - base
+    if not math.isfinite(offset):
+        return False
+    # exact: the offset less the nearest whole number of steps (what a binary step's own
+    # rounding adds up to over many steps is allowed, about one part in 10**15 of the offset)
+    return abs(math.remainder(offset, step)) <= step * STEP_TOLERANCE + abs(offset) * 1e-15
 
 
 def _same(value: Any, choice: Any) -> bool:
