@@ -430,6 +430,7 @@ import rxstream
 class Control:
     speed: float = field(default=1.0, metadata={"min": 0, "max": 3})
     report: str = ""
+    split: bool = False
 
 
 def compose(ctx):
@@ -439,11 +440,14 @@ def compose(ctx):
         meta = item.metadata
         if not ctx.self_testing:
             with open(doc.desired.report.value, "a") as out:
-                row = [doc.desired.speed.value, meta.prompt_generation, meta.flush_generation]
+                row = [
+                    ctx.rank, doc.desired.speed.value, meta.prompt_generation, meta.flush_generation
+                ]
                 out.write(json.dumps(row) + "\\n")
         return item
 
-    return doc, ctx.source(range(100)) | ctx.pipe(read, items=True) | ctx.stream("out")
+    rank = 1 if doc.desired.split.value else 0
+    return doc, ctx.source(range(100)) | ctx.pipe(read, items=True, rank=rank) | ctx.stream("out")
 
 
 def check(ctx, doc, pipeline):
@@ -473,20 +477,29 @@ def test_run_after_a_self_test_starts_from_the_set_values(
 ) -> None:
     """`rxstream run --set speed=2 --frames 3`, a self test writing speed and steering: every
     item of the run reads speed 2 at generation 0 (a build app and a main app alike)."""
+    assert run_self_test_app(tmp_path, entry, capsys) == {(0, 2.0, 0, 0)}
+
+
+@pytest.mark.slow
+def test_a_rank_1_stage_after_a_self_test_starts_from_the_set_values(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """On two ranks (the self test runs on both), the rank 1 stage reads speed 2 at
+    generation 0 too."""
+    rows = run_self_test_app(tmp_path, "build", capsys, "--ranks", "2", "--set", "split=true")
+    assert rows == {(1, 2.0, 0, 0)}
+
+
+def run_self_test_app(
+    tmp_path: Path, entry: str, capsys: pytest.CaptureFixture[str], *flags: str
+) -> set[tuple[Any, ...]]:
+    """`rxstream run` SELF_TEST_APP's ``entry`` with --frames 3 --set speed=2 and ``flags``;
+    the distinct (rank, speed, prompt generation, flush generation) its items read."""
     app = tmp_path / f"self_test_app_{entry}.py"
     app.write_text(SELF_TEST_APP)
     report = tmp_path / "rows.jsonl"
-    args = [
-        "run",
-        f"{app}:{entry}",
-        "--frames",
-        "3",
-        "--set",
-        "speed=2",
-        "--set",
-        f"report={report}",
-    ]
-    assert cli.main(args) == 0, capsys.readouterr().err
-    rows = [json.loads(line) for line in report.read_text().splitlines()]
+    args = ["run", f"{app}:{entry}", "--frames", "3", "--set", "speed=2"]
+    assert cli.main([*args, "--set", f"report={report}", *flags]) == 0, capsys.readouterr().err
+    rows = [tuple(json.loads(line)) for line in report.read_text().splitlines()]
     assert len(rows) >= 3
-    assert {tuple(row) for row in rows} == {(2.0, 0, 0)}
+    return set(rows)
