@@ -10,10 +10,10 @@ else ``[0, 2 * value]`` (``[2 * value, -2 * value]`` below 0; an int's at least 
 A slider never moves the value it shows: a browser's range input snaps its value to ``min``
 plus a whole multiple of ``step`` (in decimal), so the step is one the value lies on. A
 declared ``step`` is kept when it does (the doc's rules put every value on it, within a
-float's rounding); an int's step is 1; else the step is the largest of 1, 2 or 5 times a power
-of ten, at most a hundredth of the range, that puts both the value and ``max`` on the grid (or
-the value alone), and ``None`` (the page's ``step="any"``) when none within a millionth of the
-range does.
+float's rounding); an int's step is 1; else it is a hundredth of the range, or the largest of
+1, 2 or 5 times a power of ten below that, that puts both the value and ``max`` on the grid
+(or the value alone), and ``None`` (the page's ``step="any"``) when none down to a millionth
+of the range does.
 The web page and the notebook widgets both build from this list.
 """
 
@@ -125,7 +125,7 @@ def _step(value: float, low: float, high: float, declared: float | None) -> floa
     if not span > 0:
         return None
     exponent = math.floor(math.log10(span / 100))
-    candidates = [
+    candidates = [span / 100] + [
         float(f"{mantissa}e{power}")
         for power in range(exponent, exponent - 6, -1)
         for mantissa in (5, 2, 1)
