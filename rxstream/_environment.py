@@ -206,9 +206,9 @@ class Environment:
                 pipeline._end_session()
             self._self_test_docs = outer
             for name, (snapshot, version) in docs.items():
-                self.docs[name].rewind(snapshot, version)
+                self.docs[name]._rewind(snapshot, version)
                 if outer is not None:  # a doc made in a nested block: the outer one's too
                     outer.setdefault(name, (snapshot, version))
-            self.generations.rewind(*generations)
+            self.generations._rewind(*generations)
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))

@@ -97,7 +97,7 @@ class Generations:
             self.flush = max(self.flush, state.flush)
             self.drop = max(self.drop, state.drop)
 
-    def rewind(self, state: "GenerationState", steered_at: float) -> None:
+    def _rewind(self, state: "GenerationState", steered_at: float) -> None:
         """Put the counters back to ``state`` (taken with :meth:`state` and ``steered_at``
         before a self test): the run after it starts as it would have without it.
 

@@ -138,7 +138,7 @@ class Doc:
             self._version = version
             self._subject.on_next(self._snapshot)
 
-    def rewind(self, snapshot: Snapshot, version: int) -> None:
+    def _rewind(self, snapshot: Snapshot, version: int) -> None:
         """Put back a state this doc had (``snapshot`` at ``version``): the end of a self
         test, whose writes the run after it does not see. No validation (it was valid);
         subscribers get ``snapshot`` when it is not the state now."""
