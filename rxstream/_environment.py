@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
-from rxstream.doc import Doc, Generations
+from rxstream.doc import Doc, Generations, Snapshot
 from rxstream.ipc import RingSpec
 from rxstream.runtime import _crossings
 from rxstream.transport import MemoryTransport, Transport
@@ -69,6 +69,9 @@ class Environment:
         ``self_test``)."""
         self._self_test_drives: list[Pipeline] = []
         """The pipelines driven inside the running self test: their sessions end with it."""
+        self._self_test_docs: dict[str, tuple[Snapshot, int]] | None = None
+        """While a self test runs: each doc's state (snapshot, version) before the block (or
+        as it was made, for a doc made in the block), put back when it ends."""
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
@@ -145,7 +148,14 @@ class Environment:
         replica = self._replicas.pop(name, None)
         if replica is not None:  # on a rank > 0: the controller's state
             made.replicate(*replica)
+        self._made(made)
+        if self._self_test_docs is not None:  # made in a self test: put back as made
+            self._self_test_docs.setdefault(name, (made.snapshot(), made.version))
         return made
+
+    def _made(self, doc: Doc) -> None:
+        """A doc was just made (with its defaults, ``config`` and replica): the launcher's
+        context writes its ``--set`` settings here."""
 
     def _builders(self) -> Context | None:
         """What a doc's ``bind`` builds its stages with (a :class:`~rxstream.Context`: itself)."""
@@ -169,9 +179,17 @@ class Environment:
 
         A block that raises fails with :class:`SelfTestError` (its cause attached) and
         ``ctx.self_test_passed`` is set either way. The driven sessions of the pipelines the
-        block drove end with it (as ``pipeline.reset()`` ends them).
+        block drove end with it (as ``pipeline.reset()`` ends them), and it leaves no trace
+        in the run after it: every doc's state and version, and the generations, are put
+        back as they were before the block (its ``doc.set``, ``steer``, ``pipeline.update``
+        and ``flush`` are the check's alone; a ``--set`` setting stays in force).
         """
         started = time.monotonic()
+        outer = self._self_test_docs
+        docs = self._self_test_docs = {
+            name: (doc.snapshot(), doc.version) for name, doc in self.docs.items()
+        }
+        generations = self.generations.state(), self.generations.steered_at
         self.self_testing = True
         try:
             yield
@@ -180,11 +198,17 @@ class Environment:
             _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")
             raise SelfTestError(f"self test failed: {type(exc).__name__}: {exc}") from exc
         finally:
-            self.self_testing = False
+            self.self_testing = outer is not None
             # a check, not a session to go on with: release what its drives built (bound
             # stages, sources), so nothing of it stays subscribed to the docs during the run
             driven, self._self_test_drives = self._self_test_drives, []
             for pipeline in driven:
                 pipeline._end_session()
+            self._self_test_docs = outer
+            for name, (snapshot, version) in docs.items():
+                self.docs[name]._rewind(snapshot, version)
+                if outer is not None:  # a doc made in a nested block: the outer one's too
+                    outer.setdefault(name, (snapshot, version))
+            self.generations._rewind(*generations)
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))

@@ -97,6 +97,18 @@ class Generations:
             self.flush = max(self.flush, state.flush)
             self.drop = max(self.drop, state.drop)
 
+    def _rewind(self, state: "GenerationState", steered_at: float) -> None:
+        """Put the counters back to ``state`` (taken with :meth:`state` and ``steered_at``
+        before a self test): the run after it starts as it would have without it.
+
+        Listeners are not told (a replica only moves forward: nothing listens yet when a
+        self test ends before its run starts); ``epoch`` still moves on, as on every change.
+        """
+        with self._lock:
+            self.steered_at = steered_at
+            self.epoch += 1
+            self.prompt, self.flush, self.drop = state.prompt, state.flush, state.drop
+
     def state(self) -> "GenerationState":
         """The counters now, frozen."""
         with self._lock:

@@ -6,12 +6,22 @@ annotation: ``Literal[...]`` → ``choice``, ``bool`` → ``toggle``, ``int``/``
 comes from the schema field's ``metadata`` (``field(default=0.5, metadata={"min": 0, "max":
 1, "step": 0.05})``) or, without one, from its value: ``[0, 1]`` for a float in ``[0, 1)``,
 else ``[0, 2 * value]`` (``[2 * value, -2 * value]`` below 0; an int's at least ``[0, 10]``).
+
+A slider never moves the value it shows: a browser's range input snaps its value to ``min``
+plus a whole multiple of ``step`` (in decimal), so the step is one the value lies on. A
+declared ``step`` is kept when it does (the doc's rules put every value on it, within a
+float's rounding); an int's step is 1; else it is a hundredth of the range, or the largest of
+1, 2 or 5 times a power of ten below that, that puts both the value and ``max`` on the grid
+(or the value alone), and ``None`` (the page's ``step="any"``) when none down to a millionth
+of the range does.
 The web page and the notebook widgets both build from this list.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import decimal
+import math
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,7 +50,7 @@ class Control:
     maximum: float | None = None
     """A number's upper bound."""
     step: float | None = None
-    """A number's slider step."""
+    """A number's slider step, one the value lies on (``None``: any value, ``step="any"``)."""
     choices: tuple[Any, ...] = ()
     """A choice's options."""
 
@@ -53,7 +63,7 @@ class Control:
             "integer": self.integer,
             "min": self.minimum,
             "max": self.maximum,
-            "step": self.step,
+            "step": "any" if self.step is None and self.kind == "number" else self.step,
             "choices": list(self.choices),
         }
 
@@ -96,11 +106,50 @@ def _control(path: str, value: Any, hint: Any, meta: Mapping[str, Any]) -> Contr
         low, high = _range(float(value), integer)
         low = float(meta.get("min", low))
         high = float(meta.get("max", high))
-        step = meta.get("step", 1 if integer else (high - low) / 100)
-        return Control(path, "number", value, integer, low, high, float(step))
+        return Control(
+            path, "number", value, integer, low, high, _step(value, low, high, meta.get("step"))
+        )
     if isinstance(value, str):
         return Control(path, "text", value)
     return Control(path, "json", value)
+
+
+def _step(value: float, low: float, high: float, declared: float | None) -> float | None:
+    """A slider step from ``low`` that ``value`` lies on exactly, in a browser's decimal
+    arithmetic (see the module docstring); ``None`` for any value."""
+    if declared is not None:
+        return float(declared) if _on(value, low, declared) else None
+    if isinstance(value, int):
+        return 1.0 if _on(value, low, 1) else None
+    span = high - low
+    if not span > 0:
+        return None
+    exponent = math.floor(math.log10(span / 100))
+    candidates = [span / 100] + [
+        float(f"{mantissa}e{power}")
+        for power in range(exponent, exponent - 6, -1)
+        for mantissa in (5, 2, 1)
+        if float(f"{mantissa}e{power}") <= span / 100
+    ]
+    for step in candidates:
+        if _on(value, low, step) and _on(high, low, step):
+            return step
+    return next((step for step in candidates if _on(value, low, step)), None)
+
+
+def _on(value: float, low: float, step: float) -> bool:
+    """Whether ``value`` is ``low`` plus a whole multiple of ``step``, exactly, in decimal
+    (how a page's range input reads the numbers JSON gives it)."""
+    offset = _decimal(value) - _decimal(low)
+    try:
+        return offset % _decimal(step) == 0
+    except decimal.InvalidOperation:  # more steps than 28 digits count: off any fine grid
+        return False
+
+
+def _decimal(number: float) -> decimal.Decimal:
+    """``number`` as the decimal its shortest text says (what JSON and JavaScript print)."""
+    return decimal.Decimal(repr(float(number)))
 
 
 def _range(default: float, integer: bool) -> tuple[float, float]:

@@ -138,6 +138,17 @@ class Doc:
             self._version = version
             self._subject.on_next(self._snapshot)
 
+    def _rewind(self, snapshot: Snapshot, version: int) -> None:
+        """Put back a state this doc had (``snapshot`` at ``version``): the end of a self
+        test, whose writes the run after it does not see. No validation (it was valid);
+        subscribers get ``snapshot`` when it is not the state now."""
+        with self._lock:
+            moved = snapshot is not self._snapshot
+            self._snapshot = snapshot
+            self._version = version
+            if moved:
+                self._subject.on_next(snapshot)
+
     def steer(self, changes: Mapping[str, Any] | None = None, /, **kwargs: Any) -> int:
         """A write that starts a new generation: items in flight go stale; its version."""
         with self._lock:

@@ -28,10 +28,10 @@ import typing
 from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, Literal, Union, get_args, get_origin
 
-from rxstream._exceptions import ArgumentTypeError, DocValidationError, shown
+from rxstream._exceptions import ArgumentError, ArgumentTypeError, DocValidationError, shown
 from rxstream._util import lone_surrogate
 
-__all__ = ["Validator", "defaults_from_schema", "make_validator"]
+__all__ = ["STEP_TOLERANCE", "Validator", "defaults_from_schema", "make_validator", "on_grid"]
 
 Validator = Callable[[Mapping[str, Any], MutableMapping[str, Any]], None]
 """``validate(changes, merged)``: raise :class:`DocValidationError` to refuse a write.
@@ -44,6 +44,7 @@ def make_validator(name: str, defaults: Mapping[str, Any], schema: object) -> Va
     if schema is None:
         return lambda changes, merged: _check_shape(name, defaults, changes, merged, ())
     if isinstance(schema, type) and dataclasses.is_dataclass(schema):
+        _check_rules(name, schema, ())
         return lambda changes, merged: _check_dataclass(name, schema, merged, ())
     if callable(schema):
         return lambda changes, merged: _check_callable(name, schema, merged)
@@ -181,6 +182,7 @@ def _check_dataclass(
                 f"{_dotted(name, here)} must be {_describe(hint)}, got {shown(value)}"
             )
         check_value(name, here, value, finite=fields[key].metadata.get("finite", True))
+        _check_metadata(name, here, value, fields[key].metadata)
         if _is_float(hint) and isinstance(value, int) and not isinstance(value, bool):
             value = state[key] = _as_float(name, here, value)
         kwargs[key] = value
@@ -188,6 +190,98 @@ def _check_dataclass(
         return schema(**kwargs)
     except (ValueError, TypeError) as exc:
         raise DocValidationError(f"{_dotted(name, path)}: {exc}") from exc
+
+
+_RULES = ("min", "max", "step", "choices")
+"""The ``metadata`` keys of a dataclass field that are rules on its value."""
+
+STEP_TOLERANCE = 1e-6
+"""How far (in steps) from the grid a float may be and still be on it: ``0.1 * 3`` is."""
+
+
+def _check_rules(name: str, schema: type, path: tuple[str, ...]) -> None:
+    """Refuse a field's ``metadata`` rule that cannot be one (in nested sections too)."""
+    hints = typing.get_type_hints(schema)
+    for field in dataclasses.fields(schema):
+        here = (*path, field.name)
+        hint = hints.get(field.name)
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            _check_rules(name, hint, here)
+            continue
+        meta = field.metadata
+        where = f"{schema.__name__}.{field.name}'s metadata"
+        for key in ("min", "max", "step"):
+            bound = meta.get(key)
+            if bound is None:
+                continue
+            if isinstance(bound, bool) or not isinstance(bound, int | float):
+                raise ArgumentTypeError(
+                    f"{where} {key} must be a number, got {shown(bound)} for doc {name!r}"
+                )
+            if not math.isfinite(bound):
+                raise ArgumentError(
+                    f"{where} {key} must be finite, got {shown(bound)} for doc {name!r}"
+                )
+        low, high, step = meta.get("min"), meta.get("max"), meta.get("step")
+        if low is not None and high is not None and low > high:
+            raise ArgumentError(
+                f"{where} min must be <= max, got min={low!r} max={high!r} for doc {name!r}"
+            )
+        if step is not None and not step > 0:
+            raise ArgumentError(f"{where} step must be > 0, got {step!r} for doc {name!r}")
+        choices = meta.get("choices")
+        if choices is not None and (not isinstance(choices, list | tuple) or not choices):
+            raise ArgumentTypeError(
+                f"{where} choices must be a non-empty list of values, got {shown(choices)} "
+                f"for doc {name!r}"
+            )
+
+
+def _check_metadata(name: str, path: tuple[str, ...], value: Any, meta: Mapping[str, Any]) -> None:
+    """Refuse ``value`` when a rule of its field's ``metadata`` does (min, max, step, choices)."""
+    if not any(key in meta for key in _RULES):
+        return
+    choices = meta.get("choices")
+    if choices is not None and not any(_same(value, choice) for choice in choices):
+        allowed = ", ".join(shown(choice) for choice in choices)
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be one of {allowed} (schema choices), got {shown(value)}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    low, high, step = meta.get("min"), meta.get("max"), meta.get("step")
+    if low is not None and not value >= low:  # NaN (a field with "finite": False) too
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be >= {low!r} (schema min), got {shown(value)}"
+        )
+    if high is not None and not value <= high:
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be <= {high!r} (schema max), got {shown(value)}"
+        )
+    if step is not None and not on_grid(value, low or 0, step):
+        start = f"{low!r} plus " if low else ""
+        raise DocValidationError(
+            f"{_dotted(name, path)} must be {start}a whole multiple of {step!r} (schema step), "
+            f"got {shown(value)}"
+        )
+
+
+def on_grid(value: float, base: float, step: float) -> bool:
+    """Whether ``value`` is ``base`` plus a whole multiple of ``step`` (a float within
+    :data:`STEP_TOLERANCE` steps of it is, or within a float's rounding of a far one)."""
+    if all(isinstance(x, int) for x in (value, base, step)):
+        return (value - base) % step == 0
+    offset = value - base
+    if not math.isfinite(offset):
+        return False
+    # exact: the offset less the nearest whole number of steps (what a binary step's own
+    # rounding adds up to over many steps is allowed, about one part in 10**15 of the offset)
+    return abs(math.remainder(offset, step)) <= step * STEP_TOLERANCE + abs(offset) * 1e-15
+
+
+def _same(value: Any, choice: Any) -> bool:
+    """Whether ``value`` is the choice ``choice`` (``True`` is not ``1``)."""
+    return value == choice and isinstance(value, bool) == isinstance(choice, bool)
 
 
 def _is_float(hint: Any) -> bool:

@@ -7,7 +7,7 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,18 +138,9 @@ class AppContext(Context):
         super().__init__(**options)
         self._settings = tuple(settings)
 
-    def doc(
-        self,
-        name: str = "control",
-        *,
-        defaults: Mapping[str, Any] | None = None,
-        schema: object = None,
-    ) -> Doc:
-        fresh = name not in self.docs
-        made = super().doc(name, defaults=defaults, schema=schema)
-        if fresh and name == "control" and self._settings:
-            apply_settings(made, self._settings)
-        return made
+    def _made(self, doc: Doc) -> None:
+        if doc.name == "control" and self._settings:
+            apply_settings(doc, self._settings)
 
     def check_settings(self) -> None:
         """Fail when there are settings and the app made no control doc to take them."""
