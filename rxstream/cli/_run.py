@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
-__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "run"]
+__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "idle_ranks", "opened_line", "run"]
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
@@ -140,14 +140,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             )
 
     def opened() -> None:
-        where = f"serving {transport.url}" if transport is not None else "headless"
         job = torchrun_env()
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
-        print(
-            f"rxstream run: {args.app} on {ranks}, {where}; Ctrl-C stops",
-            file=sys.stderr,
-            flush=True,
-        )
+        url = None if transport is None else transport.url
+        print(opened_line(args.app, ranks, url), file=sys.stderr, flush=True)
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
     before = _stamp(args.out)  # an older file there is not what this run kept
@@ -203,6 +199,15 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         sys.stdout.flush()
         return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
     return 0
+
+
+def opened_line(app: str, ranks: str, url: str | None) -> str:
+    """The line a run prints once its session opened: the app, its ranks and, when it serves
+    a page, the page's ``url`` last, after a space and with nothing after it (a ``;`` glued
+    to it was copied with it: the page refused the token)."""
+    if url is None:
+        return f"rxstream run: {app} on {ranks}, headless; Ctrl-C stops"
+    return f"rxstream run: {app} on {ranks}, Ctrl-C stops; serving the page at {url}"
 
 
 class _StopSignals:
@@ -293,6 +298,10 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             f"--ranks must be at least the ranks the app places stages on ({placed}), got "
             f"{args.ranks}: run it with --ranks {placed}"
         )
+    if job is None:
+        idle = idle_ranks(set(pipeline.plan.ranks.values()), args.ranks)
+        if idle is not None:  # the run goes on: a rank idles, nothing is wrong with the output
+            print(f"rxstream run: warning: {idle}", file=sys.stderr, flush=True)
     if args.out is None:
         return None
     streams = sorted(pipeline.session().streams)
@@ -310,6 +319,20 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             "pick the one to write with --out-stream"
         )
     return None
+
+
+def idle_ranks(used: set[int], ranks: int) -> str | None:
+    """Which of ``--ranks`` ``ranks`` no stage is placed on (``used``: the ranks that have
+    one) and what to do, or ``None`` when each has a stage."""
+    idle = [rank for rank in range(ranks) if rank not in used]
+    if not idle:
+        return None
+    named = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
+    fix = f"give a stage rank={idle[0]}"
+    top = max(used, default=0)
+    if idle[0] > top:  # fewer ranks would do
+        fix += ", or drop --ranks" if top == 0 else f", or run it with --ranks {top + 1}"
+    return f"--ranks {ranks}: no stage is placed on {named} ({fix})"
 
 
 def _stamp(path: str | None) -> tuple[int, int] | None:

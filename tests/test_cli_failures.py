@@ -1,0 +1,81 @@
+"""What an app author gets wrong, said by the CLI at once in one line: an idle rank, an error
+in the app's own code (its type, message and the app's line), a rank that fails (never an
+internal traceback), ``rxstream test`` running the self test alone, and a serving URL that
+copies whole."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rxstream import cli
+from rxstream.cli._run import idle_ranks, opened_line
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# --- the serving URL ----------------------------------------------------------------------------
+
+
+def test_the_serving_url_is_last_on_its_line_with_nothing_glued_to_it() -> None:
+    """The opened line ends with the page's URL, a space before it and nothing after it."""
+    url = "http://127.0.0.1:8765/?token=abc"
+    assert opened_line("app.py", "1 rank(s)", url) == (
+        "rxstream run: app.py on 1 rank(s), Ctrl-C stops; serving the page at "
+        "http://127.0.0.1:8765/?token=abc"
+    )
+    assert opened_line("app.py", "2 rank(s)", None) == (
+        "rxstream run: app.py on 2 rank(s), headless; Ctrl-C stops"
+    )
+
+
+# --- --ranks with an idle rank ------------------------------------------------------------------
+
+ONE_RANK_APP = "def build(ctx):\n    return ctx.source(range(5)) | ctx.stream('s')\n"
+
+
+def test_ranks_with_no_stage_placed_on_one_warns_and_runs_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--ranks 2`` of an app with no ``rank=``: one warning line naming rank 1, exit 0."""
+    app = _write(tmp_path / "one.py", ONE_RANK_APP)
+    assert cli.main(["run", app, "--ranks", "2", "--frames", "5"]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "rxstream run: warning: --ranks 2: no stage is placed on rank 1 (give a stage rank=1, "
+        "or drop --ranks)"
+    )
+    assert len(err) == 2, err  # and the opened line
+
+
+@pytest.mark.parametrize(
+    ("used", "ranks", "said"),
+    [
+        ({0}, 1, None),
+        ({0, 1}, 2, None),
+        (
+            {0},
+            3,
+            "--ranks 3: no stage is placed on ranks 1, 2 (give a stage rank=1, or drop --ranks)",
+        ),
+        (
+            {0, 1},
+            3,
+            "--ranks 3: no stage is placed on rank 2 (give a stage rank=2, or run it with "
+            "--ranks 2)",
+        ),
+        ({0, 2}, 3, "--ranks 3: no stage is placed on rank 1 (give a stage rank=1)"),
+    ],
+)
+def test_an_idle_rank_is_named_with_what_to_do(
+    used: set[int], ranks: int, said: str | None
+) -> None:
+    """Each rank without a stage is named; fewer ranks are suggested only when they would do."""
+    assert idle_ranks(used, ranks) == said
