@@ -5,7 +5,12 @@ copies whole."""
 
 from __future__ import annotations
 
+import multiprocessing
+import subprocess
+import sys
+import threading
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -79,3 +84,67 @@ def test_an_idle_rank_is_named_with_what_to_do(
 ) -> None:
     """Each rank without a stage is named; fewer ranks are suggested only when they would do."""
     assert idle_ranks(used, ranks) == said
+
+
+# --- a rank that fails: one line, never an internal traceback ------------------------------------
+
+RANK1_FAILS_APP = str(ROOT / "tests" / "apps" / "rank1_fails_app.py")
+
+
+class _Run:
+    """What ``_listen`` drives of a rank's run, recorded."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.halted = False
+        self.failures: list[BaseException] = []
+
+    def halt(self) -> None:
+        self.halted = True
+
+    def fail(self, exc: BaseException) -> None:
+        self.failures.append(exc)
+
+
+def test_a_ranks_control_pipe_closes_only_once_its_listener_stopped_reading() -> None:
+    """The rank's last close waits for the controller's ``stop`` to end the listener's read."""
+    from rxstream import Context
+    from rxstream.ranks._rank import _listen, close_control
+
+    ours, theirs = multiprocessing.Pipe()
+    run = _Run()
+    listener = threading.Thread(
+        target=_listen, args=(theirs, Context(), cast(Any, run)), daemon=True
+    )
+    listener.start()
+    closing = threading.Thread(target=close_control, args=(theirs, listener), daemon=True)
+    closing.start()  # the rank has sent its last word: it closes while the listener reads
+    ours.send(("stop",))
+    closing.join(10)
+    assert not closing.is_alive()
+    assert not listener.is_alive()
+    assert theirs.closed
+    assert run.halted
+    assert run.done.is_set()
+    assert run.failures == []  # closed under the read: "rank 0 went away", or a TypeError
+    ours.close()
+
+
+@pytest.mark.slow
+def test_a_rank_1_failure_is_one_line_every_run() -> None:
+    """A rank-1 stage that raises: the opened line and one error line, run after run."""
+    for _ in range(5):
+        done = subprocess.run(
+            [sys.executable, "-m", "rxstream", "run", RANK1_FAILS_APP, "--ranks", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+            cwd=ROOT,
+        )
+        assert done.returncode == 1
+        assert done.stderr.splitlines() == [
+            f"rxstream run: {RANK1_FAILS_APP} on 2 rank(s), headless; Ctrl-C stops",
+            "rxstream run: stage 'rank 1' failed: RuntimeError: stage 'work' failed on item "
+            "pts=3 input_seq=0: RuntimeError: rank 1 broke on item 3",
+        ], done.stderr

@@ -20,7 +20,7 @@ from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
 from rxstream.ranks._app import load_app
-from rxstream.ranks._common import STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
+from rxstream.ranks._common import JOIN_S, STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
 from rxstream.ranks._egress import (
     Forward,
     Sender,
@@ -147,6 +147,7 @@ def rank_main(
     rank, spawn = setup.rank, setup.spawn
     sender = Sender(conn)
     rings: dict[str, ShmRing] = {}
+    listener: threading.Thread | None = None
     try:
         # first of all, so that the controller can unlink the rings' names at once
         rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
@@ -197,7 +198,22 @@ def rank_main(
     finally:
         for ring in rings.values():
             ring.close()
-        conn.close()
+        close_control(conn, listener)
+
+
+def close_control(conn: Connection, listener: threading.Thread | None) -> None:
+    """Close a rank's control pipe once its ``listener`` no longer reads it.
+
+    The controller ends the listener (its ``stop``, or its end closing) once it has this
+    rank's last word; a close under the listener's read would take the pipe's handle from
+    the middle of a message (``TypeError`` on that thread, its traceback on stderr). A
+    listener still reading ``JOIN_S`` later (a controller that hangs) keeps the pipe until
+    this process exits, which closes it."""
+    if listener is not None:
+        listener.join(JOIN_S)
+        if listener.is_alive():
+            return
+    conn.close()
 
 
 def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
