@@ -15,6 +15,7 @@ from typing import Any, cast
 import pytest
 
 from rxstream import cli
+from rxstream.cli._failure import TRACEBACK_ENV
 from rxstream.cli._run import idle_ranks, opened_line
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,3 +149,102 @@ def test_a_rank_1_failure_is_one_line_every_run() -> None:
             "rxstream run: stage 'rank 1' failed: RuntimeError: stage 'work' failed on item "
             "pts=3 input_seq=0: RuntimeError: rank 1 broke on item 3",
         ], done.stderr
+
+
+# --- the app's own code fails: its type, message and line -----------------------------------------
+
+MAIN_RAISES_APP = """\
+async def main(ctx):
+    config = {"a": 1}
+    ctx.source(range(3)) | ctx.stream("s")
+    return config["b"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("run", "rxstream run: KeyError: 'b' (main_raises_run.py:4 in main)"),
+        ("test", "rxstream test: main_raises_test.py failed outside its self test: KeyError: "
+         "'b' (main_raises_test.py:4 in main)"),
+    ],
+)  # fmt: skip
+def test_an_error_in_main_names_its_type_and_the_apps_line(
+    command: str,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A KeyError in main's own code: one line with the type, the message and app.py:line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    _write(tmp_path / f"main_raises_{command}.py", MAIN_RAISES_APP)
+    assert cli.main([command, f"main_raises_{command}.py"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1:] == [said]  # no traceback
+
+
+@pytest.mark.parametrize("asked", ["--traceback", TRACEBACK_ENV])
+def test_the_whole_traceback_comes_on_request_before_the_line(
+    asked: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``--traceback`` (or the environment variable) prints the traceback, then the one line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    name = f"main_raises_{asked.strip('-').lower()}"
+    _write(tmp_path / f"{name}.py", MAIN_RAISES_APP)
+    argv = ["run", f"{name}.py"]
+    if asked == TRACEBACK_ENV:
+        monkeypatch.setenv(TRACEBACK_ENV, "1")
+    else:
+        argv.append(asked)
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert "Traceback (most recent call last):" in err
+    assert '    return config["b"]' in err
+    assert err[-2:] == [
+        "KeyError: 'b'",
+        f"rxstream run: KeyError: 'b' ({name}.py:4 in main)",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        ("run", "rxstream run: ModuleNotFoundError: No module named 'cv3_nowhere' "
+         "(imports_run.py:2 in <module>)"),
+        ("test", "rxstream test: ModuleNotFoundError: No module named 'cv3_nowhere' "
+         "(imports_test.py:2 in <module>)"),
+        ("topology", "rxstream topology: ModuleNotFoundError: No module named 'cv3_nowhere' "
+         "(imports_topology.py:2 in <module>)"),
+    ],
+)  # fmt: skip
+def test_an_import_the_app_cannot_make_names_its_line(
+    command: str,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An app whose own import fails: every command says the type, the message and the line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    _write(tmp_path / f"imports_{command}.py", "import math\nimport cv3_nowhere\n")
+    assert cli.main([command, f"imports_{command}.py"]) == 1
+    assert capsys.readouterr().err == said + "\n"
+
+
+def test_a_build_that_raises_names_its_line_in_topology(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rxstream topology`` of a build that raises: the type, the message and build's line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    _write(tmp_path / "builds.py", "def build(ctx):\n    return {}['codec']\n")
+    assert cli.main(["topology", "builds.py"]) == 1
+    assert (
+        capsys.readouterr().err == "rxstream topology: KeyError: 'codec' (builds.py:2 in build)\n"
+    )

@@ -21,7 +21,13 @@ if TYPE_CHECKING:
     from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
-__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "idle_ranks", "opened_line", "run"]
+__all__ = [
+    "INTERRUPTED",
+    "SIGPIPE_STATUS",
+    "idle_ranks",
+    "opened_line",
+    "run",
+]
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
@@ -52,6 +58,14 @@ def run(args: argparse.Namespace) -> int:
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
+    from rxstream.cli._failure import (
+        app_failure,
+        app_files,
+        app_frame,
+        describe,
+        show_traceback,
+        typed,
+    )
     from rxstream.ranks._app import load_app
     from rxstream.ranks._common import OutStreamRefused
     from rxstream.ranks._launch import launch
@@ -98,8 +112,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(problem, 2)
     try:
         app = load_app(args.app)
-    except Exception as exc:
-        return fail(str(exc), 1)
+    except Exception as exc:  # a missing file, a syntax error: as they read; the app's raise named
+        show_traceback(args, exc)
+        return fail(app_failure(exc, args.app), 1)
+    files = app_files(args.app, app)
     try:
         app.check_ranks(args.ranks)
     except ValueError as exc:
@@ -108,8 +124,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         problem = _check_app(app, args)
     except (ArgumentTypeError, SettingError) as exc:
         return fail(str(exc), 2)
-    except Exception as exc:  # the app's build failed: name the app and what it raised
-        return fail(f"app {app.entry!r}: build(ctx) raised {type(exc).__name__}: {exc}", 1)
+    except Exception as exc:  # the app's build failed: name the app, what it raised, where
+        show_traceback(args, exc)
+        where = app_frame(exc, files)
+        said = typed(exc) if where is None else f"{typed(exc)} ({where})"
+        return fail(f"app {app.entry!r}: build(ctx) raised {said}", 1)
     if problem is not None:
         return fail(problem, 2)
     if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
@@ -178,10 +197,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     except Exception as exc:
         _clear(status)
         _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays
+        show_traceback(args, exc)
         if signals.signum is not None:  # what the stop left behind it: said, then the stop
-            fail(str(exc), 1)
+            fail(describe(exc, files), 1)
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
-        return fail(str(exc), 1)
+        return fail(describe(exc, files), 1)
     _clear(status)
     job = torchrun_env()
     if job is not None and job.rank != 0:
