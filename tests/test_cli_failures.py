@@ -248,3 +248,69 @@ def test_a_build_that_raises_names_its_line_in_topology(
     assert (
         capsys.readouterr().err == "rxstream topology: KeyError: 'codec' (builds.py:2 in build)\n"
     )
+
+
+# --- rxstream test runs the self test alone ---------------------------------------------------
+
+AFTER_THE_BLOCK_APP = """\
+import asyncio
+
+
+async def main(ctx):
+    pipeline = ctx.source(range(3)) | ctx.stream("s")
+    with ctx.self_test():
+        assert pipeline.drive(frames=2) == [0, 1]
+    print("after the block", flush=True)
+    asyncio.ensure_future(asyncio.sleep(0))
+    await pipeline.run()
+    print("after the run", flush=True)
+"""
+
+LIVE_WITHOUT_A_BLOCK_APP = """\
+async def main(ctx):
+    print("before the run", flush=True)
+    await (ctx.source(range(3)) | ctx.stream("s")).run()
+    print("after the run", flush=True)
+"""
+
+THREADED_BLOCK_APP = """\
+async def main(ctx):
+    pipeline = ctx.source(range(3)) | ctx.stream("s")
+    with ctx.self_test():
+        pipeline.start()
+        pipeline.wait(10)
+        pipeline.stop()
+    raise RuntimeError("past the block")
+"""
+
+
+def test_rxstream_test_stops_a_main_app_at_the_end_of_its_block(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """What main does after its self test block (a print, a task, ``run()``) never runs."""
+    app = _write(tmp_path / "after_the_block.py", AFTER_THE_BLOCK_APP)
+    assert cli.main(["test", app]) == 0
+    out = capsys.readouterr().out  # (with the self test's log line)
+    assert out.endswith(f"\nrxstream test: {app}: self test passed\n")
+    assert "after the" not in out
+
+
+def test_rxstream_test_of_a_main_app_going_live_without_a_block_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A main that starts its run before any self test has none: exit 2 there, nothing run."""
+    app = _write(tmp_path / "live_without.py", LIVE_WITHOUT_A_BLOCK_APP)
+    assert cli.main(["test", app]) == 2
+    out, err = capsys.readouterr()
+    assert "before the run\n" in out
+    assert "after the run" not in out
+    assert err == f"rxstream test: {app} has no self test (a `with ctx.self_test():` block)\n"
+
+
+def test_a_self_test_block_may_run_its_pipeline_threaded(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A block that starts a pipeline is the test itself: it runs, and passes at its end."""
+    app = _write(tmp_path / "threaded_block.py", THREADED_BLOCK_APP)
+    assert cli.main(["test", app]) == 0
+    assert capsys.readouterr().out.endswith(f"\nrxstream test: {app}: self test passed\n")

@@ -4,8 +4,9 @@
   see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process (rank 0) — headless or
   serving a web page (``--serve``), optionally writing the egress to an MP4 (``--out``) and
   the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
-- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
-  exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
+- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block alone under the CPU
+  harness (a ``main`` app stops at the block's end); exit status 0 when it passed, 1 when it
+  failed (the failure shown), 2 when there is none.
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]
   [--run ID|last|all]`` summarises a timing log per hop (count, p50/p95/p99 of queue-wait and
   compute), end to end, and names the slowest inputs; malformed lines are summarised in one
@@ -18,8 +19,10 @@
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
 
-Every command stops quietly when its stdout's reader leaves (``| head -1``: exit 141) and
-after Ctrl-C (exit 130), without a traceback.
+A failure of the app's own code is one line naming its type, message and the app's line
+(``KeyError: 'b' (app.py:14 in main)``); ``--traceback`` (or ``RXSTREAM_TRACEBACK=1``) also
+prints the whole traceback. Every command stops quietly when its stdout's reader leaves
+(``| head -1``: exit 141) and after Ctrl-C (exit 130), without a traceback.
 """
 
 from __future__ import annotations
