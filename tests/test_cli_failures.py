@@ -314,3 +314,32 @@ def test_a_self_test_block_may_run_its_pipeline_threaded(
     app = _write(tmp_path / "threaded_block.py", THREADED_BLOCK_APP)
     assert cli.main(["test", app]) == 0
     assert capsys.readouterr().out.endswith(f"\nrxstream test: {app}: self test passed\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        ("misuse", "async def main(ctx):\n    ctx.pipe(42)\n",
+         "rxstream run: ctx.pipe needs a callable, got int 42 (misuse.py:2 in main)"),
+        ("stage_fails",
+         "async def main(ctx):\n"
+         "    await (ctx.source(range(3)) | ctx.pipe(lambda x: 1 / 0, name='divide')"
+         " | ctx.stream('s')).run()\n",
+         "rxstream run: stage 'divide' failed on item pts=0 input_seq=0: ZeroDivisionError: "
+         "division by zero"),
+    ],
+)  # fmt: skip
+def test_rxstreams_own_errors_read_as_they_are_with_the_apps_line_where_it_helps(
+    name: str,
+    text: str,
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A builder misused in main gets main's line; a stage's failure names its stage alone."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    _write(tmp_path / f"{name}.py", text)
+    assert cli.main(["run", f"{name}.py"]) == 1
+    assert capsys.readouterr().err.splitlines()[-1:] == [said]
