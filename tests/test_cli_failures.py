@@ -343,3 +343,26 @@ def test_rxstreams_own_errors_read_as_they_are_with_the_apps_line_where_it_helps
     _write(tmp_path / f"{name}.py", text)
     assert cli.main(["run", f"{name}.py"]) == 1
     assert capsys.readouterr().err.splitlines()[-1:] == [said]
+
+
+RANK1_BUILD_RAISES_APP = """\
+def build(ctx):
+    if ctx.rank == 1:
+        {}["codec"]
+    return ctx.source(range(3), rank=0) | ctx.pipe(abs, rank=1) | ctx.stream("s")
+"""
+
+
+@pytest.mark.slow
+def test_a_build_that_raises_on_rank_1_names_the_rank_and_the_apps_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 1's build raising: one line naming rank 1, the error and build's line."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
+    _write(tmp_path / "rank1_build.py", RANK1_BUILD_RAISES_APP)
+    assert cli.main(["run", "rank1_build.py", "--ranks", "2"]) == 1
+    assert capsys.readouterr().err == (
+        "rxstream run: stage 'rank 1' failed: RuntimeError: KeyError: 'codec' "
+        "(rank1_build.py:3 in build)\n"
+    )

@@ -5,18 +5,13 @@ or :data:`TRACEBACK_ENV` set)."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import traceback
 from collections.abc import Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from rxstream._exceptions import PipelineError, RxStreamError
-
-if TYPE_CHECKING:
-    from rxstream.ranks._app import App
+from rxstream.ranks._app import app_files, app_frame
 
 __all__ = [
     "TRACEBACK_ENV",
@@ -32,44 +27,6 @@ __all__ = [
 TRACEBACK_ENV = "RXSTREAM_TRACEBACK"
 """Set to anything but ``""`` or ``0``, every command prints the whole traceback of a failure
 before its one line, as ``--traceback`` does."""
-
-
-def app_files(entry: str, app: App | None = None) -> frozenset[str]:
-    """The files of the app ``entry`` (``path/app.py[:func]`` or ``module[:func]``): its own
-    file, and the files of its ``build`` and ``main`` once loaded (``app``)."""
-    files: set[str] = set()
-    target = entry.partition(":")[0]
-    if target.endswith(".py") or os.sep in target:
-        files.add(os.path.realpath(target))
-    else:
-        try:
-            spec = importlib.util.find_spec(target)
-        except (ImportError, ValueError):
-            spec = None
-        if spec is not None and spec.origin is not None:
-            files.add(os.path.realpath(spec.origin))
-    for function in () if app is None else (app.build, app.main):
-        code = getattr(function, "__code__", None)
-        if code is not None:
-            files.add(os.path.realpath(code.co_filename))
-    return frozenset(files)
-
-
-def app_frame(exc: BaseException, files: Iterable[str]) -> str | None:
-    """Where the app's own code was when ``exc`` went through it: the innermost frame of its
-    traceback in one of ``files``, as ``app.py:14 in main`` (the path relative to the current
-    folder when it is under it); ``None`` when it never went through the app."""
-    wanted = set(files)
-    found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if os.path.realpath(frame.filename) in wanted:
-            found = frame
-    if found is None:
-        return None
-    path = os.path.relpath(found.filename)
-    if path.startswith(os.pardir):
-        path = str(Path(found.filename))
-    return f"{path}:{found.lineno} in {found.name}"
 
 
 def typed(exc: BaseException) -> str:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TextIO, cast
@@ -19,7 +19,7 @@ from rxstream._util import StdoutGuard
 from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._app import load_app
+from rxstream.ranks._app import app_files, app_frame, load_app
 from rxstream.ranks._common import JOIN_S, STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
 from rxstream.ranks._egress import (
     Forward,
@@ -192,9 +192,9 @@ def rank_main(
     except _Signalled as exc:
         with contextlib.suppress(OSError):
             sender.send(("stopped", rank, exc.signum, 0, {}))
-    except BaseException as exc:
+    except BaseException as exc:  # the app's import or build: named with the app's line
         with contextlib.suppress(OSError):
-            sender.send(("error", rank, describe(exc), {}))
+            sender.send(("error", rank, describe(exc, app_files(spawn.entry)), {}))
     finally:
         for ring in rings.values():
             ring.close()
@@ -222,12 +222,15 @@ def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
         conn.send(message)
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, files: Iterable[str] = ()) -> str:
     """An error as one line for another process: a PipelineError as it reads, else its type
-    and message (the torchrun control plane uses it too)."""
+    and message, and where in the app's ``files`` it went wrong (``(app.py:14 in build)``);
+    the torchrun control plane uses it too."""
     if isinstance(exc, PipelineError):
         return str(exc)
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    said = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    where = app_frame(exc, files)
+    return said if where is None else f"{said} ({where})"
 
 
 def _listen(conn: Connection, ctx: Context, run: ThreadedRun) -> None:
