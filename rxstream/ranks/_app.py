@@ -162,15 +162,16 @@ def app_frame(exc: BaseException, files: Iterable[str]) -> str | None:
     folder when it is under it); ``None`` when it never went through the app."""
     wanted = set(files)
     found = None
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if os.path.realpath(frame.filename) in wanted:
-            found = frame
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if os.path.realpath(frame.f_code.co_filename) in wanted:
+            found = frame.f_code, line
     if found is None:
         return None
-    path = os.path.relpath(found.filename)
+    code, line = found
+    path = os.path.relpath(code.co_filename)
     if path.startswith(os.pardir):
-        path = found.filename
-    return f"{path}:{found.lineno} in {found.name}"
+        path = code.co_filename
+    return f"{path}:{line} in {code.co_name}"
 
 
 class AppContext(Context):
