@@ -61,6 +61,20 @@ def test_ranks_with_no_stage_placed_on_one_warns_and_runs_on(
     assert len(err) == 2, err  # and the opened line
 
 
+def test_a_refused_run_with_an_idle_rank_says_the_refusal_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run refused before it starts (``--out`` of an app without a stream) warns of nothing."""
+    app = _write(
+        tmp_path / "no_sink.py",
+        "def build(ctx):\n    return ctx.source(range(5)) | ctx.pipe(abs)\n",
+    )
+    assert cli.main(["run", app, "--ranks", "2", "--out", str(tmp_path / "x.mp4")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    assert "no ctx.stream sink" in err[0]
+
+
 @pytest.mark.parametrize(
     ("used", "ranks", "said"),
     [

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
+    from rxstream.pipeline import Pipeline
     from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
@@ -318,10 +319,15 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             f"--ranks must be at least the ranks the app places stages on ({placed}), got "
             f"{args.ranks}: run it with --ranks {placed}"
         )
-    if job is None:
-        idle = idle_ranks(set(pipeline.plan.ranks.values()), args.ranks)
-        if idle is not None:  # the run goes on: a rank idles, nothing is wrong with the output
-            print(f"rxstream run: warning: {idle}", file=sys.stderr, flush=True)
+    problem = _out_problem(pipeline, args)
+    idle = idle_ranks(set(pipeline.plan.ranks.values()), args.ranks)
+    if problem is None and job is None and idle is not None:  # said; the run goes on
+        print(f"rxstream run: warning: {idle}", file=sys.stderr, flush=True)
+    return problem
+
+
+def _out_problem(pipeline: Pipeline, args: argparse.Namespace) -> str | None:
+    """What ``--out``/``--out-stream`` ask of the app's streams that it cannot do, or ``None``."""
     if args.out is None:
         return None
     streams = sorted(pipeline.session().streams)
