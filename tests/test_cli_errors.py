@@ -57,7 +57,8 @@ CASES: dict[str, Case] = {
     ),
     "run: build raises": lambda tmp, _: (
         ["run", _write(tmp / "raising.py", "def build(ctx):\n    return {}['codec']\n")],
-        r"^rxstream run: app '.*raising\.py': build\(ctx\) raised KeyError: 'codec'$",
+        r"^rxstream run: app '.*raising\.py': build\(ctx\) raised KeyError: 'codec' "
+        r"\(.*raising\.py:2 in build\)$",
     ),
     "run: syntax error": lambda tmp, _: (
         ["run", _write(tmp / "broken.py", "def build(ctx:\n")],

@@ -556,8 +556,10 @@ def test_serve_prints_the_url_of_the_page() -> None:
     try:
         assert proc.stderr is not None
         line = proc.stderr.readline()
-        assert "serving http://127.0.0.1:" in line, line
-        url = line.split("serving ", 1)[1].split(";", 1)[0]
+        assert re.match(
+            r"^rxstream run: .* serving the page at http://127\.0\.0\.1:\d+/\?token=\S+$", line
+        ), line
+        url = line.split()[-1]  # the last word: nothing glued to it
         with urllib.request.urlopen(url, timeout=10) as page:
             assert page.status == 200
             assert b"<html" in page.read()

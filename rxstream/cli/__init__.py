@@ -4,8 +4,9 @@
   see :mod:`rxstream.launch`), or its ``async def main(ctx)`` in this process (rank 0) — headless or
   serving a web page (``--serve``), optionally writing the egress to an MP4 (``--out``) and
   the timing log (``--log``); a status line on a terminal; per-rank statistics at the end.
-- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block under the CPU harness;
-  exit status 0 when it passed, 1 when it failed (the failure shown), 2 when there is none.
+- ``rxstream test APP`` runs the app's ``with ctx.self_test():`` block alone under the CPU
+  harness (a ``main`` app stops at the block's end); exit status 0 when it passed, 1 when it
+  failed (the failure shown), 2 when there is none.
 - ``rxstream timing LOG [--plot out.png] [--json] [--stream NAME] [--include-self-test]
   [--run ID|last|all]`` summarises a timing log per hop (count, p50/p95/p99 of queue-wait and
   compute), end to end, and names the slowest inputs; malformed lines are summarised in one
@@ -18,8 +19,10 @@
   and client streams, checks its walk-driving connections and, with ``--config``, validates
   the serving config against it; exits 1 listing every problem.
 
-Every command stops quietly when its stdout's reader leaves (``| head -1``: exit 141) and
-after Ctrl-C (exit 130), without a traceback.
+A failure of the app's own code is one line naming its type, message and the app's line
+(``KeyError: 'b' (app.py:14 in main)``); ``--traceback`` (or ``RXSTREAM_TRACEBACK=1``) also
+prints the whole traceback. Every command stops quietly when its stdout's reader leaves
+(``| head -1``: exit 141) and after Ctrl-C (exit 130), without a traceback.
 """
 
 from __future__ import annotations
@@ -34,6 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
+from rxstream.cli._failure import (
+    TRACEBACK_ENV,
+    app_failure,
+    app_files,
+    describe,
+    show_traceback,
+    wants_traceback,
+)
 from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
 from rxstream.timing import TimingLog, TimingRecord, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
@@ -120,8 +131,10 @@ def _parser() -> argparse.ArgumentParser:
         help="write the timing log here (started afresh; --timing-log under torchrun, whose "
         "own parser takes --log for its --log-dir)",
     )
+    _traceback_flag(run)
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
+    _traceback_flag(test)
     test.add_argument(
         "--timeout", type=_seconds, default=60.0, help="fail after this many seconds (60)"
     )
@@ -156,7 +169,17 @@ def _parser() -> argparse.ArgumentParser:
     topology.add_argument(
         "--ranks", type=_count, default=1, help="build as `run --ranks N` would (default 1)"
     )
+    _traceback_flag(topology)
     return parser
+
+
+def _traceback_flag(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--traceback",
+        action="store_true",
+        help="on a failure, also print its whole traceback (as does the environment variable "
+        f"{TRACEBACK_ENV}=1); without it, one line names the error and the app's line",
+    )
 
 
 def _count(text: str) -> int:
@@ -191,19 +214,24 @@ def _test(args: argparse.Namespace) -> int:
     from rxstream.ranks._selftest import run_self_test
 
     try:
-        load_app(args.app)  # a missing file, a syntax error, no build/main: one line, as `run`
+        app = load_app(args.app)  # a missing file, a syntax error, no build/main: one line
     except Exception as exc:
-        print(f"rxstream test: {exc}", file=sys.stderr)
+        show_traceback(args, exc)
+        print(f"rxstream test: {app_failure(exc, args.app)}", file=sys.stderr)
         return 1
     try:
         passed = run_self_test(args.app, timeout=args.timeout)
-    except SelfTestError as exc:
+    except SelfTestError as exc:  # the app's check failed: the line, then where (its tail)
         print(f"rxstream test: {args.app}: {exc}", file=sys.stderr)
-        _print_tail(exc.__cause__ or exc)
+        if wants_traceback(args):
+            show_traceback(args, exc)
+        else:
+            _print_tail(exc.__cause__ or exc)
         return 1
-    except Exception as exc:
-        print(f"rxstream test: {args.app} failed outside its self test: {exc}", file=sys.stderr)
-        _print_tail(exc)
+    except Exception as exc:  # the app's own code failed: one line naming the type and line
+        show_traceback(args, exc)
+        said = describe(exc, app_files(args.app, app))
+        print(f"rxstream test: {args.app} failed outside its self test: {said}", file=sys.stderr)
         return 1
     if passed is None:
         print(
@@ -366,8 +394,9 @@ def _topology(args: argparse.Namespace) -> int:
         pipeline = app(Context(world=args.ranks))
     except ArgumentTypeError as exc:  # build(ctx) returned no Pipeline
         return fail(str(exc), 2)
-    except Exception as exc:
-        return fail(str(exc), 1)
+    except Exception as exc:  # as `run` says it: the app's own raise with its type and line
+        show_traceback(args, exc)
+        return fail(app_failure(exc, args.app), 1)
     try:
         model = model_of(pipeline)
         streams = find_client_streams(model)

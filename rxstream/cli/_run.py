@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
+    from rxstream.pipeline import Pipeline
     from rxstream.ranks._app import App
     from rxstream.runtime import StageStatistics
 
-__all__ = ["INTERRUPTED", "SIGPIPE_STATUS", "run"]
+__all__ = [
+    "INTERRUPTED",
+    "SIGPIPE_STATUS",
+    "idle_ranks",
+    "opened_line",
+    "run",
+]
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
@@ -52,6 +59,14 @@ def run(args: argparse.Namespace) -> int:
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     from rxstream._exceptions import ArgumentTypeError, SettingError
     from rxstream._settings import split_setting
+    from rxstream.cli._failure import (
+        app_failure,
+        app_files,
+        app_frame,
+        describe,
+        show_traceback,
+        typed,
+    )
     from rxstream.ranks._app import load_app
     from rxstream.ranks._common import OutStreamRefused
     from rxstream.ranks._launch import launch
@@ -98,8 +113,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(problem, 2)
     try:
         app = load_app(args.app)
-    except Exception as exc:
-        return fail(str(exc), 1)
+    except Exception as exc:  # a missing file, a syntax error: as they read; the app's raise named
+        show_traceback(args, exc)
+        return fail(app_failure(exc, args.app), 1)
+    files = app_files(args.app, app)
     try:
         app.check_ranks(args.ranks)
     except ValueError as exc:
@@ -108,8 +125,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         problem = _check_app(app, args)
     except (ArgumentTypeError, SettingError) as exc:
         return fail(str(exc), 2)
-    except Exception as exc:  # the app's build failed: name the app and what it raised
-        return fail(f"app {app.entry!r}: build(ctx) raised {type(exc).__name__}: {exc}", 1)
+    except Exception as exc:  # the app's build failed: name the app, what it raised, where
+        show_traceback(args, exc)
+        where = app_frame(exc, files)
+        said = typed(exc) if where is None else f"{typed(exc)} ({where})"
+        return fail(f"app {app.entry!r}: build(ctx) raised {said}", 1)
     if problem is not None:
         return fail(problem, 2)
     if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
@@ -140,14 +160,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             )
 
     def opened() -> None:
-        where = f"serving {transport.url}" if transport is not None else "headless"
         job = torchrun_env()
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
-        print(
-            f"rxstream run: {args.app} on {ranks}, {where}; Ctrl-C stops",
-            file=sys.stderr,
-            flush=True,
-        )
+        url = None if transport is None else transport.url
+        print(opened_line(args.app, ranks, url), file=sys.stderr, flush=True)
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
     before = _stamp(args.out)  # an older file there is not what this run kept
@@ -182,10 +198,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     except Exception as exc:
         _clear(status)
         _say_kept(args, before)  # a stage failed: what the run wrote is finished and stays
+        show_traceback(args, exc)
         if signals.signum is not None:  # what the stop left behind it: said, then the stop
-            fail(str(exc), 1)
+            fail(describe(exc, files), 1)
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
-        return fail(str(exc), 1)
+        return fail(describe(exc, files), 1)
     _clear(status)
     job = torchrun_env()
     if job is not None and job.rank != 0:
@@ -203,6 +220,15 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         sys.stdout.flush()
         return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
     return 0
+
+
+def opened_line(app: str, ranks: str, url: str | None) -> str:
+    """The line a run prints once its session opened: the app, its ranks and, when it serves
+    a page, the page's ``url`` last, after a space and with nothing after it (a ``;`` glued
+    to it was copied with it: the page refused the token)."""
+    if url is None:
+        return f"rxstream run: {app} on {ranks}, headless; Ctrl-C stops"
+    return f"rxstream run: {app} on {ranks}, Ctrl-C stops; serving the page at {url}"
 
 
 class _StopSignals:
@@ -293,6 +319,15 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             f"--ranks must be at least the ranks the app places stages on ({placed}), got "
             f"{args.ranks}: run it with --ranks {placed}"
         )
+    problem = _out_problem(pipeline, args)
+    idle = idle_ranks(set(pipeline.plan.ranks.values()), args.ranks)
+    if problem is None and job is None and idle is not None:  # said; the run goes on
+        print(f"rxstream run: warning: {idle}", file=sys.stderr, flush=True)
+    return problem
+
+
+def _out_problem(pipeline: Pipeline, args: argparse.Namespace) -> str | None:
+    """What ``--out``/``--out-stream`` ask of the app's streams that it cannot do, or ``None``."""
     if args.out is None:
         return None
     streams = sorted(pipeline.session().streams)
@@ -310,6 +345,20 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
             "pick the one to write with --out-stream"
         )
     return None
+
+
+def idle_ranks(used: set[int], ranks: int) -> str | None:
+    """Which of ``--ranks`` ``ranks`` no stage is placed on (``used``: the ranks that have
+    one) and what to do, or ``None`` when each has a stage."""
+    idle = [rank for rank in range(ranks) if rank not in used]
+    if not idle:
+        return None
+    named = f"rank {idle[0]}" if len(idle) == 1 else f"ranks {', '.join(map(str, idle))}"
+    fix = f"give a stage rank={idle[0]}"
+    top = max(used, default=0)
+    if idle[0] > top:  # fewer ranks would do
+        fix += ", or drop --ranks" if top == 0 else f", or run it with --ranks {top + 1}"
+    return f"--ranks {ranks}: no stage is placed on {named} ({fix})"
 
 
 def _stamp(path: str | None) -> tuple[int, int] | None:

@@ -7,7 +7,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Callable, Coroutine, Sequence
+import traceback
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +130,48 @@ def _is_main(fn: object) -> bool:
     except TypeError:
         return False
     return True
+
+
+# --- where the app's own code went wrong --------------------------------------------------------
+
+
+def app_files(entry: str, app: App | None = None) -> frozenset[str]:
+    """The files of the app ``entry`` (``path/app.py[:func]`` or ``module[:func]``): its own
+    file, and the files of its ``build`` and ``main`` once loaded (``app``)."""
+    files: set[str] = set()
+    target = entry.partition(":")[0]
+    if target.endswith(".py") or os.sep in target:
+        files.add(os.path.realpath(target))
+    else:
+        try:
+            spec = importlib.util.find_spec(target)
+        except Exception:  # (its parent package failed to import: it names no file then)
+            spec = None
+        if spec is not None and spec.origin is not None:
+            files.add(os.path.realpath(spec.origin))
+    for function in () if app is None else (app.build, app.main):
+        code = getattr(function, "__code__", None)
+        if code is not None:
+            files.add(os.path.realpath(code.co_filename))
+    return frozenset(files)
+
+
+def app_frame(exc: BaseException, files: Iterable[str]) -> str | None:
+    """Where the app's own code was when ``exc`` went through it: the innermost frame of its
+    traceback in one of ``files``, as ``app.py:14 in main`` (the path relative to the current
+    folder when it is under it); ``None`` when it never went through the app."""
+    wanted = set(files)
+    found = None
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if os.path.realpath(frame.f_code.co_filename) in wanted:
+            found = frame.f_code, line
+    if found is None:
+        return None
+    code, line = found
+    path = os.path.relpath(code.co_filename)
+    if path.startswith(os.pardir):
+        path = code.co_filename
+    return f"{path}:{line} in {code.co_name}"
 
 
 class AppContext(Context):

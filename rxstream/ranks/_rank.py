@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TextIO, cast
@@ -19,8 +19,8 @@ from rxstream._util import StdoutGuard
 from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._app import load_app
-from rxstream.ranks._common import STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
+from rxstream.ranks._app import app_files, app_frame, load_app
+from rxstream.ranks._common import JOIN_S, STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
 from rxstream.ranks._egress import (
     Forward,
     Sender,
@@ -147,6 +147,7 @@ def rank_main(
     rank, spawn = setup.rank, setup.spawn
     sender = Sender(conn)
     rings: dict[str, ShmRing] = {}
+    listener: threading.Thread | None = None
     try:
         # first of all, so that the controller can unlink the rings' names at once
         rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
@@ -191,13 +192,28 @@ def rank_main(
     except _Signalled as exc:
         with contextlib.suppress(OSError):
             sender.send(("stopped", rank, exc.signum, 0, {}))
-    except BaseException as exc:
+    except BaseException as exc:  # the app's import or build: named with the app's line
         with contextlib.suppress(OSError):
-            sender.send(("error", rank, describe(exc), {}))
+            sender.send(("error", rank, describe(exc, app_files(spawn.entry)), {}))
     finally:
         for ring in rings.values():
             ring.close()
-        conn.close()
+        close_control(conn, listener)
+
+
+def close_control(conn: Connection, listener: threading.Thread | None) -> None:
+    """Close a rank's control pipe once its ``listener`` no longer reads it.
+
+    The controller ends the listener (its ``stop``, or its end closing) once it has this
+    rank's last word; a close under the listener's read would take the pipe's handle from
+    the middle of a message (``TypeError`` on that thread, its traceback on stderr). A
+    listener still reading ``JOIN_S`` later (a controller that hangs) keeps the pipe until
+    this process exits, which closes it."""
+    if listener is not None:
+        listener.join(JOIN_S)
+        if listener.is_alive():
+            return
+    conn.close()
 
 
 def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
@@ -206,12 +222,15 @@ def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
         conn.send(message)
 
 
-def describe(exc: BaseException) -> str:
+def describe(exc: BaseException, files: Iterable[str] = ()) -> str:
     """An error as one line for another process: a PipelineError as it reads, else its type
-    and message (the torchrun control plane uses it too)."""
+    and message, and where in the app's ``files`` it went wrong (``(app.py:14 in build)``);
+    the torchrun control plane uses it too."""
     if isinstance(exc, PipelineError):
         return str(exc)
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    said = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    where = app_frame(exc, files)
+    return said if where is None else f"{said} ({where})"
 
 
 def _listen(conn: Connection, ctx: Context, run: ThreadedRun) -> None:

@@ -1,0 +1,70 @@
+"""How a command says that the app failed: one line naming the exception and the app's own
+line (``KeyError: 'b' (app.py:14 in main)``); the whole traceback on request (``--traceback``,
+or :data:`TRACEBACK_ENV` set)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Iterable
+
+from rxstream._exceptions import PipelineError, RxStreamError
+from rxstream.ranks._app import app_files, app_frame
+
+__all__ = [
+    "TRACEBACK_ENV",
+    "app_failure",
+    "app_files",
+    "app_frame",
+    "describe",
+    "show_traceback",
+    "typed",
+    "wants_traceback",
+]
+
+TRACEBACK_ENV = "RXSTREAM_TRACEBACK"
+"""Set to anything but ``""`` or ``0``, every command prints the whole traceback of a failure
+before its one line, as ``--traceback`` does."""
+
+
+def typed(exc: BaseException) -> str:
+    """``KeyError: 'b'``: the exception's type and message, on one line."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def describe(exc: BaseException, files: Iterable[str]) -> str:
+    """A failure as one line: rxstream's own errors as they read (they name the stage or the
+    field, the rule and the value), any other with its type; then where in the app it went
+    wrong (``(app.py:14 in main)``), except for a stage's failure, which names the stage."""
+    if isinstance(exc, PipelineError):
+        return str(exc)
+    text = str(exc) if isinstance(exc, RxStreamError) else typed(exc)
+    where = app_frame(exc, files)
+    return text if where is None else f"{text} ({where})"
+
+
+def app_failure(exc: BaseException, entry: str) -> str:
+    """Why loading (or building) the app ``entry`` failed, in one line: a missing file, a
+    syntax error or no build/main as they read; what the app's own code raised, with its type
+    and line (``ModuleNotFoundError: No module named 'cv3' (app.py:3 in <module>)``)."""
+    files = app_files(entry)
+    if isinstance(exc, SyntaxError) or app_frame(exc, files) is None:
+        return str(exc)
+    return describe(exc, files)
+
+
+def wants_traceback(args: argparse.Namespace) -> bool:
+    """Whether ``--traceback`` or :data:`TRACEBACK_ENV` asks for a failure's whole traceback."""
+    return bool(getattr(args, "traceback", False)) or os.environ.get(TRACEBACK_ENV, "") not in (
+        "",
+        "0",
+    )
+
+
+def show_traceback(args: argparse.Namespace, exc: BaseException) -> None:
+    """Print ``exc``'s whole traceback on stderr when :func:`wants_traceback`."""
+    if wants_traceback(args):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
