@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -268,7 +268,7 @@ def test_a_headless_run_of_a_frame_its_sink_cannot_encode_exits_1_naming_it(
 FRAMES = [np.zeros((H, W, 3), np.uint8) for _ in range(48)]
 
 
-def hints(logs: list[dict[str, Any]]) -> list[str]:
+def hints(logs: list[MutableMapping[str, Any]]) -> list[str]:
     """The hints of the ``source_payload_is_a_batch`` warnings in captured logs."""
     return [
         line["hint"]
