@@ -113,14 +113,20 @@ def _cleaned_torch(tensor: Any, torch: Any) -> Any:
     return torch.nan_to_num(tensor.float(), nan=0.0, posinf=1.0, neginf=0.0)
 
 
+def _aminmax(tensor: Any, torch: Any) -> tuple[float, float]:
+    """A tensor's lowest and highest value, read back in one transfer (one sync on a GPU)."""
+    low, high = torch.stack(torch.aminmax(tensor)).tolist()
+    return float(low), float(high)
+
+
 def _float_range(frame: Any, torch: Any) -> tuple[float, float]:
     """The lowest and highest value of a float frame as the rule reads them, without a copy
     unless it holds NaN or an infinity."""
     if torch is not None and isinstance(frame, torch.Tensor):
         frame = frame.detach()
-        low, high = (float(v) for v in torch.aminmax(frame.float()))
+        low, high = _aminmax(frame.float(), torch)
         if not (np.isfinite(low) and np.isfinite(high)):
-            low, high = (float(v) for v in torch.aminmax(_cleaned_torch(frame, torch)))
+            low, high = _aminmax(_cleaned_torch(frame, torch), torch)
         return low, high
     low, high = float(frame.min()), float(frame.max())
     if not (np.isfinite(low) and np.isfinite(high)):
@@ -143,7 +149,7 @@ def _torch_to_numpy(tensor: Any, stream: str) -> np.ndarray:
 def _float_to_uint8_torch(tensor: Any, torch: Any, stream: str) -> Any:
     # On a GPU this moves a quarter of the bytes a float frame would.
     scaled = _cleaned_torch(tensor, torch)
-    low, high = (float(v) for v in torch.aminmax(scaled))
+    low, high = _aminmax(scaled, torch)
     problem = _range_problem(low, high, _torch_dtype(tensor))
     if problem is not None:
         raise CodecError(f"stream {stream!r}: {problem}")
