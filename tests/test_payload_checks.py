@@ -341,3 +341,18 @@ def test_a_source_that_feeds_an_unbatch_is_not_hinted(ctx: rxstream.Context) -> 
         payloads = pipeline.drive(frames=1)
     assert len(payloads) == 48
     assert hints(logs) == []
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        torch.rand(3, H, W).half(),
+        torch.rand(H, W, 3).bfloat16(),
+        np.random.default_rng(0).random((H, W), np.float32).astype(np.float16),
+    ],
+    ids=["torch-half", "torch-bfloat16", "numpy-half"],
+)
+def test_half_precision_frames_in_range_pass_the_check(frame: Any) -> None:
+    """FrameCheck reads the range of half and bfloat16 frames (numpy and torch) as the encoder."""
+    assert FrameCheck()(frame) is None
+    assert FrameCheck()(frame * 255) is not None
