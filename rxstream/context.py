@@ -382,6 +382,7 @@ class Context(Environment):
                 name,
                 lambda: chosen if chosen is not None else self.transport,
                 on_timing,
+                codec=codec or "raw",
                 self_testing=lambda: self.self_testing,
             ),
             rank=rank,

@@ -111,8 +111,9 @@ def test_to_rgb24_reads_layouts_and_dtypes(payload: Any, expected: np.ndarray) -
 
 
 def test_to_rgb24_clamps_floats_and_reads_nan_as_zero() -> None:
-    """Floats outside [0, 1] clamp to 0 or 255, NaN reads as 0, 0.5 rounds to 128."""
-    values = np.array([[[-1.0, 2.0, np.nan], [0.5, np.inf, -np.inf]]])
+    """Floats a little outside [0, 1] clamp to 0 or 255, NaN reads as 0, infinities as 0 or
+    255, 0.5 rounds to 128 (further outside is refused: tests/test_payload_checks.py)."""
+    values = np.array([[[-0.04, 1.04, np.nan], [0.5, np.inf, -np.inf]]])
     assert to_rgb24(values, stream="v").tolist() == [[[0, 255, 0], [128, 255, 0]]]
     tensor = torch.from_numpy(values).permute(2, 0, 1)
     assert to_rgb24(tensor, stream="v").tolist() == [[[0, 255, 0], [128, 255, 0]]]

@@ -275,7 +275,7 @@ def test_frame_array_takes_chw_float_torch() -> None:
     tensor = torch.zeros(3, 2, 5)
     tensor[0] = 1.0
     tensor[1, 0, 0] = 0.5
-    tensor[2] = 7.0  # clipped
+    tensor[2] = 1.04  # clipped (far outside [0, 1] is refused)
     out = frame_array(tensor)
     assert (out.shape, out.dtype) == ((2, 5, 3), np.dtype(np.uint8))
     assert out[0, 0].tolist() == [255, 128, 255]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 import rxstream
@@ -47,7 +48,9 @@ def test_a_threaded_run_opens_sends_times_and_closes() -> None:
     ctx = rxstream.Context(transport=transport)
     ctx.doc("control", defaults={"gain": 1.0})
     pipeline = (
-        ctx.input("pointer") | ctx.pipe(lambda s: s, name="echo") | ctx.stream("video", "jpeg")
+        ctx.input("pointer")
+        | ctx.pipe(lambda s: np.full((2, 2, 3), int(s[0] * 255), np.uint8), name="echo")
+        | ctx.stream("video", "jpeg")  # a jpeg sink takes frames only
     )
     pipeline.start()
     session = transport.session

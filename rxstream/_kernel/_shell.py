@@ -7,7 +7,7 @@ how a failure is handled; operators call it so that ``Stage`` stays a small decl
 
 from __future__ import annotations
 
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import structlog
@@ -50,6 +50,7 @@ class StageShell:
         "reset",
         "run_id",
         "scheduler",
+        "stage_kinds",
         "stamps",
         "target_fn",
         "timing",
@@ -79,6 +80,9 @@ class StageShell:
         self.target_fn: Any = None
         """The stage's own function (a pipe's ``fn``), for operators that call it directly."""
         self.reset = reset
+        self.stage_kinds: Mapping[str, str] = {}
+        """Every stage of the run's plan (every rank's), by name: its kind (the run sets it;
+        the sink reads which stage made a payload from an item's stamps)."""
         self.run_id = ""
         """The id of the run the shell is part of (``Run.run_id``; the sink writes it on its
         timing records)."""

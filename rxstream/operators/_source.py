@@ -10,15 +10,24 @@ open: if it returns an iterator (a generator function) or an async iterator, tha
 stream; otherwise it is a frame function — its result is the first payload and it is called
 again for every further item. An ``async def`` frame function is awaited on the pipeline's
 loop. The runtime decides who pulls (the source's thread, or the drive's virtual clock).
+
+A source whose first payload is a list or tuple of frames (two or more arrays or tensors of
+one shape and dtype, at least 2-D) logs one ``source_payload_is_a_batch`` warning naming it:
+the whole list is one payload (and a frame function's list repeats on every pull), which is
+rarely what was meant. A source that feeds a ``ctx.unbatch()`` means it, and is not warned.
 """
 
 from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator
 from functools import partial
 from typing import Any
+
+import numpy as np
+import structlog
 
 from rxstream._exceptions import PipelineError, StageBuildError
 from rxstream._kernel._shell import StageShell
@@ -33,7 +42,9 @@ from rxstream.item import (
 )
 from rxstream.operators._input import InputFeed, InputSample
 
-__all__ = ["SKIPPED", "SourcePuller", "check_source"]
+__all__ = ["SKIPPED", "SourcePuller", "batch_hint", "check_source"]
+
+_log = structlog.get_logger("rxstream")
 
 _END = object()
 _NONE_WAITING = object()  # a driven input with no sample queued: nothing now, not the end
@@ -50,12 +61,46 @@ def check_source(spec: object, name: str) -> None:
         )
 
 
-class SourcePuller:
-    """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``."""
+def batch_hint(payload: object, name: str, *, returned: bool) -> str | None:
+    """The hint for a source ``name`` whose payload is a list or tuple of frames (see the
+    module docstring), else ``None``; ``returned``: the source is a frame function."""
+    if not isinstance(payload, list | tuple) or len(payload) < 2:
+        return None
+    torch = sys.modules.get("torch")
+    kinds = (np.ndarray,) if torch is None else (np.ndarray, torch.Tensor)
+    first = payload[0]
+    if not isinstance(first, kinds) or first.ndim < 2:
+        return None
+    shape, dtype = tuple(first.shape), first.dtype
+    if not all(
+        isinstance(value, kinds) and tuple(value.shape) == shape and value.dtype == dtype
+        for value in payload
+    ):
+        return None
+    what = f"a {type(payload).__name__} of {len(payload)} {type(first).__name__}s"
+    if returned:
+        return (
+            f"source {name!r} returned {what} as one payload, which repeats on every pull; "
+            "return iter(...) of it or yield each frame to send them one by one, or put "
+            "ctx.unbatch() after the source"
+        )
+    return (
+        f"source {name!r} yielded {what} as one payload; yield each frame (yield from it) "
+        "to send them one by one, or put ctx.unbatch() after the source"
+    )
 
-    def __init__(self, spec: object, shell: StageShell) -> None:
+
+class SourcePuller:
+    """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``.
+
+    ``hint``: look at the first payload for a batch sent as one (a ``source_payload_is_a_batch``
+    warning); the run turns it off for a source that feeds an unbatch.
+    """
+
+    def __init__(self, spec: object, shell: StageShell, *, hint: bool = True) -> None:
         self._spec = spec
         self._shell = shell
+        self._hint = hint
         self._next: Callable[[], Any] = _exhausted
         self._count = 0
         self._closer: Callable[[], Any] | None = None
@@ -83,6 +128,27 @@ class SourcePuller:
             self._next = self._open(self._spec)
         except Exception as exc:
             raise PipelineError(self._shell.name, exc) from exc
+        if self._hint and not isinstance(self._spec, InputFeed):
+            self._next = self._first(self._next)
+
+    def _first(self, pull: Callable[[], Any]) -> Callable[[], Any]:
+        """``pull``, whose first payload is looked at for a batch sent as one (then only
+        ``pull``: the per-item path has no check)."""
+        returned = inspect.iscoroutinefunction(self._spec)  # an async frame function
+
+        def first() -> Any:
+            self._next = pull  # before the call: a frame function's `once` sets its own next
+            value = pull()
+            payload = value.payload if isinstance(value, PipelineItem) else value
+            self._warn(payload, returned=returned)
+            return value
+
+        return first
+
+    def _warn(self, payload: object, *, returned: bool) -> None:
+        hint = batch_hint(payload, self._shell.name, returned=returned)
+        if hint is not None:
+            _log.warning("source_payload_is_a_batch", stage=self._shell.name, hint=hint)
 
     def _open(self, spec: Any) -> Callable[[], Any]:
         shell = self._shell
@@ -102,6 +168,9 @@ class SourcePuller:
         result = spec()
         if isinstance(result, Iterator | AsyncIterator):
             return self._stream(result)
+        if self._hint:
+            self._hint = False  # the result is the first payload: looked at here, once
+            self._warn(result, returned=True)
         return self._then(result, spec)
 
     def _then(self, first: Any, rest: Callable[[], Any]) -> Callable[[], Any]:

@@ -133,6 +133,7 @@ class Run(ABC):
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._subscriptions = CompositeDisposable()
+        self._kinds = {plan.names[node]: node.stage.kind for node in plan.nodes}
         for node in self.local:
             self._make_shell(node)
         self._wire()
@@ -204,6 +205,7 @@ class Run(ABC):
             self.timing,
         )
         shell.run_id = self._run_id
+        shell.stage_kinds = self._kinds
         self.shells[node] = shell
         return shell
 
@@ -216,7 +218,10 @@ class Run(ABC):
             if node in fused:  # built with the end of its chain
                 continue
             if node.stage.is_source:
-                self._pullers[node] = SourcePuller(node.stage.source, shell)
+                unbatched = any(
+                    down.stage.kind == "unbatch" and node in down.inputs for down in self.plan.nodes
+                )  # a batch sent as one on purpose: no hint
+                self._pullers[node] = SourcePuller(node.stage.source, shell, hint=not unbatched)
                 stream = self._chunked(self._source_stream(node), None, node)
             elif node in chains:
                 chain = chains[node]

@@ -28,7 +28,10 @@ from rxstream._exceptions import CodecError
 from rxstream.transport._base import CODECS
 
 __all__ = [
+    "FLOAT_SLACK",
+    "RANGE_EVERY",
     "Encoder",
+    "FrameCheck",
     "H264Fragments",
     "JpegEncoder",
     "RawEncoder",
@@ -42,30 +45,122 @@ _RAW_HEADER = struct.Struct("<HHB3x")
 
 _CHANNELS = (1, 3, 4)
 
+FLOAT_SLACK = 0.05
+"""How far outside [0, 1] a float frame's values may stray and still be clamped (rounding, a
+model's small overshoot); a frame beyond ``[-FLOAT_SLACK, 1 + FLOAT_SLACK]`` is refused."""
+
+RANGE_EVERY = 16
+"""A :class:`FrameCheck` on a threaded run reads a float frame's value range on the first frame
+of each type, shape and dtype, then on every this many frames (a drive reads every frame)."""
+
+
+# --- the rules: how every codec reads a frame (to_rgb24 converts by them, FrameCheck checks) ---
+
+
+def _layout(shape: tuple[int, ...]) -> str | None:
+    """``"hw"``, ``"hwc"`` or ``"chw"``: how a frame of ``shape`` is read; ``None``: it is not
+    a frame (the channels are the last axis when it has 1, 3 or 4 entries, else the first)."""
+    if len(shape) == 2:
+        layout, channels = "hw", 1
+    elif len(shape) == 3 and shape[-1] not in _CHANNELS and shape[0] in _CHANNELS:
+        layout, channels = "chw", shape[0]
+    elif len(shape) == 3:
+        layout, channels = "hwc", shape[-1]
+    else:
+        return None
+    return None if channels not in _CHANNELS or 0 in shape else layout
+
+
+def _type_problem(payload: object) -> str:
+    return f"a frame must be a numpy array or a torch tensor, got {type(payload).__name__}"
+
+
+def _shape_problem(shape: tuple[int, ...]) -> str:
+    return (
+        "a frame must be HW, HWC or CHW with 1, 3 or 4 channels and no empty axis, "
+        f"got shape {shape}"
+    )
+
+
+def _dtype_problem(dtype: str) -> str:
+    return f"a frame's dtype must be uint8 or floating point (read as [0, 1]), got {dtype}"
+
+
+def _range_problem(low: float, high: float, dtype: str) -> str | None:
+    """The float rule: values in [0, 1] (give or take :data:`FLOAT_SLACK`), NaN read as 0 and
+    infinities as 0 or 1 before ``low``/``high`` are taken; ``None`` when they keep it."""
+    if low >= -FLOAT_SLACK and high <= 1.0 + FLOAT_SLACK:
+        return None
+    return (
+        "a float frame must be in [0, 1] (scale it, or make it uint8), "
+        f"got {dtype} values in [{low:.4g}, {high:.4g}]"
+    )
+
+
+def _torch_dtype(tensor: Any) -> str:
+    return "torch." + str(tensor.dtype).removeprefix("torch.")
+
+
+def _cleaned(array: np.ndarray) -> np.ndarray:
+    """A float32 copy of a float frame with NaN as 0 and infinities as 0 or 1 (the payload is
+    never written)."""
+    scaled = array.astype(np.float32)
+    np.nan_to_num(scaled, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
+    return scaled
+
+
+def _cleaned_torch(tensor: Any, torch: Any) -> Any:
+    return torch.nan_to_num(tensor.float(), nan=0.0, posinf=1.0, neginf=0.0)
+
+
+def _aminmax(tensor: Any, torch: Any) -> tuple[float, float]:
+    """A tensor's lowest and highest value, read back in one transfer (one sync on a GPU)."""
+    low, high = torch.stack(torch.aminmax(tensor)).tolist()
+    return float(low), float(high)
+
+
+def _float_range(frame: Any, torch: Any) -> tuple[float, float]:
+    """The lowest and highest value of a float frame as the rule reads them, without a copy
+    unless it holds NaN or an infinity."""
+    if torch is not None and isinstance(frame, torch.Tensor):
+        frame = frame.detach()
+        low, high = _aminmax(frame.float(), torch)
+        if not (np.isfinite(low) and np.isfinite(high)):
+            low, high = _aminmax(_cleaned_torch(frame, torch), torch)
+        return low, high
+    low, high = float(frame.min()), float(frame.max())
+    if not (np.isfinite(low) and np.isfinite(high)):
+        cleaned = _cleaned(frame)
+        low, high = float(cleaned.min()), float(cleaned.max())
+    return low, high
+
 
 def _torch_to_numpy(tensor: Any, stream: str) -> np.ndarray:
     """A CPU numpy view of a torch tensor; floats become uint8 on the tensor's own device."""
     torch = sys.modules["torch"]
     tensor = tensor.detach()
     if tensor.is_floating_point():
-        tensor = _float_to_uint8_torch(tensor, torch)
+        tensor = _float_to_uint8_torch(tensor, torch, stream)
     elif tensor.dtype != torch.uint8:
-        raise CodecError(
-            f"stream {stream!r}: a frame's dtype must be uint8 or floating point "
-            f"(read as [0, 1]), got torch.{str(tensor.dtype).removeprefix('torch.')}"
-        )
+        raise CodecError(f"stream {stream!r}: {_dtype_problem(_torch_dtype(tensor))}")
     return np.asarray(tensor.cpu().numpy())
 
 
-def _float_to_uint8_torch(tensor: Any, torch: Any) -> Any:
+def _float_to_uint8_torch(tensor: Any, torch: Any, stream: str) -> Any:
     # On a GPU this moves a quarter of the bytes a float frame would.
-    scaled = torch.nan_to_num(tensor.float(), nan=0.0, posinf=1.0, neginf=0.0)
+    scaled = _cleaned_torch(tensor, torch)
+    low, high = _aminmax(scaled, torch)
+    problem = _range_problem(low, high, _torch_dtype(tensor))
+    if problem is not None:
+        raise CodecError(f"stream {stream!r}: {problem}")
     return scaled.clamp_(0.0, 1.0).mul_(255.0).add_(0.5).to(torch.uint8)
 
 
-def _float_to_uint8(array: np.ndarray) -> np.ndarray:
-    scaled = array.astype(np.float32)  # a copy: the payload is never written
-    np.nan_to_num(scaled, copy=False, nan=0.0, posinf=1.0, neginf=0.0)
+def _float_to_uint8(array: np.ndarray, stream: str) -> np.ndarray:
+    scaled = _cleaned(array)
+    problem = _range_problem(float(scaled.min()), float(scaled.max()), str(array.dtype))
+    if problem is not None:
+        raise CodecError(f"stream {stream!r}: {problem}")
     np.clip(scaled, 0.0, 1.0, out=scaled)
     scaled *= 255.0
     scaled += 0.5
@@ -78,44 +173,111 @@ def to_rgb24(payload: object, *, stream: str) -> np.ndarray:
     Takes a numpy array or a torch tensor (a CUDA tensor is copied to the CPU): ``HW``
     grayscale, ``HWC`` or ``CHW`` with 1, 3 or 4 channels (the last axis holds the channels
     when it has 1, 3 or 4 entries, else the first). One channel is gray, expanded to three; a
-    fourth (alpha) is dropped. uint8 is taken as is; floating point is read as [0, 1],
-    clamped, scaled by 255 and rounded (NaN reads as 0). Anything else raises
-    :class:`~rxstream.transport.CodecError` naming ``stream``, the rule and what it got.
-    An array already in that form is returned as is, not copied.
+    fourth (alpha) is dropped. uint8 is taken as is; floating point is read as [0, 1]: NaN
+    reads as 0 and infinities as 0 or 1, values up to :data:`FLOAT_SLACK` outside are clamped,
+    and the rest scaled by 255 and rounded; a float frame further outside (a 0..255 frame, a
+    [-1, 1] one) is refused. Anything else raises :class:`~rxstream.transport.CodecError`
+    naming ``stream``, the rule and what it got. An array already in that form is returned as
+    is, not copied.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(payload, torch.Tensor):
+        layout = _layout(tuple(payload.shape))
+        if layout is None:
+            raise CodecError(f"stream {stream!r}: {_shape_problem(tuple(payload.shape))}")
         array = _torch_to_numpy(payload, stream)
     elif isinstance(payload, np.ndarray):
+        layout = _layout(payload.shape)
+        if layout is None:
+            raise CodecError(f"stream {stream!r}: {_shape_problem(payload.shape)}")
         array = payload
     else:
-        raise CodecError(
-            f"stream {stream!r}: a frame must be a numpy array or a torch tensor, "
-            f"got {type(payload).__name__}"
-        )
-    shape = tuple(array.shape)
-    if array.ndim == 2:
+        raise CodecError(f"stream {stream!r}: {_type_problem(payload)}")
+    if layout == "hw":
         array = array[:, :, None]
-    elif array.ndim == 3 and shape[-1] not in _CHANNELS and shape[0] in _CHANNELS:
+    elif layout == "chw":
         array = array.transpose(1, 2, 0)
-    if array.ndim != 3 or array.shape[-1] not in _CHANNELS or 0 in array.shape:
-        raise CodecError(
-            f"stream {stream!r}: a frame must be HW, HWC or CHW with 1, 3 or 4 channels "
-            f"and no empty axis, got shape {shape}"
-        )
     if array.dtype.kind == "f":
-        array = _float_to_uint8(array)
+        array = _float_to_uint8(array, stream)
     elif array.dtype != np.uint8:
-        raise CodecError(
-            f"stream {stream!r}: a frame's dtype must be uint8 or floating point "
-            f"(read as [0, 1]), got {array.dtype}"
-        )
+        raise CodecError(f"stream {stream!r}: {_dtype_problem(str(array.dtype))}")
     channels = array.shape[-1]
     if channels == 1:
         array = np.repeat(array, 3, axis=2)
     elif channels == 4:
         array = array[:, :, :3]
     return np.ascontiguousarray(array)
+
+
+class FrameCheck:
+    """What a ``jpeg`` or ``h264`` sink accepts, checked as :func:`to_rgb24` reads it, without
+    converting or encoding (the sink asks it before the transport; a drive has no encoder).
+
+    Calling it with a payload returns the rule the payload breaks (``None`` when it keeps
+    them): the type, layout and dtype rules on the first payload and whenever the payload's
+    type, shape or dtype changes (a payload like the last costs a compare); a float frame's
+    value range on the first such payload, then on every ``every``-th. The value is the
+    rule's sentence (``"a frame must be …, got …"``), for the caller to say which stream and
+    stage it was.
+    """
+
+    __slots__ = ("_count", "_dtype", "_every", "_float", "_shape", "_torch", "_type")
+
+    def __init__(self, *, every: int = RANGE_EVERY) -> None:
+        self._every = every
+        self._type: type | None = None
+        self._shape: object = None
+        self._dtype: object = None
+        self._float = False
+        self._count = 0
+        self._torch: Any = None
+
+    def __call__(self, payload: object) -> str | None:
+        try:
+            shape, dtype = payload.shape, payload.dtype  # type: ignore[attr-defined]
+        except AttributeError:
+            shape = dtype = None
+        if type(payload) is self._type and shape == self._shape and dtype == self._dtype:
+            if not self._float:
+                return None
+            self._count += 1
+            if self._count % self._every:
+                return None
+            return self._range(payload)
+        problem = self._rules(payload)
+        if problem is not None:
+            self._type = None  # a refused payload is never "like the last"
+            return problem
+        self._type, self._shape, self._dtype = type(payload), shape, dtype
+        self._count = 0
+        return self._range(payload) if self._float else None
+
+    def _rules(self, payload: object) -> str | None:
+        torch = self._torch = sys.modules.get("torch")
+        if torch is not None and isinstance(payload, torch.Tensor):
+            shape = tuple(payload.shape)
+            self._float = payload.is_floating_point()
+            ok = self._float or payload.dtype == torch.uint8
+            dtype = _torch_dtype(payload)
+        elif isinstance(payload, np.ndarray):
+            shape = payload.shape
+            self._float = payload.dtype.kind == "f"
+            ok = self._float or payload.dtype == np.uint8
+            dtype = str(payload.dtype)
+        else:
+            return _type_problem(payload)
+        if _layout(shape) is None:
+            return _shape_problem(shape)
+        return None if ok else _dtype_problem(dtype)
+
+    def _range(self, frame: Any) -> str | None:
+        torch = self._torch
+        is_tensor = torch is not None and isinstance(frame, torch.Tensor)
+        low, high = _float_range(frame, torch)
+        problem = _range_problem(low, high, _torch_dtype(frame) if is_tensor else str(frame.dtype))
+        if problem is not None:
+            self._type = None
+        return problem
 
 
 def decode_raw(data: bytes | bytearray | memoryview) -> np.ndarray:
