@@ -163,6 +163,9 @@ class StageCounters:
         with self._lock:
             drops = MappingProxyType(dict(self._drops))
             blocked = self.blocked_s
+        busy = self.busy
+        current = self.current
+        on = current is not None and current is busy.seen  # still on what the watchdog timed
         return StageStatistics(
             name=self.name,
             kind=self.kind,
@@ -180,13 +183,13 @@ class StageCounters:
             zero_copy=self.zero_copy,
             copies=self.copies,
             repeats=self.repeats,
-            busy_s=self.busy.now_s,
-            busy_on=self.busy.now_on,
-            overdue_now=self.busy.warned and self.busy.seen is not None,
-            overdue=self.busy.episodes,
-            longest_s=self.busy.longest_s,
-            longest_on=self.busy.longest_on,
-            longest_limit_s=self.busy.longest_limit_s,
+            busy_s=busy.now_s if on else 0.0,
+            busy_on=busy.now_on if on else "",
+            overdue_now=on and busy.warned,
+            overdue=busy.episodes,
+            longest_s=busy.longest_s,
+            longest_on=busy.longest_on,
+            longest_limit_s=busy.longest_limit_s,
             mean_s=self.work_s / self.items_in if self.items_in else 0.0,
         )
 

@@ -54,8 +54,11 @@ class ThreadedRun(Run):
         replica: bool = False,
         busy_limit_s: float | None = None,
     ) -> None:
+        """``busy_limit_s``: the watchdog's bound for every stage (``None``: the environment
+        variable ``RXSTREAM_BUSY_S``, else each stage's own; :mod:`~rxstream.runtime._watchdog`).
+        """
         self.threads: dict[Node, StageThread] = {}
-        self._busy_limit_s = busy_limit_s
+        self._busy_limit_s = busy_limit_s if busy_limit_s is not None else busy_limit_from_env()
         self._watchdog: Watchdog | None = None
         self._source_threads: dict[Node, threading.Thread] = {}
         self._lifecycle = threading.RLock()
@@ -131,7 +134,7 @@ class ThreadedRun(Run):
     def _start_watchdog(self) -> None:
         """Watch every stage with a thread of its own (its sources' pulls included) for an
         item it has been busy on past its bound (:mod:`rxstream.runtime._watchdog`)."""
-        limit = self._busy_limit_s if self._busy_limit_s is not None else busy_limit_from_env()
+        limit = self._busy_limit_s
         stages = {
             shell.name: shell.counters
             for node, shell in self.shells.items()
