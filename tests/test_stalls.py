@@ -187,6 +187,14 @@ def test_the_summary_names_the_stage_that_set_the_rate() -> None:
     assert summarize(statistics) == ["rate set by 'decode' (rank 1): 4.0 items/s, busy 99%"]
 
 
+def test_the_summary_says_when_a_source_set_the_rate() -> None:
+    """A source whose pulls take its time (a clock, a camera) is named as the source."""
+    statistics = {0: {"clock": _stage("clock", "source", work_s=1.0)}}
+    assert summarize(statistics) == [
+        "rate set by the source 'clock': 4.0 items/s, its pulls 100% of its time"
+    ]
+
+
 def test_the_summary_says_when_no_stage_set_the_rate() -> None:
     """With every stage mostly waiting (a pace, the input set the rate), none is blamed."""
     statistics = {0: {"decode": _stage("decode", work_s=0.1, wait_s=0.9)}}

@@ -325,7 +325,12 @@ def summarize(statistics: Mapping[int, Mapping[str, StageStatistics]]) -> list[s
         share, named, s = busiest
         life = s.work_s + s.busy_s + s.wait_s + s.stalled_s
         rate = s.items_in / life
-        if share >= BOTTLENECK_BUSY:
+        if share >= BOTTLENECK_BUSY and s.kind in ("source", "input"):  # pulls: maybe a clock
+            lines.append(
+                f"rate set by the source {named}: {rate:.1f} items/s, its pulls "
+                f"{share:.0%} of its time"
+            )
+        elif share >= BOTTLENECK_BUSY:
             lines.append(f"rate set by {named}: {rate:.1f} items/s, busy {share:.0%}")
         else:
             lines.append(

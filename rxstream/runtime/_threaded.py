@@ -141,8 +141,9 @@ class ThreadedRun(Run):
             if node in self.threads or node in self._pullers
         }
         where = f"rank {self.rank}" if self.rank is not None and self.plan.world > 1 else ""
-        self._watchdog = Watchdog(stages, limit, where=where)
-        self._watchdog.start()
+        self._watchdog = watchdog = Watchdog(stages, limit, where=where)
+        watchdog.start()
+        self.done.on_done(watchdog.stop)  # completed or failed: nothing more to watch
 
     def _start_sources(self) -> None:
         for node, puller in self._pullers.items():
