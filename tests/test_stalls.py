@@ -93,6 +93,33 @@ def test_a_stage_busy_past_its_bound_is_warned_once_naming_it_and_its_item(
     assert pipeline.statistics()["frames"].overdue == 0
 
 
+def test_a_hung_stage_fused_onto_a_thread_is_named_with_its_owner(ctx: rxstream.Context) -> None:
+    """A fuse=True stage runs on its upstream's thread: the warning names that thread's stage
+    and the fused ones, one of which the item may be held by."""
+    release = threading.Event()
+    ctx.busy_limit_s = 0.05
+    pipeline = (
+        ctx.source(range(3), name="frames")
+        | ctx.pipe(lambda x: x, name="prepare")
+        | ctx.pipe(_held_at(release, 1), name="decode", fuse=True)
+        | ctx.stream("out")
+    )
+    with structlog.testing.capture_logs() as logs:
+        pipeline.start()
+        try:
+            _until(lambda: pipeline.statistics()["prepare"].overdue_now, "prepare overdue")
+        finally:
+            release.set()
+            pipeline.stop()
+    (warned,) = [e["event"] for e in logs if e["log_level"] == "warning"]
+    assert re.match(
+        r"^stage 'prepare' \(or 'decode', fused onto its thread\) has been busy on one item "
+        r"\(pts=1, input_seq=0\) for \d+ ms \(the bound is 50 ms, RXSTREAM_BUSY_S or "
+        r"ctx\.busy_limit_s\)$",
+        warned,
+    )
+
+
 def test_a_stage_stalled_on_a_full_inbox_is_not_counted_busy(ctx: rxstream.Context) -> None:
     """The stages upstream of a hung one, blocked handing items on, are stalled, not busy:
     the watchdog names only the hung stage."""

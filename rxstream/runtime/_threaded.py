@@ -141,7 +141,11 @@ class ThreadedRun(Run):
             if node in self.threads or node in self._pullers
         }
         where = f"rank {self.rank}" if self.rank is not None and self.plan.world > 1 else ""
-        self._watchdog = watchdog = Watchdog(stages, limit, where=where)
+        riders: dict[str, list[str]] = {}  # the stages fused onto each thread: its work too
+        for node, shell in self.shells.items():
+            if fused(node):
+                riders.setdefault(self.plan.name_of(fused_into(node)), []).append(shell.name)
+        self._watchdog = watchdog = Watchdog(stages, limit, where=where, fused=riders)
         watchdog.start()
         self.done.on_done(watchdog.stop)  # completed or failed: nothing more to watch
 

@@ -19,7 +19,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import structlog
 
@@ -78,7 +78,8 @@ class Watchdog:
     """Scans the stages of one run (their counters, by name) on a thread of its own.
 
     ``limit_s`` is every stage's bound (``None``: the default rule); ``where`` names the rank
-    in the warnings (``""`` for one process).
+    in the warnings (``""`` for one process); ``fused`` the stages fused onto each thread
+    (the warning names them too: the item may be theirs).
     """
 
     def __init__(
@@ -87,9 +88,12 @@ class Watchdog:
         limit_s: float | None = None,
         *,
         where: str = "",
+        fused: Mapping[str, Sequence[str]] | None = None,
         scan_s: float = SCAN_S,
     ) -> None:
         self._stages = dict(stages)
+        self._fused = dict(fused or {})
+        """Per stage, the stages fused onto its thread (``fuse=True``): one of them may be it."""
         self._limit_s = limit_s
         self._where = where
         self._scan_s = scan_s
@@ -161,6 +165,9 @@ class Watchdog:
         """The warning's one line."""
         items = counters.items_in
         where = f" ({self._where})" if self._where else ""
+        riders = self._fused.get(name)
+        if riders:
+            where += f" (or {', '.join(map(repr, riders))}, fused onto its thread)"
         if self._limit_s is not None:
             rule = f"the bound is {duration_text(limit)}, {BUSY_ENV} or ctx.busy_limit_s"
         elif items:
