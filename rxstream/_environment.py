@@ -83,8 +83,8 @@ class Environment:
         """Seconds a stage may be busy on one item before its run warns (``stage_busy``) and
         counts it in its statistics (``overdue``); ``None`` (the default) leaves the bound to
         the environment variable ``RXSTREAM_BUSY_S``, else to each stage's own history:
-        ``max(1 s, 20 x`` its mean work an item``)``. Set it in ``build(ctx)`` (every rank
-        builds, so every rank takes it): ``ctx.busy_limit_s = 0.5``.
+        ``max(1 s, 20 x`` its mean work an item``)`` (10 s for its first item). Set it in
+        ``build(ctx)`` (every rank builds, so every rank takes it): ``ctx.busy_limit_s = 0.5``.
         """
         return self._busy_limit_s
 

@@ -7,10 +7,10 @@ threaded run, scans every stage about every :data:`SCAN_S`: the same item seen a
 with no work or wait counted in between, is one busy episode, timed from the first scan that
 saw it. One past its bound — ``busy_limit_s`` when set (``ctx.busy_limit_s``, or the
 environment variable :data:`BUSY_ENV`), else ``max(BUSY_MIN_S, BUSY_FACTOR x`` the stage's mean
-work an item ``)`` — is warned about once (a ``stage_busy`` warning, one line on the console
-log) and counted in the stage's statistics (``overdue``, ``longest_s``, ``longest_on``), which
-the status line and the end-of-run summary of ``rxstream run`` show. Nothing of this is on the
-per-item path but the two stores.
+work an item ``)``, :data:`BUSY_FIRST_S` for its first item — is warned about once (a warning,
+one line on the console log) and counted in the stage's statistics (``overdue``,
+``longest_s``, ``longest_on``), which the status line and the end-of-run summary of
+``rxstream run`` show. Nothing of this is on the per-item path but the two stores.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from rxstream.operators._source import SourcePuller
 __all__ = [
     "BUSY_ENV",
     "BUSY_FACTOR",
+    "BUSY_FIRST_S",
     "BUSY_MIN_S",
     "SCAN_S",
     "Watchdog",
@@ -44,6 +45,8 @@ BUSY_ENV = "RXSTREAM_BUSY_S"
 """Sets the bound for every stage of a run (seconds, > 0), unless ``ctx.busy_limit_s`` does."""
 BUSY_MIN_S = 1.0
 """The default bound's floor: a stage is busy past its bound after at least this long."""
+BUSY_FIRST_S = 10.0
+"""The default bound of a stage's first item (no history yet; a warm-up takes a while)."""
 BUSY_FACTOR = 20.0
 """The default bound: this many times the stage's mean work an item (or :data:`BUSY_MIN_S`)."""
 SCAN_S = 0.1
@@ -72,6 +75,14 @@ def describe(work: object) -> str:
     if isinstance(work, SourcePuller):
         return "its next pull"
     return "a timer or message"
+
+
+def _finished(counters: StageCounters) -> int:
+    """Items the stage finished: those it started (``items_in``) but the one it is on (a
+    source counts a pull once it made an item)."""
+    if counters.kind in ("source", "input"):
+        return counters.items_in
+    return max(counters.items_in - 1, 0)
 
 
 class Watchdog:
@@ -127,9 +138,10 @@ class Watchdog:
         """The bound of ``counters``' stage now, in seconds."""
         if self._limit_s is not None:
             return self._limit_s
-        items = counters.items_in
-        mean = counters.work_s / items if items else 0.0
-        return max(BUSY_MIN_S, BUSY_FACTOR * mean)
+        items = _finished(counters)
+        if not items:  # its first item: a warm-up (imports, a model's first call) is no hang
+            return BUSY_FIRST_S
+        return max(BUSY_MIN_S, BUSY_FACTOR * counters.work_s / items)
 
     def scan(self, now: float) -> None:
         """Look at every stage once (``now``: ``time.monotonic()``)."""
@@ -163,7 +175,7 @@ class Watchdog:
 
     def message(self, name: str, counters: StageCounters, elapsed: float, limit: float) -> str:
         """The warning's one line."""
-        items = counters.items_in
+        items = _finished(counters)
         where = f" ({self._where})" if self._where else ""
         riders = self._fused.get(name)
         if riders:
@@ -173,7 +185,7 @@ class Watchdog:
         elif items:
             rule = f"its mean {duration_text(counters.work_s / items)} an item"
         else:
-            rule = "its first item"
+            rule = f"its first item, allowed {duration_text(limit)}"
         return (
             f"stage {name!r}{where} has been busy on one item ({counters.busy.now_on}) for "
             f"{duration_text(elapsed)} ({rule})"
