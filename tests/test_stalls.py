@@ -7,7 +7,9 @@ The watchdog tests block a stage on a ``threading.Event`` the test holds, with a
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import multiprocessing
 import os
 import re
 import subprocess
@@ -21,11 +23,17 @@ from typing import Any
 import numpy as np
 import pytest
 import structlog
+import torch
 
 import rxstream
-from rxstream._kernel._stats import StageStatistics, summarize
+from rxstream._exceptions import RingClosed
+from rxstream._kernel._stats import StageCounters, StageStatistics, summarize
 from rxstream.cli._run import _StatusLine
+from rxstream.ipc._cuda import FakeCudaApi
+from rxstream.ranks._cudaxing import CudaCrossing
+from rxstream.runtime._thread import charge_stalls_to
 from rxstream.runtime._watchdog import BUSY_ENV
+from rxstream.transport import MemoryTransport
 
 APPS = Path(__file__).parent / "apps"
 ROOT = Path(__file__).parent.parent
@@ -148,14 +156,23 @@ def test_a_stage_stalled_on_a_full_inbox_is_not_counted_busy(ctx: rxstream.Conte
         pipeline.stop()
 
 
-def test_a_put_on_a_full_ring_is_the_upstreams_stall_not_its_work(ctx: rxstream.Context) -> None:
-    """A source blocked on the full ring to a hung stage on another rank is stalled, not busy,
-    and its wait counts as stalled_s (not work_s), also when the stop ends the wait."""
+@pytest.mark.parametrize("kind", ["ring", "cuda"])
+def test_a_put_on_a_full_ring_is_the_upstreams_stall_not_its_work(kind: str) -> None:
+    """A source blocked on the full ring (or CUDA slot pool) to a hung stage on another rank
+    is stalled, not busy, and its wait counts as stalled_s (not work_s), also when the stop
+    ends the wait."""
+    api = FakeCudaApi() if kind == "cuda" else None
+    ctx = rxstream.Context(transport=MemoryTransport(keep=4), cuda_api=api)
+
+    def frame() -> Any:
+        array = np.zeros(4)
+        return array if api is None else api.to_device(torch.from_numpy(array))
+
     release = threading.Event()
     ctx.busy_limit_s = 0.05
     pipeline = (
-        ctx.source(lambda: np.zeros(4), name="frames", rank=0)
-        | ctx.pipe(lambda a: a.sum(), name="decode", rank=1)
+        ctx.source(frame, name="frames", rank=0)
+        | ctx.pipe(lambda a: float(a.sum()), name="decode", rank=1)
         | ctx.pipe(_held_at(release, 0.0), name="hold", rank=1)
         | ctx.stream("out", rank=1)
     )
@@ -169,6 +186,31 @@ def test_a_put_on_a_full_ring_is_the_upstreams_stall_not_its_work(ctx: rxstream.
         release.set()
     source = pipeline.statistics()["frames"]
     assert source.stalled_s > source.work_s
+
+
+def test_a_wait_for_a_cuda_slot_is_the_writers_stall_not_its_work() -> None:
+    """A writer waiting for a CUDA pool slot to come back (every slot in flight) is marked
+    stalled for the watchdog, and its wait is charged as stalled_s."""
+    counters = StageCounters("frames", "source")
+    crossing = CudaCrossing(FakeCudaApi(), multiprocessing.Pipe(duplex=False), local=False)
+    outcome: list[object] = []
+
+    def writer() -> None:
+        charge_stalls_to(counters)
+        counters.current = "the item"
+        with contextlib.suppress(RingClosed):  # the close ends it (the pool then sees it)
+            crossing._wait_release()
+        outcome.append(counters.current)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        _until(lambda: counters.current is None, "the writer marked stalled")
+    finally:
+        crossing.close()
+        thread.join(WAIT_S)
+    assert outcome == ["the item"]  # the mark ends with the wait
+    assert counters.stalled_s > 0
 
 
 def test_busy_limit_s_refuses_what_is_not_a_positive_number(ctx: rxstream.Context) -> None:
