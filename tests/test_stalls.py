@@ -303,6 +303,14 @@ def test_the_status_line_shows_every_ranks_part_in_a_narrow_terminal() -> None:
     assert " | [1] decode BUSY 5.2 s pts=12 | stage_" in line
 
 
+def test_a_short_ranks_part_leaves_its_room_to_the_others() -> None:
+    """A rank whose part is short takes only what it needs; the others share the rest."""
+    long = {f"stage_number_{i}": _stage(f"stage_number_{i}", inbox_capacity=2) for i in range(4)}
+    line = _StatusLine(sys.stderr).line({0: {"a": _stage("a")}, 1: long}, 80)
+    assert len(line) == 80
+    assert re.match(r"^\[0\] a \S+ fps \| \[1\] stage_number_0 ", line)
+
+
 def test_the_status_line_is_whole_when_it_fits() -> None:
     """A line that fits the terminal is shown whole, each rank named in full."""
     line = _StatusLine(sys.stderr).line({0: {"a": _stage("a")}, 1: {"b": _stage("b")}}, 80)

@@ -497,7 +497,8 @@ class _StatusLine:
             for name, stats in stages.items():
                 since, before = self._last.get((rank, name), (self._started, 0))
                 self._last[(rank, name)] = (now, stats.items_out)
-                fps = (stats.items_out - before) / max(now - since, 1e-9)
+                fps = max(stats.items_out - before, 0) / max(now - since, 1e-9)  # (a stop
+                # takes back an item it counted out: never a negative rate)
                 part = f"{name} {fps:.1f} fps" if fps < 10 else f"{name} {fps:.0f} fps"
                 if stats.inbox_capacity:
                     part += f" q{stats.inbox_depth}/{stats.inbox_capacity}"
@@ -512,13 +513,12 @@ class _StatusLine:
         line = " | ".join(prefix + " | ".join(others) for prefix, _, others in ranks)
         if len(line) <= width:
             return line
-        share = max((width - 3 * (len(ranks) - 1)) // max(len(ranks), 1), 8)
-        cut = []
+        texts = []
         for prefix, busy, others in ranks:
             prefix = prefix.replace("[rank ", "[")  # "[1] " when space is short
-            parts = busy + [part for part in others if part not in busy]
-            cut.append(_cut(prefix + " | ".join(parts), share))
-        return _cut(" | ".join(cut), width)
+            texts.append(prefix + " | ".join(busy + [part for part in others if part not in busy]))
+        shares = _shares([len(text) for text in texts], width - 3 * (len(texts) - 1))
+        return _cut(" | ".join(map(_cut, texts, shares)), width)
 
     def clear(self) -> None:
         """Erase the line (before anything else is printed)."""
@@ -526,6 +526,19 @@ class _StatusLine:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
             self.shown = False
+
+
+def _shares(wanted: list[int], room: int) -> list[int]:
+    """Each rank's share of ``room`` characters: an equal share each, what a short part leaves
+    going to the others (at least 8 each)."""
+    shares = [0] * len(wanted)
+    left = sorted(range(len(wanted)), key=wanted.__getitem__)
+    while left:
+        equal = max(room // len(left), 8)
+        index = left.pop(0)
+        shares[index] = min(wanted[index], equal)
+        room -= shares[index]
+    return shares
 
 
 def _cut(text: str, width: int) -> str:
