@@ -4,7 +4,7 @@ A stage thread records only what it has: the item (or timer) it starts, one stor
 counters (``StageCounters.current``), and ``None`` as it goes back to its inbox or stalls on a
 full one downstream (:func:`~rxstream.runtime._thread.stall_begins`). This thread, one per
 threaded run, scans every stage about every :data:`SCAN_S`: the same item seen at two scans,
-with no work or wait counted in between, is one busy episode, timed from the first scan that
+with no work, wait or stall counted in between, is one busy episode, timed from the first scan that
 saw it. One past its bound — ``busy_limit_s`` when set (``ctx.busy_limit_s``, or the
 environment variable :data:`BUSY_ENV`), else ``max(BUSY_MIN_S, BUSY_FACTOR x`` the stage's mean
 work an item ``)``, :data:`BUSY_FIRST_S` for its first item — is warned about once (a warning,
@@ -110,8 +110,10 @@ class Watchdog:
         self._scan_s = scan_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._keys: dict[str, tuple[float, float]] = {}
-        """Per stage, (work_s, wait_s) at the scan that saw its current item first."""
+        self._keys: dict[str, tuple[float, float, float]] = {}
+        """Per stage, (work_s, wait_s, stalled_s) at the scan that saw its current item first:
+        any of them counted since, and the thread did something else meanwhile (a stall ended
+        and the stage took up the same item again: a new episode)."""
 
     def start(self) -> None:
         """Start scanning (once)."""
@@ -153,7 +155,7 @@ class Watchdog:
                     busy.seen = None
                     busy.now_s, busy.now_on = 0.0, ""
                 continue
-            key = (counters.work_s, counters.wait_s)
+            key = (counters.work_s, counters.wait_s, counters.stalled_s)  # all still: one item
             if current is not busy.seen or self._keys.get(name) != key:
                 busy.seen, busy.since, busy.warned = current, now, False
                 busy.now_s, busy.now_on = 0.0, ""
