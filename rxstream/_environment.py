@@ -79,6 +79,30 @@ class Environment:
         self._launcher: Launcher | None = None
         """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
         self._ring_spec = RingSpec()
+        self._busy_limit_s: float | None = None
+
+    @property
+    def busy_limit_s(self) -> float | None:
+        """Seconds a stage may be busy on one item before its run warns (``stage_busy``) and
+        counts it in its statistics (``overdue``); ``None`` (the default) leaves the bound to
+        the environment variable ``RXSTREAM_BUSY_S``, else to each stage's own history:
+        ``max(1 s, 20 x`` its mean work an item``)`` (10 s for its first item). Set it in
+        ``build(ctx)`` (every rank builds, so every rank takes it): ``ctx.busy_limit_s = 0.5``.
+        """
+        return self._busy_limit_s
+
+    @busy_limit_s.setter
+    def busy_limit_s(self, seconds: float | None) -> None:
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, int | float)
+        ):
+            raise ArgumentTypeError(
+                f"ctx.busy_limit_s must be a number of seconds or None, got {seconds!r} "
+                f"({type(seconds).__name__})"
+            )
+        if seconds is not None and not 0 < seconds < float("inf"):
+            raise ArgumentError(f"ctx.busy_limit_s must be > 0 seconds, got {seconds!r}")
+        self._busy_limit_s = None if seconds is None else float(seconds)
 
     @property
     def ring_spec(self) -> RingSpec:

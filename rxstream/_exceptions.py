@@ -276,6 +276,10 @@ class PayloadTooLarge(RxStreamError, ValueError):
 class RingClosed(RxStreamError):
     """A put on a closed ring, or a get on a closed ring that has been drained."""
 
+    waited_ns: int = 0
+    """For a put: the nanoseconds it waited for a free slot before the close (its caller's
+    stall, as the wait of a put that returns)."""
+
 
 class RingConflict(RxStreamError, RuntimeError):
     """A second thread or process used a ring as producer (or consumer) beside the first one."""

@@ -327,6 +327,7 @@ class Pipeline:
                 boundaries=in_process_boundaries(
                     cuda_api=self._context.cuda_api, spec=self._context.ring_spec
                 ),
+                busy_limit_s=self._context.busy_limit_s,
             )
         self._run, self._ranks = run, ranks
         self._stopped = False

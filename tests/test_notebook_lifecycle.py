@@ -271,7 +271,7 @@ def test_background_again_replaces_the_previous_run(
     assert [h.running for h in handles] == [False, False, True]
     assert [h.state for h in handles[:2]] == ["stopped", "stopped"]
     names = sorted(t.name for t in live_threads())
-    assert names == ["rxstream:render", "rxstream:src2"]
+    assert names == ["rxstream:render", "rxstream:src2", "rxstream:watchdog"]
     again = background(handles[2].pipeline)  # the same pipeline: restarted, not refused
     assert again.running
     assert sorted(t.name for t in live_threads()) == names  # one run, not two

@@ -9,12 +9,16 @@ from typing import Any
 from rxstream._table import table
 
 __all__ = [
+    "Busy",
     "StageCounters",
     "StageStatistics",
+    "duration_text",
     "egressed",
     "format_statistics",
+    "repeated",
     "stats_from_wire",
     "stats_to_wire",
+    "summarize",
 ]
 
 
@@ -57,6 +61,29 @@ class StageStatistics:
     fused_into: str = ""
     """The stage whose thread runs this one, for a pipe built with ``fuse=True`` in a threaded
     run (no inbox, no thread of its own; its wait and work time are that thread's); else ``""``."""
+    repeats: int = 0
+    """Of ``items_out``, the idle repeats: items marked ``idle=True`` (``pace`` handing out its
+    last frame again because no new one came in time). For a sink, ``items_out - repeats``
+    are new frames."""
+    busy_s: float = 0.0
+    """Seconds the stage's thread has been on the item it works on now (0 while it waits or
+    stalls); read by the run's watchdog, to within its scan (a threaded run only)."""
+    busy_on: str = ""
+    """The item it works on now (``pts=12, input_seq=40``), when ``busy_s`` is not 0."""
+    overdue_now: bool = False
+    """Whether the item it works on now has kept it busy past its bound (warned about)."""
+    overdue: int = 0
+    """Times the stage was busy on one item past its bound (docs/concepts.md, "A stage busy
+    on one item"): each such episode is warned about once (``stage_busy``)."""
+    longest_s: float = 0.0
+    """The longest of those episodes, in seconds so far (0 when there was none)."""
+    longest_on: str = ""
+    """The item of the longest episode (``pts=12, input_seq=40``)."""
+    longest_limit_s: float = 0.0
+    """The bound that episode passed (seconds)."""
+    mean_s: float = 0.0
+    """Seconds of work an item, on average over the items this stage finished
+    (``work_s / items_in``; 0 before its first)."""
 
     @property
     def dropped_total(self) -> int:
@@ -76,7 +103,9 @@ class StageCounters:
         "_drops",
         "_lock",
         "blocked_s",
+        "busy",
         "copies",
+        "current",
         "cutovers",
         "failed_pulls",
         "held",
@@ -84,6 +113,7 @@ class StageCounters:
         "items_out",
         "kind",
         "name",
+        "repeats",
         "stalled_s",
         "wait_s",
         "work_s",
@@ -105,6 +135,14 @@ class StageCounters:
         self.copies = 0
         self._drops: dict[str, int] = {}
         self._lock = threading.Lock()
+        self.repeats = 0
+        """Idle repeats among the items out (counted by the sinks)."""
+        self.current: Any = None
+        """What the stage's thread works on now (an item, a timer), ``None`` while it waits or
+        stalls: one store as an item starts, one as the thread goes back to its inbox; read by
+        the run's watchdog (:mod:`rxstream.runtime._watchdog`), which times it."""
+        self.busy = Busy()
+        """The watchdog's view of this stage (written by the watchdog alone)."""
         self.held = 0
         """Items the stage holds until one of its timers releases them: a ``pace`` buffer's
         frames (until their ticks), a timed ``window``'s open window (until it closes). One
@@ -125,6 +163,9 @@ class StageCounters:
         with self._lock:
             drops = MappingProxyType(dict(self._drops))
             blocked = self.blocked_s
+        busy = self.busy
+        current = self.current
+        on = current is not None and current is busy.seen  # still on what the watchdog timed
         return StageStatistics(
             name=self.name,
             kind=self.kind,
@@ -141,7 +182,47 @@ class StageCounters:
             failed_pulls=self.failed_pulls,
             zero_copy=self.zero_copy,
             copies=self.copies,
+            repeats=self.repeats,
+            busy_s=busy.now_s if on else 0.0,
+            busy_on=busy.now_on if on else "",
+            overdue_now=on and busy.warned,
+            overdue=busy.episodes,
+            longest_s=busy.longest_s,
+            longest_on=busy.longest_on,
+            longest_limit_s=busy.longest_limit_s,
+            mean_s=self.work_s / self.items_in if self.items_in else 0.0,
         )
+
+
+class Busy:
+    """What the run's watchdog saw of one stage: the item it is on now and for how long, the
+    episodes it was busy past its bound. One writer (the watchdog); read by snapshots."""
+
+    __slots__ = (
+        "episodes",
+        "longest_limit_s",
+        "longest_on",
+        "longest_s",
+        "now_on",
+        "now_s",
+        "seen",
+        "since",
+        "warned",
+    )
+
+    def __init__(self) -> None:
+        self.seen: Any = None
+        """The object the stage's thread worked on at the last scan (compared by identity)."""
+        self.since = 0.0
+        """When the watchdog first saw it (``time.monotonic()``)."""
+        self.warned = False
+        """Whether this episode was warned about already."""
+        self.now_s = 0.0
+        self.now_on = ""
+        self.episodes = 0
+        self.longest_s = 0.0
+        self.longest_on = ""
+        self.longest_limit_s = 0.0
 
 
 def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
@@ -185,6 +266,11 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
             (*row, f"fused into {s.fused_into}" if s.fused_into else "own")
             for row, s in zip(rows[1:], stats.values(), strict=True)
         ]
+    if any(s.repeats for s in stats.values()):  # pace's idle repeats, egressed by the sinks
+        rows = [rows[0] + ("repeats",)] + [
+            (*row, str(s.repeats) if s.kind == "stream" else "-")
+            for row, s in zip(rows[1:], stats.values(), strict=True)
+        ]
     if any(s.zero_copy or s.copies for s in stats.values()):
         sent = [s.zero_copy + s.copies for s in stats.values()]
         rows = [rows[0] + ("zero copy",)] + [
@@ -192,6 +278,66 @@ def format_statistics(stats: Mapping[str, "StageStatistics"]) -> str:
             for row, s, n in zip(rows[1:], stats.values(), sent, strict=True)
         ]
     return "\n".join(table(rows, left=2))
+
+
+BOTTLENECK_BUSY = 0.5
+"""A stage busy at least this share of its time sets the rate (:func:`summarize`); below it
+no stage does (a ``pace``, a source's own timing or the input sets it)."""
+
+
+def duration_text(seconds: float) -> str:
+    """``40 µs``, ``12 ms`` or ``5.2 s``."""
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} µs"
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
+
+
+def summarize(statistics: Mapping[int, Mapping[str, StageStatistics]]) -> list[str]:
+    """What the statistics of a run (by rank) say about it, a line each, for the end of
+    ``rxstream run``: every stage that was busy on one item past its bound (the longest such
+    item, and whether it was still on it), and the stage that set the rate (the busiest, with
+    its items a second and its share of time at work) or that none did.
+
+    A stage's time is its thread's: ``work_s`` (plus the item it is still on, ``busy_s``),
+    ``wait_s`` and ``stalled_s``; a fused stage has none of its own and is left out.
+    """
+    lines = []
+    ranked = len(statistics) > 1
+    busiest: tuple[float, str, StageStatistics] | None = None
+    for rank, stages in sorted(statistics.items()):
+        where = f" (rank {rank})" if ranked else ""
+        for name, s in stages.items():
+            if s.overdue:
+                still = "; still on it when the run stopped" if s.overdue_now else ""
+                times = f", {s.overdue} times" if s.overdue > 1 else ""
+                took, bound = duration_text(s.longest_s), duration_text(s.longest_limit_s)
+                lines.append(
+                    f"stage {name!r}{where} was busy on one item ({s.longest_on}) for {took}, "
+                    f"past its bound of {bound}{times}{still}"
+                )
+            if s.fused_into:
+                continue
+            work = s.work_s + s.busy_s
+            life = work + s.wait_s + s.stalled_s
+            if life > 0 and (busiest is None or work / life > busiest[0]):
+                busiest = (work / life, f"{name!r}{where}", s)
+    if busiest is not None:
+        share, named, s = busiest
+        life = s.work_s + s.busy_s + s.wait_s + s.stalled_s
+        rate = s.items_in / life
+        if share >= BOTTLENECK_BUSY and s.kind in ("source", "input"):  # pulls: maybe a clock
+            lines.append(
+                f"rate set by the source {named}: {rate:.1f} items/s, its pulls "
+                f"{share:.0%} of its time"
+            )
+        elif share >= BOTTLENECK_BUSY:
+            lines.append(f"rate set by {named}: {rate:.1f} items/s, busy {share:.0%}")
+        else:
+            lines.append(
+                f"no stage set the rate: the busiest, {named}, was busy {share:.0%} "
+                f"({rate:.1f} items/s)"
+            )
+    return lines
 
 
 def stats_to_wire(stats: Mapping[str, StageStatistics]) -> dict[str, dict[str, Any]]:
@@ -213,3 +359,8 @@ def stats_from_wire(payload: Mapping[str, Mapping[str, Any]]) -> dict[str, Stage
 def egressed(stats: Mapping[str, StageStatistics]) -> int:
     """Items the sinks among ``stats`` egressed."""
     return sum(s.items_out for s in stats.values() if s.kind == "stream")
+
+
+def repeated(stats: Mapping[str, StageStatistics]) -> int:
+    """Of the items the sinks among ``stats`` egressed, the idle repeats (``idle=True``)."""
+    return sum(s.repeats for s in stats.values() if s.kind == "stream")

@@ -207,15 +207,30 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     job = torchrun_env()
     if job is not None and job.rank != 0:
         return 0  # under torchrun, rank 0 alone prints the summary of every rank
+    from rxstream._kernel._stats import summarize
     from rxstream.runtime import format_statistics
 
     refused = f" ({result.refused} of them past --frames, refused)" if result.refused else ""
-    print(f"{result.egressed} items egressed on {result.ranks} rank(s){refused}")
+    repeats = result.repeats
+    if repeats:
+        new = result.egressed - repeats
+        repeats_said = (
+            f"; {repeats} of them idle repeats (pace's last frame again, no new one in time), "
+            f"{new} new"
+        )
+    else:
+        repeats_said = ""
+    print(f"{result.egressed} items egressed on {result.ranks} rank(s){refused}{repeats_said}")
     _say_kept(args, before, result.run_id)
     for rank in range(result.ranks):
         stats = result.statistics.get(rank, {})
         print(f"\nrank {rank}")
         print(format_statistics(stats) if stats else "no stages")
+    findings = summarize(result.statistics)
+    if findings:
+        print()
+        for line in findings:
+            print(line)
     if signals.signum is not None:
         sys.stdout.flush()
         return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
@@ -503,7 +518,12 @@ def _port_taken(host: str, port: int) -> str | None:
 
 
 class _StatusLine:
-    """One line on a terminal, rewritten in place: each stage's fps, inbox depth and drops."""
+    """One line on a terminal, rewritten in place: each stage's fps, inbox depth and drops, and
+    a stage busy on one item past its bound (``decode BUSY 5.2 s pts=12``).
+
+    The line fits the terminal's width: when it would not, each rank gets an equal share of
+    it, its busy stages first, each part cut short (``…``), so every rank's part shows.
+    """
 
     def __init__(self, stream: TextIO) -> None:
         self._stream = stream
@@ -512,28 +532,42 @@ class _StatusLine:
         self.shown = False
 
     def __call__(self, statistics: Mapping[int, Mapping[str, StageStatistics]]) -> None:
+        width = max(shutil.get_terminal_size((120, 24)).columns - 1, 20)
+        self._stream.write(f"\r{self.line(statistics, width)}\x1b[K")
+        self._stream.flush()
+        self.shown = True
+
+    def line(self, statistics: Mapping[int, Mapping[str, StageStatistics]], width: int) -> str:
+        """The status line for ``statistics`` (by rank), at most ``width`` characters."""
         now = time.monotonic()
-        parts = []
+        ranks: list[tuple[str, list[str], list[str]]] = []  # (prefix, busy parts, the others)
         for rank, stages in sorted(statistics.items()):
-            for index, (name, stats) in enumerate(stages.items()):
+            busy, others = [], []
+            for name, stats in stages.items():
                 since, before = self._last.get((rank, name), (self._started, 0))
                 self._last[(rank, name)] = (now, stats.items_out)
-                fps = (stats.items_out - before) / max(now - since, 1e-9)
+                fps = max(stats.items_out - before, 0) / max(now - since, 1e-9)  # (a stop
+                # takes back an item it counted out: never a negative rate)
                 part = f"{name} {fps:.1f} fps" if fps < 10 else f"{name} {fps:.0f} fps"
                 if stats.inbox_capacity:
                     part += f" q{stats.inbox_depth}/{stats.inbox_capacity}"
                 if stats.dropped_total:
                     part += f" drop {stats.dropped_total}"
-                if index == 0 and len(statistics) > 1:
-                    part = f"[rank {rank}] {part}"
-                parts.append(part)
-        line = " | ".join(parts)
-        width = max(shutil.get_terminal_size((120, 24)).columns - 1, 20)
-        if len(line) > width:
-            line = line[: width - 1] + "…"
-        self._stream.write(f"\r{line}\x1b[K")
-        self._stream.flush()
-        self.shown = True
+                if stats.overdue_now:
+                    part = f"{name} BUSY {stats.busy_s:.1f} s {stats.busy_on.split(',')[0]}"
+                    busy.append(part)
+                others.append(part)
+            prefix = f"[rank {rank}] " if len(statistics) > 1 else ""
+            ranks.append((prefix, busy, others))
+        line = " | ".join(prefix + " | ".join(others) for prefix, _, others in ranks)
+        if len(line) <= width:
+            return line
+        texts = []
+        for prefix, busy, others in ranks:
+            prefix = prefix.replace("[rank ", "[")  # "[1] " when space is short
+            texts.append(prefix + " | ".join(busy + [part for part in others if part not in busy]))
+        shares = _shares([len(text) for text in texts], width - 3 * (len(texts) - 1))
+        return _cut(" | ".join(map(_cut, texts, shares)), width)
 
     def clear(self) -> None:
         """Erase the line (before anything else is printed)."""
@@ -541,6 +575,24 @@ class _StatusLine:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
             self.shown = False
+
+
+def _shares(wanted: list[int], room: int) -> list[int]:
+    """Each rank's share of ``room`` characters: an equal share each, what a short part leaves
+    going to the others (at least 8 each)."""
+    shares = [0] * len(wanted)
+    left = sorted(range(len(wanted)), key=wanted.__getitem__)
+    while left:
+        equal = max(room // len(left), 8)
+        index = left.pop(0)
+        shares[index] = min(wanted[index], equal)
+        room -= shares[index]
+    return shares
+
+
+def _cut(text: str, width: int) -> str:
+    """``text``, cut to ``width`` characters with a ``…``."""
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _clear(status: _StatusLine | None) -> None:

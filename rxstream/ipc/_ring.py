@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import Pipe, resource_tracker
 from multiprocessing.connection import Connection
 from types import TracebackType
@@ -135,6 +135,10 @@ class ShmRing:
         self._get_wait_ns = 0  # the consumer's
         self._lessor: _lease.Lessor | None = None  # the producer's leases, from its first lease
         self._zero_copy = self._copies = 0  # the producer's: items put in place, copied in
+        self.on_wait: Callable[[], Callable[[], None]] | None = None
+        """Called as a put starts to wait for a free slot (the ring is full), on the
+        producer's thread; what it returns is called once the wait is over (a boundary marks
+        its upstream stage stalled, not busy, meanwhile)."""
         self._free_poll = select.poll()
         self._free_poll.register(self._free_r, select.POLLIN)
         self._ready_poll = select.poll()
@@ -274,6 +278,9 @@ class ShmRing:
             seg[base + SLOT_HEAD.size : base + end] = header
             self._commit(slot, end)
             return self._put_wait_ns - waited
+        except RingClosed as exc:  # the wait so far is the caller's stall still
+            exc.waited_ns = self._put_wait_ns - waited
+            raise
         finally:
             self._putting = False
             if self._closed:
@@ -371,6 +378,7 @@ class ShmRing:
         """Block until the consumer hands a slot back; that slot."""
         free = self._free
         started = _perf()
+        resume = None if self.on_wait is None else self.on_wait()
         try:
             while not free:
                 if timeout is None:
@@ -386,6 +394,8 @@ class ShmRing:
         finally:
             self._put_wait_ns += int((_perf() - started) * 1e9)
             self._words[W_PUT_WAIT_NS] = self._put_wait_ns
+            if resume is not None:
+                resume()
         return free.pop()
 
     # --- the consumer -------------------------------------------------------------------------

@@ -151,6 +151,8 @@ def sink_operator(
                     return
                 out = forward(item, item.payload, started)
                 md = _base(out)
+                if md.idle:  # pace's last frame again: egressed, but no new frame
+                    counters.repeats += 1
                 seq = md.input_seq
                 if timing and not md.idle and (md.cutover or (seq and fresh(out, md))):
                     if seq:

@@ -64,7 +64,7 @@ from rxstream.operators._core import attach
 from rxstream.ranks._channel import Channel
 from rxstream.ranks._cudaxing import CudaCrossing
 from rxstream.ranks._lease import offer, withdraw
-from rxstream.runtime._thread import charge_stall
+from rxstream.runtime._thread import charge_stall, stall_begins
 from rxstream.typing import ItemStream
 
 __all__ = ["CATCH_UP_S", "END", "Boundary", "catch_up", "decode", "encode", "pack", "unpack"]
@@ -304,6 +304,8 @@ class Boundary:
         portable = ring.portable  # across hosts: encode's form
         shm = ring if isinstance(ring, ShmRing) else None  # counts zero copies and copies
         lessor = [] if shm is None else [shm]  # offered to this thread at the first item
+        if shm is not None:  # a wait on the full ring: the upstream stalled, not busy
+            shm.on_wait = stall_begins
 
         def send(item: PipelineItem) -> None:
             started = now()
@@ -323,6 +325,9 @@ class Boundary:
                 if portable or not isinstance(exc.__cause__, RecursionError):
                     raise
                 waited = put(_flattened(wire))  # a chain deeper than pickle nests
+            except RingClosed as exc:  # closed while it waited (a run stopping): still a stall
+                charge_stall(exc.waited_ns / 1e9, counters)
+                raise
             if shm is not None:
                 counters.zero_copy += shm._zero_copy - zero
                 counters.copies += shm._copies - copies

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
-from rxstream._kernel._stats import StageStatistics
+from rxstream._kernel._stats import StageStatistics, repeated
 from rxstream.transport import Transport
 
 JOIN_S = 2.0
@@ -99,6 +99,15 @@ class LaunchResult:
     """The run's id, the same on every rank (the ``run`` of its timing lines); for a ``main``
     app, whose pipelines' runs each have their own (``Pipeline.run_id``), the last run of the
     pipeline it served; ``""`` when nothing ran."""
+
+    @property
+    def repeats(self) -> int:
+        """Of ``egressed``, the idle repeats: items marked ``idle=True`` (a ``pace`` handing
+        out its last frame again, no new one having come in time), over every rank's sinks;
+        ``egressed - repeats`` were new frames. Both are frames of the stream (and of an
+        ``out`` video); ``frames`` counts both. For a ``main`` app, the last run's (as
+        ``statistics``)."""
+        return sum(repeated(stages) for stages in self.statistics.values())
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ import contextlib
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from rxstream._exceptions import RingClosed
+from rxstream.runtime._thread import charge_stall, stall_begins
 
 if TYPE_CHECKING:  # the bridge imports torch: only a run that has CUDA loads it
     from rxstream.ipc import RingSpec
@@ -288,15 +290,24 @@ class CudaCrossing:
                     pool.open_returns(value)
 
     def _wait_release(self) -> None:
-        """Block until the reader gives something back; :class:`RingClosed` once closed."""
-        while not self._closed:
-            try:
-                if self._release_r.poll(_POLL_S):
-                    self.drain()
-                    return
-            except (EOFError, OSError, ValueError):
-                break
-        raise RingClosed(f"boundary {self._name!r} is closed")
+        """Block until the reader gives something back; :class:`RingClosed` once closed.
+
+        The wait is the calling thread's stall (every slot in flight: the downstream's
+        doing), not its work, and the run's watchdog sees it as such."""
+        resume = stall_begins()
+        started = time.perf_counter()
+        try:
+            while not self._closed:
+                try:
+                    if self._release_r.poll(_POLL_S):
+                        self.drain()
+                        return
+                except (EOFError, OSError, ValueError):
+                    break
+            raise RingClosed(f"boundary {self._name!r} is closed")
+        finally:
+            resume()
+            charge_stall(time.perf_counter() - started)
 
     @property
     def held(self) -> int:

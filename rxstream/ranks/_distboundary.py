@@ -52,6 +52,7 @@ from rxstream.ranks._distframing import INLINE_BYTES, Pickler, Unpickler
 from rxstream.ranks._factory import LinkBoundaries, RingBoundaries
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan
+from rxstream.runtime._thread import stall_begins
 from rxstream.runtime._threaded import ThreadedRun
 
 __all__ = [
@@ -210,8 +211,13 @@ class DistChannel:
                 # a head alone is our own memory: it may stay in flight (a few at most);
                 # an array's memory is the payload's, which must not change while sent
                 keep = WINDOW if len(messages) == 1 and not end else 0
-                while len(pending) > keep:
-                    pending.popleft()[0].wait(FOREVER)
+                if len(pending) > keep:  # waits for the peer: a stall for the watchdog
+                    resume = stall_begins()
+                    try:
+                        while len(pending) > keep:
+                            pending.popleft()[0].wait(FOREVER)
+                    finally:
+                        resume()
             except RuntimeError as exc:
                 self._broken(exc)
             finally:
@@ -458,6 +464,7 @@ class DistRun(ThreadedRun):
         rings: Mapping[str, ShmRing] | None = None,
         releases: Mapping[str, tuple[Connection, Connection]] | None = None,
         cuda_api: Any = None,
+        busy_limit_s: float | None = None,
     ) -> None:
         self._links = dict(links)
         for link in self._links.values():
@@ -475,6 +482,7 @@ class DistRun(ThreadedRun):
                 self._links, RingBoundaries(rings=rings, releases=releases, cuda_api=cuda_api)
             ),
             replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
+            busy_limit_s=busy_limit_s,
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:

@@ -41,6 +41,7 @@ from rxstream.runtime._thread import (
     _run_timer,
     charge_stall,
     charge_stalls_to,
+    stall_begins,
 )
 
 __all__ = ["TokenThread"]
@@ -159,7 +160,9 @@ class TokenThread(StageThread):
         :meth:`_putter`), charging the wait; ``box`` left empty (the token handed on)
         when closed meanwhile. A Ctrl-C that interrupts the wait takes no token."""
         started = _perf()
+        resume = stall_begins()
         box.extend(map(self._tokens.get, _WAIT))
+        resume()
         blocked = _perf() - started
         self._counters.add_blocked(blocked)
         charge_stall(blocked)
@@ -364,6 +367,7 @@ class TokenThread(StageThread):
                 started = perf()
                 stalled = counters.stalled_s
                 countdown = stride
+                counters.current = value  # for the run's watchdog: what this thread is on
                 try:
                     deliver(value)
                     entry = value = None  # as below: the first is done with
@@ -388,6 +392,7 @@ class TokenThread(StageThread):
                         else:
                             deliver, value = entry[0], entry[1]
                         entry = None
+                        counters.current = value
                         deliver(value)
                         # the work so far, as an item ends, about every LIVE_S: live statistics
                         # under a backlog that never ends (a clock read every LIVE_ITEMS fast
@@ -407,6 +412,7 @@ class TokenThread(StageThread):
                     self._on_crash(exc)
                     return
                 finally:
+                    counters.current = None
                     counters.work_s += perf() - started - (counters.stalled_s - stalled)
                     # keep no item alive while waiting for the next (leases, CUDA refs, memory)
                     entry = value = deliver = None

@@ -35,6 +35,7 @@ __all__ = [
     "_ClockScheduler",
     "charge_stall",
     "charge_stalls_to",
+    "stall_begins",
 ]
 
 _TState = TypeVar("_TState")
@@ -54,6 +55,26 @@ def charge_stall(seconds: float, fallback: StageCounters | None = None) -> None:
     owner: StageCounters | None = getattr(_stall, "counters", fallback)
     if owner is not None:
         owner.stalled_s += seconds
+
+
+def stall_begins() -> Callable[[], None]:
+    """Mark the running thread's owner (:func:`charge_stalls_to`) as stalled, not busy, for
+    the run's watchdog: it hands an item on and waits for room (a full inbox, a full ring).
+    Returns what ends the mark (call it once the wait is over). Slow path only."""
+    owner: StageCounters | None = getattr(_stall, "counters", None)
+    if owner is None:
+        return _nothing
+    held = owner.current
+    owner.current = None
+
+    def resume() -> None:
+        owner.current = held
+
+    return resume
+
+
+def _nothing() -> None:
+    pass
 
 
 _monotonic = time.monotonic
@@ -294,6 +315,7 @@ class StageThread(_ClockScheduler):
                 started = _perf()
                 lock = self._lock
                 waiting = self._waiting
+                resume = stall_begins()
                 while True:
                     # in the queue before the last check: a batch frees its slots without
                     # the lock, and a slot freed after this check sees the waiter
@@ -314,6 +336,7 @@ class StageThread(_ClockScheduler):
                             self._free_slot()
                         raise
                     lock.acquire()
+                resume()
                 blocked = _perf() - started
                 self._counters.add_blocked(blocked)
                 charge_stall(blocked)
@@ -467,6 +490,7 @@ class StageThread(_ClockScheduler):
                     deliver, value = job
             started = perf()
             stalled = counters.stalled_s
+            counters.current = value  # for the run's watchdog: what this thread is on
             try:
                 deliver(value)
                 if batch:
@@ -477,6 +501,7 @@ class StageThread(_ClockScheduler):
                 self._on_crash(exc)
                 return
             finally:
+                counters.current = None
                 if started:
                     counters.work_s += perf() - started - (counters.stalled_s - stalled)
                 # keep no item alive while waiting for the next (leases, CUDA refs, memory)
@@ -508,6 +533,7 @@ class StageThread(_ClockScheduler):
                     if waiting:  # read without the lock: see _put_block
                         with self._lock:
                             self._free_slot()
+                counters.current = entry[1]
                 entry[0](entry[1])
                 countdown -= 1
                 if not countdown:  # see LIVE_ITEMS

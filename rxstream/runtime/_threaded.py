@@ -24,6 +24,7 @@ from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import InboxPort, Port
 from rxstream.runtime._run import Run
 from rxstream.runtime._thread import StageThread, _ClockScheduler, charge_stalls_to
+from rxstream.runtime._watchdog import Watchdog, busy_limit_from_env
 from rxstream.stage import Node
 from rxstream.typing import ItemStream
 
@@ -51,8 +52,14 @@ class ThreadedRun(Run):
         rank: int | None = None,
         boundaries: BoundaryFactory | None = None,
         replica: bool = False,
+        busy_limit_s: float | None = None,
     ) -> None:
+        """``busy_limit_s``: the watchdog's bound for every stage (``None``: the environment
+        variable ``RXSTREAM_BUSY_S``, else each stage's own; :mod:`~rxstream.runtime._watchdog`).
+        """
         self.threads: dict[Node, StageThread] = {}
+        self._busy_limit_s = busy_limit_s if busy_limit_s is not None else busy_limit_from_env()
+        self._watchdog: Watchdog | None = None
         self._source_threads: dict[Node, threading.Thread] = {}
         self._lifecycle = threading.RLock()
         """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
@@ -121,7 +128,26 @@ class ThreadedRun(Run):
                 return
             if not self._ends:  # no stage runs here (a rank the app places nothing on): done
                 self.done.set()
+            self._start_watchdog()
             self._start_sources()
+
+    def _start_watchdog(self) -> None:
+        """Watch every stage with a thread of its own (its sources' pulls included) for an
+        item it has been busy on past its bound (:mod:`rxstream.runtime._watchdog`)."""
+        limit = self._busy_limit_s
+        stages = {
+            shell.name: shell.counters
+            for node, shell in self.shells.items()
+            if node in self.threads or node in self._pullers
+        }
+        where = f"rank {self.rank}" if self.rank is not None and self.plan.world > 1 else ""
+        riders: dict[str, list[str]] = {}  # the stages fused onto each thread: its work too
+        for node, shell in self.shells.items():
+            if fused(node):
+                riders.setdefault(self.plan.name_of(fused_into(node)), []).append(shell.name)
+        self._watchdog = watchdog = Watchdog(stages, limit, where=where, fused=riders)
+        watchdog.start()
+        self.done.on_done(watchdog.stop)  # completed or failed: nothing more to watch
 
     def _start_sources(self) -> None:
         for node, puller in self._pullers.items():
@@ -142,12 +168,14 @@ class ThreadedRun(Run):
         perf = time.perf_counter
         on_next = observer.on_next
         waits = puller.waits  # only a client input's pulls wait (for samples)
+        pulling = None if waits else puller  # what the watchdog sees a pull on (not a wait)
         try:
             puller.open()
             pull = puller.pull
             started = perf()  # one clock read a turn: a turn's end starts the next
             while not self._halted:
                 stalled = counters.stalled_s
+                counters.current = pulling
                 item = pull()
                 waited = 0.0
                 if waits:
@@ -158,7 +186,9 @@ class ThreadedRun(Run):
                     observer.on_completed()
                     return
                 if item is not SKIPPED:
+                    counters.current = item
                     on_next(item)  # with the stages fused into the source, if any
+                    counters.current = None
                 # a blocked hand-off downstream is stalled time, not work (as a stage's)
                 done = perf()
                 counters.work_s += done - started - waited - (counters.stalled_s - stalled)
@@ -166,11 +196,14 @@ class ThreadedRun(Run):
         except BaseException as exc:
             self.fail(exc)
         finally:
+            counters.current = None
             puller.close()
 
     def halt(self) -> None:
         """Stop sources and wake every blocked thread; returns at once (any thread)."""
         self._halted = True
+        if self._watchdog is not None:
+            self._watchdog.stop()
         for puller in self._pullers.values():
             puller.interrupt()
         for boundary in self.boundaries.values():
@@ -199,6 +232,8 @@ class ThreadedRun(Run):
         for name, boundary in self.boundaries.items():
             if not boundary.close(max(0.0, deadline - time.monotonic())):
                 stuck.append(f"rxstream:{name}")
+        if self._watchdog is not None:
+            self._watchdog.join(max(0.0, deadline - time.monotonic()))
         self._subscriptions.dispose()
         if self._make_boundary is not None:
             self._make_boundary.close()
