@@ -18,6 +18,7 @@ from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
 from rxstream.doc import Doc, Generations
 from rxstream.ipc import RingSpec
 from rxstream.runtime import _crossings
+from rxstream.runtime._tasks import AppTasks
 from rxstream.transport import MemoryTransport, Transport
 
 if TYPE_CHECKING:
@@ -76,6 +77,8 @@ class Environment:
         self._launcher: Launcher | None = None
         """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
         self._ring_spec = RingSpec()
+        self._tasks = AppTasks()
+        """The app's tasks (``ctx.spawn``): a failure ends ``pipeline.run()``."""
 
     @property
     def ring_spec(self) -> RingSpec:

@@ -8,8 +8,9 @@ pipelines share (the transport, rank and world, the docs, ``self_test``…) is i
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, get_args
 
@@ -71,6 +72,22 @@ class Context(Environment):
             f"transport={type(self.transport).__name__} rank={self.rank}/{self.world} "
             f"running={len(running)}>"
         )
+
+    # --- the app's tasks --------------------------------------------------------------------
+
+    def spawn(
+        self, coroutine: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run ``coroutine`` beside the pipelines as a task of the running loop; the task.
+
+        Use it instead of ``asyncio.ensure_future`` for an app's own loops (an autopilot, a
+        feeder): a task that raises ends the ``pipeline.run()`` under way (or the next one) at
+        once with a :class:`~rxstream.TaskError` naming it (``rxstream run`` exits 1 with
+        ``task 'autopilot' failed: …``), where an ``ensure_future`` task would die unseen.
+        ``pipeline.run()`` cancels the spawned tasks when it ends. ``name`` defaults to the
+        coroutine function's name.
+        """
+        return self._tasks.spawn(coroutine, name)
 
     # --- builders -------------------------------------------------------------------------
 

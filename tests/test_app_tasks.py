@@ -1,0 +1,197 @@
+"""An app's own work around its pipelines: spawned tasks whose failure ends the run, a library
+that prints nothing unless asked, and a source that reads the newest sample of an input."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+import rxstream
+from rxstream import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TYPO = (
+    r"DocValidationError: control\.promt is not a field of the doc \(fields there: prompt\), "
+    r"got 'a storm'"
+)
+
+
+def steering_pipeline(ctx: rxstream.Context) -> rxstream.Pipeline:
+    """An input to a sink: it runs until stopped (the memory transport stays connected)."""
+    ctx.doc("control", defaults={"prompt": "a calm sea"})
+    return ctx.input("pointer") | ctx.stream("out")
+
+
+def test_a_spawned_task_that_raises_ends_run_with_a_task_error() -> None:
+    """A task of ``ctx.spawn`` that raises (a typo in ``update``) ends the running
+    ``pipeline.run()`` at once: it raises a TaskError naming the task and the cause."""
+    ctx = rxstream.Context()
+    pipeline = steering_pipeline(ctx)
+
+    async def autopilot() -> None:
+        await asyncio.sleep(0)
+        pipeline.update(promt="a storm")
+
+    async def main() -> None:
+        ctx.spawn(autopilot())
+        await pipeline.run()
+
+    with pytest.raises(rxstream.TaskError, match=rf"^task 'autopilot' failed: {TYPO}$") as info:
+        asyncio.run(main())
+    assert info.value.task == "autopilot"
+    assert isinstance(info.value.__cause__, rxstream.DocValidationError)
+    assert pipeline.state == "stopped"
+
+
+def test_run_cancels_the_spawned_tasks_when_it_ends() -> None:
+    """When ``pipeline.run()`` ends (here: its session disconnected), the tasks spawned on
+    its context are cancelled, and their ``finally`` blocks have run when it returns."""
+    ctx = rxstream.Context()
+    pipeline = steering_pipeline(ctx)
+    cleaned: list[str] = []
+
+    async def feeder() -> None:
+        try:
+            while True:
+                await asyncio.sleep(0.01)
+        finally:
+            cleaned.append("feeder")
+
+    async def main() -> asyncio.Task[None]:
+        task = ctx.spawn(feeder(), name="mouse")
+        assert task.get_name() == "mouse"
+        loop = asyncio.get_running_loop()
+        loop.call_soon(ctx.transport.disconnect)  # type: ignore[attr-defined]
+        await pipeline.run()
+        return task
+
+    task = asyncio.run(main())
+    assert task.cancelled()
+    assert cleaned == ["feeder"]
+
+
+def test_a_task_that_failed_before_run_is_raised_by_run() -> None:
+    """A spawned task that failed before ``pipeline.run()`` was awaited makes that run
+    raise its TaskError without starting."""
+    ctx = rxstream.Context()
+    pipeline = steering_pipeline(ctx)
+
+    async def setup() -> None:
+        raise KeyError("missing")
+
+    async def main() -> None:
+        await asyncio.wait({ctx.spawn(setup())})
+        await pipeline.run()
+
+    with pytest.raises(rxstream.TaskError, match=r"^task 'setup' failed: KeyError: 'missing'$"):
+        asyncio.run(main())
+    assert pipeline.state == "new"
+
+
+def test_spawn_refuses_what_is_not_a_coroutine() -> None:
+    """``ctx.spawn(autopilot)`` (the function, not called) is refused, saying to call it."""
+    ctx = rxstream.Context()
+
+    async def autopilot() -> None:
+        pass
+
+    async def main() -> None:
+        ctx.spawn(autopilot)  # type: ignore[arg-type]
+
+    with pytest.raises(
+        rxstream.ArgumentTypeError,
+        match=r"^ctx\.spawn needs a coroutine, got function autopilot; "
+        r"call it: ctx\.spawn\(autopilot\(\.\.\.\)\)$",
+    ):
+        asyncio.run(main())
+
+
+def test_spawn_outside_an_event_loop_is_refused() -> None:
+    """``ctx.spawn`` from synchronous code (no running loop) is refused, naming the task."""
+    ctx = rxstream.Context()
+
+    async def autopilot() -> None:
+        pass
+
+    with pytest.raises(
+        rxstream.PipelineStateError,
+        match=r"^ctx\.spawn\('autopilot'\) outside a running event loop: call it from async "
+        r"code \(an app's main\(ctx\), a notebook cell, a coroutine under asyncio\.run\)$",
+    ):
+        ctx.spawn(autopilot())
+
+
+TASK_APP = """\
+import asyncio
+
+import rxstream
+
+
+def build(ctx):
+    ctx.doc("control", defaults={"prompt": "a calm sea"})
+    return ctx.input("pointer") | ctx.stream("out")
+
+
+async def autopilot(pipeline):
+    await asyncio.sleep(0.05)
+    pipeline.update(promt="a storm")
+
+
+async def main(ctx):
+    pipeline = build(ctx)
+    ctx.spawn(autopilot(pipeline))
+    await pipeline.run()
+"""
+
+
+def test_rxstream_run_exits_1_naming_the_failed_task(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``rxstream run`` of a main app whose spawned task raises exits 1, its last stderr line
+    naming the task and the error."""
+    app = tmp_path / "task_app.py"
+    app.write_text(TASK_APP)
+    assert cli.main(["run", str(app), "--timeout", "30"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "rxstream run: task 'autopilot' failed: DocValidationError: control.promt is not a "
+        "field of the doc (fields there: prompt), got 'a storm'"
+    )
+
+
+AWAIT_OTHER_APP = """\
+import asyncio
+
+import rxstream
+
+
+def build(ctx):
+    return ctx.input("pointer") | ctx.stream("out")
+
+
+async def feeder():
+    raise RuntimeError("no pointer device")
+
+
+async def main(ctx):
+    pipeline = build(ctx)
+    ctx.spawn(feeder())
+    await asyncio.sleep(30)  # main awaits something else than pipeline.run()
+"""
+
+
+def test_rxstream_run_ends_when_a_task_fails_outside_pipeline_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A spawned task that fails while main awaits something else ends ``rxstream run`` too
+    (exit 1, the task named), not after main's own wait."""
+    app = tmp_path / "await_other.py"
+    app.write_text(AWAIT_OTHER_APP)
+    assert cli.main(["run", str(app), "--timeout", "60"]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "rxstream run: task 'feeder' failed: RuntimeError: no pointer device"
+    )
