@@ -12,9 +12,8 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
+from rxstream._util import library_logger
 from rxstream.doc import Doc, Generations
 from rxstream.ipc import RingSpec
 from rxstream.runtime import _crossings
@@ -27,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Environment"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 class Environment:

@@ -4,9 +4,14 @@ that prints nothing unless asked, and a source that reads the newest sample of a
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 import rxstream
 from rxstream import cli
@@ -195,3 +200,103 @@ def test_rxstream_run_ends_when_a_task_fails_outside_pipeline_run(
     assert err.splitlines()[-1] == (
         "rxstream run: task 'feeder' failed: RuntimeError: no pointer device"
     )
+
+
+DRIVING_SCRIPT = """\
+import sys
+import threading
+
+import rxstream
+from rxstream.timing import configure_logging
+
+if len(sys.argv) > 1:
+    configure_logging(sys.argv[1])
+records = []
+all_in = threading.Event()
+
+
+def on_timing(record):
+    records.append(record)
+    if len(records) == 4:
+        all_in.set()
+
+
+ctx = rxstream.Context()
+pipeline = ctx.input("mouse") | ctx.pipe(lambda x: x * 2) | ctx.stream("video", on_timing=on_timing)
+for sample in (1, 2, 3):
+    pipeline.feed("mouse", sample)
+assert pipeline.drive(frames=3) == [2, 4, 6]  # driven
+pipeline.feed("mouse", 4)
+pipeline.start()  # and threaded
+assert all_in.wait(60)
+pipeline.stop()
+assert [record.input_seq for record in records] == [1, 2, 3, 4], records
+"""
+
+
+def drive_script(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run :data:`DRIVING_SCRIPT` in a fresh interpreter with ``args``."""
+    script = tmp_path / "drive.py"
+    script.write_text(DRIVING_SCRIPT)
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+    )
+
+
+def test_a_script_driving_a_pipeline_prints_nothing_without_configure_logging(
+    tmp_path: Path,
+) -> None:
+    """Without ``configure_logging``, a script that drives and runs a pipeline (an input, a
+    sink) prints no timing record, nor anything else; its ``on_timing`` hook still gets them."""
+    done = drive_script(tmp_path)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_configure_logging_still_writes_the_timing_records(tmp_path: Path) -> None:
+    """With ``configure_logging(path)`` the same script writes its records to the file (and
+    still nothing to stdout)."""
+    log = tmp_path / "timing.jsonl"
+    done = drive_script(tmp_path, str(log))
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+    events = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert events.count("[timing:video]") == 4
+
+
+@pytest.fixture
+def unconfigured_structlog() -> Iterator[None]:
+    """structlog as a fresh process has it (unconfigured) for the test; restored after."""
+    configured, saved = structlog.is_configured(), structlog.get_config()
+    structlog.reset_defaults()
+    try:
+        yield
+    finally:
+        structlog.reset_defaults()
+        if configured:
+            structlog.configure(**saved)
+
+
+@pytest.mark.usefixtures("unconfigured_structlog")
+def test_an_unconfigured_warning_goes_to_stderr_as_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Unconfigured, rxstream's warnings (a skipped item) are one line on stderr, none on
+    stdout: quiet is not silent."""
+
+    def decode(x: int) -> int:
+        if x == 2:
+            raise ValueError("corrupt frame")
+        return x
+
+    ctx = rxstream.Context()
+    pipeline = ctx.source(range(3)) | ctx.pipe(decode, on_error="skip") | ctx.stream("out")
+    assert pipeline.drive(frames=3) == [0, 1]
+    out, err = capsys.readouterr()
+    assert out == ""
+    (line,) = err.splitlines()
+    assert line.startswith("[warning  ] stage_item_skipped")
+    assert "stage=decode" in line

@@ -14,13 +14,12 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import structlog
-
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, PipelineStateError, TaskError
+from rxstream._util import library_logger
 
 __all__ = ["CANCEL_WAIT_S", "AppTasks"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 CANCEL_WAIT_S = 1.0
 """Seconds the end of a run waits for its cancelled tasks to finish their ``finally`` blocks."""
