@@ -116,10 +116,18 @@ class Context(Environment):
         rank: int | None = None,
         device: str | None = None,
         on_error: OnError = "raise",
+        reads: Stage | Sequence[Stage] = (),
     ) -> Stage:
-        """A source: a generator, iterable, async generator, or a callable (see the docs)."""
+        """A source: a generator, iterable, async generator, or a callable (see the docs).
+
+        ``reads`` names the ``ctx.input`` stages whose newest sample the source reads with
+        ``input.latest()`` (the pointer now, for a world model's tick): the pipeline takes
+        their feeds, and each item carries the correlation of the sample read during its pull,
+        so its sink writes one timing record per sample that reached it.
+        """
         default = _fn_name(it_or_fn, "source")
         check_source(it_or_fn, name or default)
+        read = _inputs_read(reads, name or default)
         return self._stage(
             "source",
             name,
@@ -130,6 +138,7 @@ class Context(Environment):
             device=device,
             on_error=on_error,
             source=it_or_fn,
+            options={"reads": read} if read else None,
         )
 
     def input(
@@ -534,6 +543,22 @@ def _fn_name(fn: object, default: str) -> str:
 def _check_callable(fn: object, kind: str) -> None:
     if not callable(fn):
         raise StageBuildError(f"ctx.{kind} needs a callable, got {type(fn).__name__} {shown(fn)}")
+
+
+def _inputs_read(reads: object, source: str) -> tuple[Stage, ...]:
+    """The input stages a source reads (``reads=``: one, or a list of them), checked."""
+    found = (reads,) if isinstance(reads, Stage) else reads
+    if not isinstance(found, list | tuple) or not all(
+        isinstance(stage, Stage) and stage.kind == "input" for stage in found
+    ):
+        raise StageBuildError(
+            f"reads must be a ctx.input stage or a list of them, got {shown(reads)} "
+            f"for source {source!r}"
+        )
+    names = [stage.name for stage in found]
+    if len(set(names)) != len(names):
+        raise StageBuildError(f"reads names an input twice, got {names} for source {source!r}")
+    return tuple(found)
 
 
 def _no_operator(_shell: object) -> Any:

@@ -11,7 +11,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
 from reactivex import abc, operators
 
 from rxstream._exceptions import (
@@ -21,6 +20,7 @@ from rxstream._exceptions import (
     UnknownInputError,
 )
 from rxstream._kernel._stats import StageStatistics
+from rxstream._util import library_logger
 from rxstream.operators._input import InputFeed
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import in_process_boundaries
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Pipeline"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
@@ -89,6 +89,7 @@ class Pipeline:
         self._tails = tails
         self._context = context
         self._plan: Plan | None = None
+        self._client_streams: dict[str, Stage] | None = None
         self._run: Run | None = None
         self._ranks: RankRun | None = None
         self._legacy: list[abc.DisposableBase] = []
@@ -389,10 +390,22 @@ class Pipeline:
                 for name, stage in stages.items()
                 if stage.kind == "stream"
             },
-            inputs=tuple(name for name, stage in stages.items() if stage.kind == "input"),
+            inputs=tuple(self._inputs()),
             docs=MappingProxyType(self._context.docs),
             feed=self.feed,
         )
+
+    def _inputs(self) -> dict[str, Stage]:
+        """The pipeline's client streams by name: its ``ctx.input`` stages, then the inputs
+        its sources read (``ctx.source(reads=)``) that are no stage of it."""
+        if self._client_streams is None:  # the graph is fixed: found once
+            stages = self.stages
+            inputs = {name: stage for name, stage in stages.items() if stage.kind == "input"}
+            for stage in stages.values():
+                for read in stage.options.get("reads", ()):
+                    inputs.setdefault(read.name, read)
+            self._client_streams = inputs
+        return self._client_streams
 
     def update(self, **changes: Any) -> int:
         """Steer: write ``changes`` to the control doc and start a new generation.
@@ -414,9 +427,9 @@ class Pipeline:
         ``at_ms``, or ``item_size``) refuses, and
         :class:`~rxstream.topology.ClientStreamLimitExceeded` past the stream's limit.
         """
-        stage = self.stages.get(name)
-        if stage is None or stage.kind != "input":
-            inputs = sorted(n for n, s in self.stages.items() if s.kind == "input")
+        stage = self._inputs().get(name)
+        if stage is None:
+            inputs = sorted(self._inputs())
             raise UnknownInputError(
                 f"no input stream {name!r} in this pipeline; its inputs are: "
                 f"{', '.join(inputs) or 'none'}"

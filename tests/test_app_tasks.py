@@ -7,6 +7,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 import structlog
 
 import rxstream
+import rxstream.timing
 from rxstream import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -300,3 +302,149 @@ def test_an_unconfigured_warning_goes_to_stderr_as_one_line(
     (line,) = err.splitlines()
     assert line.startswith("[warning  ] stage_item_skipped")
     assert "stage=decode" in line
+
+
+def pointer_world(
+    ctx: rxstream.Context,
+) -> tuple[rxstream.Pipeline, list[rxstream.timing.TimingRecord]]:
+    """A world model's tick reading the pointer now: ``world`` yields the newest pointer
+    sample (or ``None`` before the first), one frame a pull, into ``video``."""
+    records: list[rxstream.timing.TimingRecord] = []
+    pointer = ctx.input("pointer")
+
+    def world() -> Iterator[object]:
+        while True:
+            yield pointer.latest()
+
+    return ctx.source(world, reads=pointer) | ctx.stream("video", on_timing=records.append), records
+
+
+def test_a_source_reads_the_newest_sample_of_an_input_with_its_correlation() -> None:
+    """``pointer.latest()`` in a source with ``reads=pointer`` is the newest fed sample
+    (``None`` before one); the source's item carries that sample's ``input_seq`` and
+    ``input_at_ms`` and its timeline starts at the sample's ``input.recv``."""
+    ctx = rxstream.Context()
+    pipeline, _ = pointer_world(ctx)
+    (before,) = pipeline.drive(frames=1, items=True)
+    assert (before.payload, before.metadata.input_seq) == (None, 0)
+    pipeline.feed("pointer", (0.1, 0.1), at_ms=1000)
+    pipeline.feed("pointer", (0.2, 0.2), at_ms=1008)
+    (item,) = pipeline.drive(frames=1, items=True)
+    assert item.payload == (0.2, 0.2)
+    assert (item.metadata.input_seq, item.metadata.input_at_ms) == (2, 1008)
+    assert [hop for hop, _ in item.metadata.timeline] == [
+        "input.recv",
+        "world.in",
+        "world.out",
+        "video.in",
+        "video.out",
+    ]
+
+
+def test_a_reading_source_makes_one_timing_record_per_sample_read() -> None:
+    """The sink of a reading source writes one record per new sample that reached it (a
+    tick that read the same sample again writes none), from its ``input.recv``."""
+    ctx = rxstream.Context()
+    pipeline, records = pointer_world(ctx)
+    pipeline.feed("pointer", (0.1, 0.1))
+    pipeline.drive(frames=3)  # three ticks, one sample
+    pipeline.feed("pointer", (0.2, 0.2))
+    pipeline.feed("pointer", (0.3, 0.3))  # the tick sees only the newest
+    pipeline.drive(frames=2)
+    assert [(r.input_seq, r.origin, r.hops[0].name) for r in records] == [
+        (1, "input.recv", "world"),
+        (3, "input.recv", "world"),
+    ]
+
+
+def test_a_read_input_is_a_client_stream_of_the_pipeline() -> None:
+    """An input only read (``reads=``, no stage of the graph) is fed through the pipeline and
+    offered to the session like any input; a feed to another name lists it."""
+    ctx = rxstream.Context()
+    pipeline, _ = pointer_world(ctx)
+    assert pipeline.session().inputs == ("pointer",)
+    assert pipeline.feed("pointer", (0.5, 0.5)) == 1
+    with pytest.raises(
+        rxstream.UnknownInputError,
+        match=r"^no input stream 'mouse' in this pipeline; its inputs are: pointer$",
+    ):
+        pipeline.feed("mouse", (0.5, 0.5))
+
+
+def test_a_reading_source_runs_threaded_with_its_records() -> None:
+    """Threaded, a reading source's items carry the sample read at each tick, and its sink's
+    records name each sample once (a tick that read the same sample again writes none)."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+    ticks = [threading.Event() for _ in range(3)]
+    got: list[object] = []
+    arrived = threading.Condition()
+    seen: list[int] = []
+
+    def world() -> Iterator[object]:
+        for tick in ticks:
+            tick.wait(30)
+            yield pointer.latest()
+
+    def note(payload: object) -> None:
+        with arrived:
+            got.append(payload)
+            arrived.notify_all()
+
+    def until(count: int) -> None:
+        with arrived:
+            assert arrived.wait_for(lambda: len(got) >= count, 30)
+
+    pipeline = (
+        ctx.source(world, reads=pointer)
+        | ctx.tap(note)
+        | ctx.stream("video", on_timing=lambda r: seen.append(r.input_seq))
+    )
+    pipeline.start()
+    try:
+        pipeline.feed("pointer", "a")
+        ticks[0].set()
+        until(1)
+        ticks[1].set()  # the same sample again
+        until(2)
+        pipeline.feed("pointer", "b")
+        pipeline.feed("pointer", "c")  # the tick sees only the newest
+        ticks[2].set()
+        assert pipeline.wait(30)  # the source ends after its three ticks
+    finally:
+        pipeline.stop()
+    assert got == ["a", "a", "c"]
+    assert seen == [1, 3]
+
+
+def test_latest_and_reads_refuse_what_is_no_input() -> None:
+    """``latest()`` on a stage that is not a ``ctx.input``, and ``reads=`` naming one, are
+    refused naming the stage."""
+    ctx = rxstream.Context()
+    triple = ctx.pipe(lambda x: x * 3, name="triple")
+    with pytest.raises(
+        rxstream.ArgumentTypeError,
+        match=r"^latest\(\) reads an input's newest sample: stage 'triple' is a pipe stage, "
+        r"not a ctx\.input$",
+    ):
+        triple.latest()
+    with pytest.raises(
+        rxstream.StageBuildError,
+        match=r"^reads must be a ctx\.input stage or a list of them, got <Stage pipe 'triple'> "
+        r"for source 'world'$",
+    ):
+        ctx.source(range(3), name="world", reads=triple)
+
+
+def test_a_reading_source_off_rank_0_is_refused() -> None:
+    """A source that reads an input sits on rank 0, where the samples arrive: on another rank
+    its pipeline is refused, naming both."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+    pipeline = ctx.source(range(3), name="world", reads=pointer, rank=1) | ctx.stream("video")
+    with pytest.raises(
+        rxstream.StageBuildError,
+        match=r"^source 'world' reads input 'pointer', whose samples arrive on rank 0 \(the "
+        r"session's\): place the source on rank 0, got rank=1$",
+    ):
+        pipeline.plan  # noqa: B018 - compiling the plan refuses it

@@ -10,6 +10,13 @@ open: if it returns an iterator (a generator function) or an async iterator, tha
 stream; otherwise it is a frame function — its result is the first payload and it is called
 again for every further item. An ``async def`` frame function is awaited on the pipeline's
 loop. The runtime decides who pulls (the source's thread, or the drive's virtual clock).
+
+A source that reads inputs (``reads=``: their newest sample, ``input.latest()``) makes items
+that carry the correlation of the sample it read during the pull (the newest read, when it
+read several): its ``input_seq`` and ``input_at_ms``, and the timeline starts at that
+sample's ``input.recv``, the source's ``.in`` at the read. So its sink writes one timing
+record per sample that reached it, as for an input's items. A pull that read nothing makes
+an item without correlation (``input_seq`` 0), as any source's.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from rxstream.item import (
     _with_stamps,
     now,
 )
-from rxstream.operators._input import InputFeed, InputSample
+from rxstream.operators._input import InputFeed, InputSample, SampleRead
 
 __all__ = ["SKIPPED", "SourcePuller", "check_source"]
 
@@ -53,8 +60,10 @@ def check_source(spec: object, name: str) -> None:
 class SourcePuller:
     """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``."""
 
-    def __init__(self, spec: object, shell: StageShell) -> None:
+    def __init__(self, spec: object, shell: StageShell, reads: tuple[InputFeed, ...] = ()) -> None:
         self._spec = spec
+        self._reads = reads
+        """The inputs the source reads the newest sample of (``ctx.source(reads=)``)."""
         self._shell = shell
         self._next: Callable[[], Any] = _exhausted
         self._count = 0
@@ -145,6 +154,8 @@ class SourcePuller:
         :class:`PipelineError` naming the source and the item's ``pts``.
         """
         started = now()
+        reads = self._reads
+        before = [feed.last_read for feed in reads] if reads else None
         try:
             value = self._next()
         except Exception as exc:
@@ -177,6 +188,11 @@ class SourcePuller:
             input_at_ms = value.input_at_ms if input_seq else 0
             origin = ("input.recv", value.received)
             value = value.payload
+        elif before is not None and (read := _read_during(reads, before)) is not None:
+            sample = read.sample  # the input's sample this pull read: its correlation
+            input_seq, input_at_ms = sample.input_seq, sample.input_at_ms
+            origin = ("input.recv", sample.received)
+            started = max(started, read.at)  # its wait for this pull is the source's wait
         elif cutover:  # a steer during this pull counts from the pull's start
             origin = ("steer", min(gens.steered_at, started))
         self._prompt = prompt
@@ -236,6 +252,23 @@ class SourcePuller:
             # closing a finished generator must not mask how the run ended
             with contextlib.suppress(Exception):
                 closer()
+
+
+def _read_during(
+    reads: tuple[InputFeed, ...], before: list[SampleRead | None]
+) -> SampleRead | None:
+    """The newest sample (by receive time) that ``latest()`` handed out during the pull, of
+    the inputs ``reads`` (what each had handed out last before it: ``before``)."""
+    found: SampleRead | None = None
+    for feed, earlier in zip(reads, before, strict=True):
+        read = feed.last_read
+        if (
+            read is not None
+            and read is not earlier
+            and (found is None or read.sample.received > found.sample.received)
+        ):
+            found = read
+    return found
 
 
 def _exhausted() -> Any:
