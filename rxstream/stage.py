@@ -120,7 +120,8 @@ class Stage:
         return f"<Stage {self.kind} {self.name!r}>"
 
     def latest(self, default: Any = None) -> Any:
-        """An input's newest sample fed so far (taken or not); ``default`` before the first.
+        """An input's newest sample fed so far (taken or not); ``default`` before the first
+        (a threaded run starts without one).
 
         For a source that reads it (``ctx.source(tick, reads=pointer)``, then
         ``pointer.latest()`` in ``tick``): the source's item carries that sample's

@@ -448,3 +448,35 @@ def test_a_reading_source_off_rank_0_is_refused() -> None:
         r"session's\): place the source on rank 0, got rank=1$",
     ):
         pipeline.plan  # noqa: B018 - compiling the plan refuses it
+
+
+def test_a_threaded_run_starts_without_a_newest_sample() -> None:
+    """A sample fed before a threaded run (the self test's) is not the pointer now in the
+    run: ``latest()`` gives the default until the run's first sample."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+
+    def world() -> Iterator[object]:
+        yield pointer.latest("none")
+
+    pipeline = ctx.source(world, reads=pointer) | ctx.stream("video")
+    pipeline.feed("pointer", "self test's")
+    assert pipeline.drive(frames=1) == ["self test's"]
+    pipeline.reset()
+    pipeline.start()
+    assert pipeline.wait(30)
+    assert ctx.transport.payloads("video")[-1] == "none"  # type: ignore[attr-defined]
+
+
+def test_the_pointer_world_example_writes_one_record_per_pointer_sample(tmp_path: Path) -> None:
+    """examples/pointer_world.py headless with its autopilot: every timing record is one
+    pointer sample's (from its ``input.recv``, through ``world``), each sample once."""
+    log = tmp_path / "timing.jsonl"
+    app = str(ROOT / "examples" / "pointer_world.py")
+    args = ["run", app, "--frames", "12", "--set", "autopilot=true", "--log", str(log)]
+    assert cli.main(args) == 0
+    records = rxstream.timing.load(log).records
+    assert records
+    assert {(r.origin, r.hops[0].name) for r in records} == {("input.recv", "world")}
+    seqs = [r.input_seq for r in records]
+    assert seqs == sorted(set(seqs))

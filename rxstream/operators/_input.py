@@ -232,9 +232,11 @@ class InputFeed:
             counters.drop(reason, count)
 
     def new_run(self) -> None:
-        """A run starts: every client's budget is fresh again."""
+        """A run starts: every client's budget is fresh again, and :meth:`latest` has no
+        sample until one is fed in this run."""
         with self._cond:
             self._budgets.clear()
+            self._newest = self.last_read = None
 
     @property
     def depth(self) -> int:

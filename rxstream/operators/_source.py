@@ -80,6 +80,9 @@ class SourcePuller:
             spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
             if not shell.driven:  # a new run (start()) gives every client a fresh budget
                 spec.new_run()
+        if not shell.driven:
+            for feed in reads:  # and the inputs a source reads too
+                feed.new_run()
 
     @property
     def counters(self) -> StageCounters:
