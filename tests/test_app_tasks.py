@@ -17,6 +17,7 @@ import structlog
 import rxstream
 import rxstream.timing
 from rxstream import cli
+from rxstream.topology import ClientStreamLimits
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -369,6 +370,23 @@ def test_a_read_input_is_a_client_stream_of_the_pipeline() -> None:
         match=r"^no input stream 'mouse' in this pipeline; its inputs are: pointer$",
     ):
         pipeline.feed("mouse", (0.5, 0.5))
+
+
+def test_a_read_input_is_a_client_stream_of_the_topology() -> None:
+    """The topology lists an input only read as a client stream into the reading source's
+    partition, with its limits (what a serving config checks and lowers)."""
+    ctx = rxstream.Context()
+    limits = ClientStreamLimits(max_items=100)
+    pointer = ctx.input("pointer", limits)
+
+    def world() -> Iterator[object]:
+        yield pointer.latest()
+
+    pipeline = ctx.source(world, reads=pointer) | ctx.stream("video")
+    clients = [c for c in pipeline.topology().connections if c.is_client_stream]
+    assert [(c.edge_name, c.to_partition, c.limits) for c in clients] == [
+        ("pointer", "rank0", limits)
+    ]
 
 
 def test_a_reading_source_runs_threaded_with_its_records() -> None:
