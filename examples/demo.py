@@ -242,8 +242,7 @@ async def main(ctx: rxstream.Context) -> None:
             assert image.dtype == np.uint8, image.dtype
     shape = images[-1].shape
     print(f"self test passed: one {shape} frame per window through {' | '.join(pipeline.stages)}")
-    pilot = asyncio.ensure_future(autopilot(pipeline, ctx))  # idle until autopilot is ticked
-    try:
-        await pipeline.run()
-    finally:
-        pilot.cancel()
+    # idle until autopilot is ticked; if it raises, run() ends with its error (a TaskError
+    # naming it), and run() cancels it when the session ends
+    ctx.spawn(autopilot(pipeline, ctx))
+    await pipeline.run()

@@ -12,6 +12,7 @@ from rxstream._exceptions import (
     SelfTestError,
     StageBuildError,
     StageReuseError,
+    TaskError,
     UnknownInputError,
 )
 from rxstream._util import fixup_module_metadata as _fixup_module_metadata
@@ -48,6 +49,7 @@ __all__ = [
     "StageBuildError",
     "StageReuseError",
     "StageStatistics",
+    "TaskError",
     "UnknownInputError",
     "format_statistics",
     "launch",

@@ -12,12 +12,12 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
+from rxstream._util import library_logger
 from rxstream.doc import Doc, Generations, Snapshot
 from rxstream.ipc import RingSpec
 from rxstream.runtime import _crossings
+from rxstream.runtime._tasks import AppTasks
 from rxstream.transport import MemoryTransport, Transport
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Environment"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 class Environment:
@@ -80,6 +80,8 @@ class Environment:
         """Set by ``rxstream run`` for a main app on several ranks: starts a run's other ranks."""
         self._ring_spec = RingSpec()
         self._busy_limit_s: float | None = None
+        self._tasks = AppTasks()
+        """The app's tasks (``ctx.spawn``): a failure ends ``pipeline.run()``."""
 
     @property
     def busy_limit_s(self) -> float | None:

@@ -9,6 +9,7 @@
     ├── AppEntryError            an app entry with no build(ctx) or main(ctx) to call
     │                            (also an AttributeError)
     ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
+    ├── TaskError                a task the app spawned with ``ctx.spawn`` failed (run raises it)
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
     ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start;
@@ -82,6 +83,7 @@ __all__ = [
     "StageBuildError",
     "StageReuseError",
     "StreamBufferClosed",
+    "TaskError",
     "TopologyError",
     "UnknownInputError",
     "shown",
@@ -139,6 +141,23 @@ def _rebuild_pipeline_error(
     stage: str, cause: BaseException, pts: int | None, input_seq: int | None
 ) -> PipelineError:
     return PipelineError(stage, cause, pts=pts, input_seq=input_seq)
+
+
+class TaskError(RxStreamError):
+    """A task the app spawned with ``ctx.spawn`` raised; names the task and the cause.
+
+    ``task`` is the task's name and ``__cause__`` the exception it raised. It ends the
+    ``pipeline.run()`` of the task's context (``rxstream run`` exits 1 with its message).
+    """
+
+    def __init__(self, task: str, cause: BaseException) -> None:
+        self.task = task
+        self.cause = cause
+        super().__init__(f"task {task!r} failed: {type(cause).__name__}: {cause}")
+        self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (TaskError, (self.task, self.cause))
 
 
 class StageBuildError(RxStreamError, ValueError):

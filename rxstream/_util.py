@@ -4,14 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import math
 import os
+import sys
 import types
 import typing
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO, cast
 
-__all__ = ["StdoutGuard", "finite_only", "fixup_module_metadata", "lone_surrogate"]
+import structlog
+
+__all__ = [
+    "LibraryLogger",
+    "StdoutGuard",
+    "finite_only",
+    "fixup_module_metadata",
+    "library_logger",
+    "lone_surrogate",
+]
 
 
 def fixup_module_metadata(
@@ -128,3 +139,58 @@ class StdoutGuard:
                 os.dup2(devnull, self.stream.fileno())
             finally:
                 os.close(devnull)
+
+
+class _Stderr:
+    """The quiet default's output: each line to the ``sys.stderr`` of the moment."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    warning = error = critical = exception = msg
+
+
+class LibraryLogger:
+    """One of rxstream's loggers (:func:`library_logger`): a library prints nothing unasked.
+
+    Once structlog is configured (by :func:`rxstream.timing.configure_logging`, by
+    ``rxstream run``, or by the app's own ``structlog.configure``) it is structlog's logger of
+    that name, so every event goes where that configuration says. Until then its default drops
+    debug and info events (the ``[timing:<stream>]`` records, ``self_test_passed``: a script
+    driving a pipeline prints nothing) and writes warnings and errors to stderr as one text
+    line each. structlog's global configuration is never touched.
+    """
+
+    __slots__ = ("_configured", "_quiet")
+
+    def __init__(self, name: str) -> None:
+        self._configured: Any = structlog.get_logger(name)
+        self._quiet: Any = structlog.wrap_logger(
+            _Stderr(),
+            processors=[
+                structlog.processors.add_log_level,
+                structlog.dev.ConsoleRenderer(colors=False),
+            ],
+            wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
+        )
+
+    def _target(self) -> Any:
+        return self._configured if structlog.is_configured() else self._quiet
+
+    def info(self, event: str, **fields: Any) -> None:
+        """An info event (dropped until structlog is configured)."""
+        self._target().info(event, **fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        """A warning event (to stderr until structlog is configured)."""
+        self._target().warning(event, **fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        """An error event (to stderr until structlog is configured)."""
+        self._target().error(event, **fields)
+
+
+def library_logger(name: str) -> LibraryLogger:
+    """rxstream's logger ``name`` (``"rxstream"``, ``"rxstream.timing"``…): see
+    :class:`LibraryLogger`."""
+    return LibraryLogger(name)

@@ -8,8 +8,9 @@ pipelines share (the transport, rank and world, the docs, ``self_test``…) is i
 
 from __future__ import annotations
 
+import asyncio
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from fractions import Fraction
 from typing import Any, get_args
 
@@ -72,6 +73,22 @@ class Context(Environment):
             f"running={len(running)}>"
         )
 
+    # --- the app's tasks --------------------------------------------------------------------
+
+    def spawn(
+        self, coroutine: Coroutine[Any, Any, Any], *, name: str | None = None
+    ) -> asyncio.Task[Any]:
+        """Run ``coroutine`` beside the pipelines as a task of the running loop; the task.
+
+        Use it instead of ``asyncio.ensure_future`` for an app's own loops (an autopilot, a
+        feeder): a task that raises ends the ``pipeline.run()`` under way (or the next one) at
+        once with a :class:`~rxstream.TaskError` naming it (``rxstream run`` exits 1 with
+        ``task 'autopilot' failed: …``), where an ``ensure_future`` task would die unseen.
+        ``pipeline.run()`` cancels the spawned tasks when it ends. ``name`` defaults to the
+        coroutine function's name.
+        """
+        return self._tasks.spawn(coroutine, name)
+
     # --- builders -------------------------------------------------------------------------
 
     def _stage(
@@ -99,10 +116,18 @@ class Context(Environment):
         rank: int | None = None,
         device: str | None = None,
         on_error: OnError = "raise",
+        reads: Stage | Sequence[Stage] = (),
     ) -> Stage:
-        """A source: a generator, iterable, async generator, or a callable (see the docs)."""
+        """A source: a generator, iterable, async generator, or a callable (see the docs).
+
+        ``reads`` names the ``ctx.input`` stages whose newest sample the source reads with
+        ``input.latest()`` (the pointer now, for a world model's tick): the pipeline takes
+        their feeds, and each item carries the correlation of the sample read during its pull,
+        so its sink writes one timing record per sample that reached it.
+        """
         default = _fn_name(it_or_fn, "source")
         check_source(it_or_fn, name or default)
+        read = _inputs_read(reads, name or default)
         return self._stage(
             "source",
             name,
@@ -113,6 +138,7 @@ class Context(Environment):
             device=device,
             on_error=on_error,
             source=it_or_fn,
+            options={"reads": read} if read else None,
         )
 
     def input(
@@ -518,6 +544,22 @@ def _fn_name(fn: object, default: str) -> str:
 def _check_callable(fn: object, kind: str) -> None:
     if not callable(fn):
         raise StageBuildError(f"ctx.{kind} needs a callable, got {type(fn).__name__} {shown(fn)}")
+
+
+def _inputs_read(reads: object, source: str) -> tuple[Stage, ...]:
+    """The input stages a source reads (``reads=``: one, or a list of them), checked."""
+    found = (reads,) if isinstance(reads, Stage) else reads
+    if not isinstance(found, list | tuple) or not all(
+        isinstance(stage, Stage) and stage.kind == "input" for stage in found
+    ):
+        raise StageBuildError(
+            f"reads must be a ctx.input stage or a list of them, got {shown(reads)} "
+            f"for source {source!r}"
+        )
+    names = [stage.name for stage in found]
+    if len(set(names)) != len(names):
+        raise StageBuildError(f"reads names an input twice, got {names} for source {source!r}")
+    return tuple(found)
 
 
 def _no_operator(_shell: object) -> Any:

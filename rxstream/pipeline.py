@@ -11,7 +11,6 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
-import structlog
 from reactivex import abc, operators
 
 from rxstream._exceptions import (
@@ -21,6 +20,7 @@ from rxstream._exceptions import (
     UnknownInputError,
 )
 from rxstream._kernel._stats import StageStatistics
+from rxstream._util import library_logger
 from rxstream.operators._input import InputFeed
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import in_process_boundaries
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Pipeline"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 STOP_TIMEOUT = 0.45
 """Seconds ``stop()`` waits for threads to end (its bound is 0.5 s with every queue full)."""
@@ -89,6 +89,7 @@ class Pipeline:
         self._tails = tails
         self._context = context
         self._plan: Plan | None = None
+        self._client_streams: dict[str, Stage] | None = None
         self._run: Run | None = None
         self._ranks: RankRun | None = None
         self._legacy: list[abc.DisposableBase] = []
@@ -390,10 +391,22 @@ class Pipeline:
                 for name, stage in stages.items()
                 if stage.kind == "stream"
             },
-            inputs=tuple(name for name, stage in stages.items() if stage.kind == "input"),
+            inputs=tuple(self._inputs()),
             docs=MappingProxyType(self._context.docs),
             feed=self.feed,
         )
+
+    def _inputs(self) -> dict[str, Stage]:
+        """The pipeline's client streams by name: its ``ctx.input`` stages, then the inputs
+        its sources read (``ctx.source(reads=)``) that are no stage of it."""
+        if self._client_streams is None:  # the graph is fixed: found once
+            stages = self.stages
+            inputs = {name: stage for name, stage in stages.items() if stage.kind == "input"}
+            for stage in stages.values():
+                for read in stage.options.get("reads", ()):
+                    inputs.setdefault(read.name, read)
+            self._client_streams = inputs
+        return self._client_streams
 
     def update(self, **changes: Any) -> int:
         """Steer: write ``changes`` to the control doc and start a new generation.
@@ -415,9 +428,9 @@ class Pipeline:
         ``at_ms``, or ``item_size``) refuses, and
         :class:`~rxstream.topology.ClientStreamLimitExceeded` past the stream's limit.
         """
-        stage = self.stages.get(name)
-        if stage is None or stage.kind != "input":
-            inputs = sorted(n for n, s in self.stages.items() if s.kind == "input")
+        stage = self._inputs().get(name)
+        if stage is None:
+            inputs = sorted(self._inputs())
             raise UnknownInputError(
                 f"no input stream {name!r} in this pipeline; its inputs are: "
                 f"{', '.join(inputs) or 'none'}"
@@ -511,21 +524,34 @@ class Pipeline:
 
         Also returns when the pipeline completes, and stops it when the awaiting task is
         cancelled. ``poll_interval`` only bounds how fast a disconnect is seen. A stage that
-        failed raises its :class:`PipelineError` here.
+        failed raises its :class:`PipelineError` here; a task of ``ctx.spawn`` that failed
+        (during the run, or before it) ends it at once and raises its :class:`~rxstream.TaskError`.
+        When it ends, it cancels the context's spawned tasks.
         """
         if poll_interval <= 0:
             raise ArgumentError(f"poll_interval must be > 0 seconds, got {poll_interval}")
+        tasks = self._context._tasks
+        failed = tasks.take_failure()
+        if failed is not None:  # a spawned task failed before the run: it does not start
+            await tasks.cancel_all()
+            raise failed
         loop = asyncio.get_running_loop()
         run = self._start(config, loop=loop)
         finished = asyncio.Event()
         self._over.on_done(lambda: _call_soon(loop, finished.set))  # also a stop() elsewhere
+        unlisten = tasks.on_failure(finished.set)  # a spawned task failed: end now
         try:
             while not finished.is_set() and self._context.connected:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished.wait(), poll_interval)
         finally:
+            unlisten()
             self.stop()
+            failed = tasks.take_failure()
+            await tasks.cancel_all()
         run.raise_error()
+        if failed is not None:
+            raise failed
 
     def drive(self, frames: int = 1, *, items: bool = False, interval: float = 0.0) -> Any:
         """Pull ``frames`` items from each source, run until drained, return what egressed.

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, get_args
 
-from rxstream._exceptions import StageBuildError
+from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._shell import StageShell
 from rxstream.typing import OnError, Operator
@@ -118,6 +118,21 @@ class Stage:
 
     def __repr__(self) -> str:
         return f"<Stage {self.kind} {self.name!r}>"
+
+    def latest(self, default: Any = None) -> Any:
+        """An input's newest sample fed so far (taken or not); ``default`` before the first
+        (a threaded run starts without one).
+
+        For a source that reads it (``ctx.source(tick, reads=pointer)``, then
+        ``pointer.latest()`` in ``tick``): the source's item carries that sample's
+        correlation. Only a ``ctx.input`` stage has one.
+        """
+        if self.kind != "input":
+            raise ArgumentTypeError(
+                f"latest() reads an input's newest sample: stage {self.name!r} is a "
+                f"{self.kind} stage, not a ctx.input"
+            )
+        return self.source.latest(default)  # type: ignore[attr-defined]
 
     def __or__(self, other: Stage | Pipeline) -> Pipeline:
         return _Composition.pipeline().of(self) | other

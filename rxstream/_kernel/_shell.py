@@ -10,13 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-import structlog
 from reactivex import abc
 
 from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Admission, Generations
 from rxstream._kernel._scheduler import _ClockScheduler
 from rxstream._kernel._stats import StageCounters
+from rxstream._util import library_logger
 from rxstream.item import (
     PipelineItem,
     PipelineMetadata,
@@ -30,7 +30,7 @@ from rxstream.typing import OnError
 
 __all__ = ["StageShell"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 class StageShell:

@@ -78,7 +78,9 @@ def _command(args: argparse.Namespace) -> int:
         return _timing(args)
     import structlog
 
-    logging = structlog.get_config()  # a run configures the logs; a caller's stay theirs
+    # a run configures the logs; a caller's stay theirs (and an unconfigured structlog stays
+    # unconfigured: rxstream's loggers print nothing then, see rxstream._util.LibraryLogger)
+    configured, logging = structlog.is_configured(), structlog.get_config()
     try:
         if args.command == "run":
             return run(args)
@@ -86,7 +88,9 @@ def _command(args: argparse.Namespace) -> int:
             return _test(args)
         return _topology(args)
     finally:
-        structlog.configure(**logging)
+        structlog.reset_defaults()
+        if configured:
+            structlog.configure(**logging)
 
 
 def _parser() -> argparse.ArgumentParser:

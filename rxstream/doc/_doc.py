@@ -8,12 +8,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import structlog
 from reactivex import Observable, operators
 from reactivex.subject import BehaviorSubject
 
 from rxstream._exceptions import ArgumentTypeError
 from rxstream._kernel._generations import Generations
+from rxstream._util import library_logger
 from rxstream.doc._snapshot import Ref, Snapshot, freeze, lookup, thaw
 from rxstream.doc._validate import defaults_from_schema, make_validator
 
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BindFailure", "Doc"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,10 @@ import threading
 from types import TracebackType
 from typing import Any
 
-import structlog
 from IPython import get_ipython
 
 from rxstream._exceptions import ArgumentTypeError
+from rxstream._util import library_logger
 from rxstream.pipeline import Pipeline, started_pipelines, stream_names
 
 __all__ = ["Background", "background", "stop_all"]
@@ -20,7 +20,7 @@ _live: set[Background] = set()
 _live_lock = threading.Lock()
 _hooked_shells: set[int] = set()
 _atexit_registered = False
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 class Background:

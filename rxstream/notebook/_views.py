@@ -14,9 +14,9 @@ from typing import Any, Literal, Self
 
 import ipywidgets
 import numpy as np
-import structlog
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
+from rxstream._util import library_logger
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime import StageStatistics
@@ -31,7 +31,7 @@ __all__ = [
     "frame_array",
 ]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 ImageFormat = Literal["jpeg", "png"]
 

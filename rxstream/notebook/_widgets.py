@@ -7,14 +7,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ipywidgets
-import structlog
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
+from rxstream._util import library_logger
 from rxstream.doc import Doc, Ref, controls
 
 __all__ = ["widget"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 _MISSING = object()
 

@@ -15,6 +15,11 @@ affected): its ``at_ms`` (``None`` or a finite number) and the stream's schema
 the transport picks per connection; ``None`` for a local caller) has its own budget, and
 :meth:`InputFeed.new_run` gives every client a fresh one.
 
+A source may read the stream's newest sample instead of taking each one (``latest``: "the
+pointer now", for a world model's tick): ``ctx.source(tick, reads=pointer)``, and in ``tick``
+``pointer.latest()``. The source's item carries the correlation of the sample it read in that
+pull (see :mod:`rxstream.operators._source`).
+
 Refusals are counted on the input stage (dropped, reasons ``invalid`` and ``limit``), as are
 samples dropped from the full queue (``latest``): what was offered is what the stage pulled,
 plus what it dropped, plus what still waits.
@@ -34,7 +39,7 @@ from rxstream.item import now
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
 from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
-__all__ = ["InputFeed", "InputSample"]
+__all__ = ["InputFeed", "InputSample", "SampleRead"]
 
 _MAX_AT_MS = 2.0**53
 """The largest ``at_ms`` taken (ms; beyond it a JSON number is no longer exact)."""
@@ -49,6 +54,13 @@ class InputSample(NamedTuple):
     input_seq: int
     input_at_ms: int
     received: float
+
+
+class SampleRead(NamedTuple):
+    """A sample :meth:`InputFeed.latest` handed out, and when (``now()``, seconds)."""
+
+    sample: InputSample
+    at: float
 
 
 class _Budgets:
@@ -106,6 +118,18 @@ class InputFeed:
         self.waited = 0.0
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
         self._waiting = False
+        self._newest: InputSample | None = None
+        self.last_read: SampleRead | None = None
+        """The sample :meth:`latest` last handed out, and when: the reading source's pull
+        takes its correlation (``input_seq``, ``input_at_ms``, ``input.recv``)."""
+
+    def latest(self, default: Any = None) -> Any:
+        """The newest sample fed so far (taken or not), ``default`` before the first."""
+        sample = self._newest  # one reference read: safe beside a concurrent feed
+        if sample is None:
+            return default
+        self.last_read = SampleRead(sample, now())
+        return sample.payload
 
     @property
     def idle(self) -> bool:
@@ -146,7 +170,8 @@ class InputFeed:
             if len(self._queue) >= self.capacity:
                 self._queue.popleft()
                 self._drop("latest")
-            self._queue.append(InputSample(sample, self._seq, stamp, received))
+            queued = self._newest = InputSample(sample, self._seq, stamp, received)
+            self._queue.append(queued)
             self.accepted += 1
             self._cond.notify()
             return self._seq
@@ -207,9 +232,11 @@ class InputFeed:
             counters.drop(reason, count)
 
     def new_run(self) -> None:
-        """A run starts: every client's budget is fresh again."""
+        """A run starts: every client's budget is fresh again, and :meth:`latest` has no
+        sample until one is fed in this run."""
         with self._cond:
             self._budgets.clear()
+            self._newest = self.last_read = None
 
     @property
     def depth(self) -> int:

@@ -15,6 +15,13 @@ A source whose first payload is a list or tuple of frames (two or more arrays or
 one shape and dtype, at least 2-D) logs one ``source_payload_is_a_batch`` warning naming it:
 the whole list is one payload (and a frame function's list repeats on every pull), which is
 rarely what was meant. A source that feeds a ``ctx.unbatch()`` means it, and is not warned.
+
+A source that reads inputs (``reads=``: their newest sample, ``input.latest()``) makes items
+that carry the correlation of the sample it read during the pull (the newest read, when it
+read several): its ``input_seq`` and ``input_at_ms``, and the timeline starts at that
+sample's ``input.recv``, the source's ``.in`` at the read. So its sink writes one timing
+record per sample that reached it, as for an input's items. A pull that read nothing makes
+an item without correlation (``input_seq`` 0), as any source's.
 """
 
 from __future__ import annotations
@@ -27,11 +34,11 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import structlog
 
 from rxstream._exceptions import PipelineError, StageBuildError
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
+from rxstream._util import library_logger
 from rxstream.item import (
     PipelineItem,
     _item,
@@ -40,11 +47,11 @@ from rxstream.item import (
     _with_stamps,
     now,
 )
-from rxstream.operators._input import InputFeed, InputSample
+from rxstream.operators._input import InputFeed, InputSample, SampleRead
 
 __all__ = ["SKIPPED", "SourcePuller", "batch_hint", "check_source"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 _END = object()
 _NONE_WAITING = object()  # a driven input with no sample queued: nothing now, not the end
@@ -97,8 +104,17 @@ class SourcePuller:
     warning); the run turns it off for a source that feeds an unbatch.
     """
 
-    def __init__(self, spec: object, shell: StageShell, *, hint: bool = True) -> None:
+    def __init__(
+        self,
+        spec: object,
+        shell: StageShell,
+        reads: tuple[InputFeed, ...] = (),
+        *,
+        hint: bool = True,
+    ) -> None:
         self._spec = spec
+        self._reads = reads
+        """The inputs the source reads the newest sample of (``ctx.source(reads=)``)."""
         self._shell = shell
         self._hint = hint
         self._next: Callable[[], Any] = _exhausted
@@ -116,6 +132,9 @@ class SourcePuller:
             spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
             if not shell.driven:  # a new run (start()) gives every client a fresh budget
                 spec.new_run()
+        if not shell.driven:
+            for feed in reads:  # and the inputs a source reads too
+                feed.new_run()
 
     @property
     def counters(self) -> StageCounters:
@@ -214,6 +233,8 @@ class SourcePuller:
         :class:`PipelineError` naming the source and the item's ``pts``.
         """
         started = now()
+        reads = self._reads
+        before = [feed.last_read for feed in reads] if reads else None
         try:
             value = self._next()
         except Exception as exc:
@@ -246,6 +267,11 @@ class SourcePuller:
             input_at_ms = value.input_at_ms if input_seq else 0
             origin = ("input.recv", value.received)
             value = value.payload
+        elif before is not None and (read := _read_during(reads, before)) is not None:
+            sample = read.sample  # the input's sample this pull read: its correlation
+            input_seq, input_at_ms = sample.input_seq, sample.input_at_ms
+            origin = ("input.recv", sample.received)
+            started = max(started, read.at)  # its wait for this pull is the source's wait
         elif cutover:  # a steer during this pull counts from the pull's start
             origin = ("steer", min(gens.steered_at, started))
         self._prompt = prompt
@@ -305,6 +331,23 @@ class SourcePuller:
             # closing a finished generator must not mask how the run ended
             with contextlib.suppress(Exception):
                 closer()
+
+
+def _read_during(
+    reads: tuple[InputFeed, ...], before: list[SampleRead | None]
+) -> SampleRead | None:
+    """The newest sample (by receive time) that ``latest()`` handed out during the pull, of
+    the inputs ``reads`` (what each had handed out last before it: ``before``)."""
+    found: SampleRead | None = None
+    for feed, earlier in zip(reads, before, strict=True):
+        read = feed.last_read
+        if (
+            read is not None
+            and read is not earlier
+            and (found is None or read.sample.received > found.sample.received)
+        ):
+            found = read
+    return found
 
 
 def _exhausted() -> Any:

@@ -35,9 +35,8 @@ from collections.abc import Callable, Sequence
 from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from rxstream._exceptions import RingClosed
+from rxstream._util import library_logger
 from rxstream.runtime._thread import charge_stall, stall_begins
 
 if TYPE_CHECKING:  # the bridge imports torch: only a run that has CUDA loads it
@@ -55,7 +54,7 @@ if TYPE_CHECKING:  # the bridge imports torch: only a run that has CUDA loads it
 
 __all__ = ["EXTRA_SLOTS", "CudaCrossing", "LocalRef", "PoolShared", "default_cuda_api", "lease"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 _POLL_S = 0.05
 """How often a writer waiting for a slot looks whether its boundary was closed."""

@@ -17,10 +17,9 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-import structlog
-
 from rxstream._exceptions import PipelineError, RingClosed
 from rxstream._kernel._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
+from rxstream._util import library_logger
 from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun, RankLost
 from rxstream.ranks._rank import describe
@@ -40,7 +39,7 @@ __all__ = [
     "describe",
 ]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 HEARTBEAT_S = 0.25
 """How often each side of a control link sends a beat (ranks also report every ``WATCH_S``)."""

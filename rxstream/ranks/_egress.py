@@ -225,8 +225,8 @@ def apply_serving(pipeline: Pipeline, serving: Mapping[str, Any] | None) -> None
     from rxstream.topology import client_stream_limits
 
     limits = client_stream_limits(pipeline.topology(), serving)  # validates, listing problems
-    for name, stage in pipeline.stages.items():
-        if stage.kind == "input" and name in limits and isinstance(stage.source, InputFeed):
+    for name, stage in pipeline._inputs().items():  # its input stages and the inputs read
+        if name in limits and isinstance(stage.source, InputFeed):
             stage.source.limits = limits[name]
 
 

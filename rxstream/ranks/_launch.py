@@ -207,7 +207,14 @@ def _launch_main(
             on_status({0: pipeline.statistics(), **others})
 
     try:
-        asyncio.run(supervise(main(ctx), should_end=lambda: egress.ended, tick=tick))
+        asyncio.run(
+            supervise(
+                main(ctx),
+                should_end=lambda: egress.ended,
+                tick=tick,
+                failed=ctx._tasks.take_failure,
+            )
+        )
     finally:
         if egress.pipeline is not None:
             egress.pipeline.stop()
@@ -242,8 +249,13 @@ async def supervise(
     *,
     should_end: Callable[[], bool],
     tick: Callable[[], None] = lambda: None,
+    failed: Callable[[], BaseException | None] = lambda: None,
 ) -> None:
-    """Await an app's ``main``; cancel it ``JOIN_S`` after ``should_end()`` turned true."""
+    """Await an app's ``main``; cancel it ``JOIN_S`` after ``should_end()`` turned true.
+
+    ``failed()`` is a spawned task's failure that no ``pipeline.run()`` raised (the task
+    failed while main awaited something else, or after its run): main is cancelled and it is
+    raised, as it is when main returns with one left."""
     task = asyncio.ensure_future(coroutine)
     ending: float | None = None
     try:
@@ -251,7 +263,16 @@ async def supervise(
             done, _ = await asyncio.wait({task}, timeout=WATCH_S)
             if done:
                 task.result()
+                error = failed()
+                if error is not None:
+                    raise error
                 return
+            error = failed()
+            if error is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise error
             tick()
             now = time.monotonic()
             if ending is None and should_end():

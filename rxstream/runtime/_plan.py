@@ -108,7 +108,21 @@ def compile_plan(tails: Sequence[Node]) -> Plan:
     )
     check_partitions(plan)  # walks and chunked connections sit where partitions meet
     _check_fused(plan)
+    _check_reads(plan)
     return plan
+
+
+def _check_reads(plan: Plan) -> None:
+    """Refuse a source that reads an input (``reads=``) on a rank other than 0: the inputs'
+    samples arrive there, where the session feeds them."""
+    for node in plan.nodes:
+        reads = node.stage.options.get("reads")
+        if reads and plan.ranks[node] != 0:
+            raise StageBuildError(
+                f"source {plan.names[node]!r} reads input {reads[0].name!r}, whose samples "
+                f"arrive on rank 0 (the session's): place the source on rank 0, got "
+                f"rank={plan.ranks[node]}"
+            )
 
 
 def _check_fused(plan: Plan) -> None:

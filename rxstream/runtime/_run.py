@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import structlog
 from reactivex import Observable, abc, operators
 from reactivex.disposable import CompositeDisposable
 
@@ -27,6 +26,7 @@ from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageStatistics
+from rxstream._util import library_logger
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
@@ -53,7 +53,7 @@ _End = tuple[Callable[[PipelineItem], None], Callable[[Exception], None], Callab
 
 __all__ = ["DoneEvent", "Run", "new_run_id"]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 
 def new_run_id() -> str:
@@ -218,10 +218,13 @@ class Run(ABC):
             if node in fused:  # built with the end of its chain
                 continue
             if node.stage.is_source:
+                reads = tuple(read.source for read in node.stage.options.get("reads", ()))
                 unbatched = any(
                     down.stage.kind == "unbatch" and node in down.inputs for down in self.plan.nodes
                 )  # a batch sent as one on purpose: no hint
-                self._pullers[node] = SourcePuller(node.stage.source, shell, hint=not unbatched)
+                self._pullers[node] = SourcePuller(
+                    node.stage.source, shell, reads, hint=not unbatched
+                )
                 stream = self._chunked(self._source_stream(node), None, node)
             elif node in chains:
                 chain = chains[node]

@@ -21,10 +21,9 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-import structlog
-
 from rxstream._exceptions import ArgumentError
 from rxstream._kernel._stats import StageCounters, duration_text
+from rxstream._util import library_logger
 from rxstream.item import PipelineItem
 from rxstream.operators._source import SourcePuller
 
@@ -39,7 +38,7 @@ __all__ = [
     "describe",
 ]
 
-_log = structlog.get_logger("rxstream")
+_log = library_logger("rxstream")
 
 BUSY_ENV = "RXSTREAM_BUSY_S"
 """Sets the bound for every stage of a run (seconds, > 0), unless ``ctx.busy_limit_s`` does."""

@@ -13,12 +13,12 @@ from typing import Any, TextIO
 
 import structlog
 
-from rxstream._util import finite_only
+from rxstream._util import finite_only, library_logger
 from rxstream.timing._record import TimingRecord
 
 __all__ = ["configure_logging", "emit", "listen", "strict_json"]
 
-_log = structlog.get_logger("rxstream.timing")
+_log = library_logger("rxstream.timing")
 _listeners: list[Callable[[TimingRecord], None]] = []
 _listeners_lock = threading.Lock()
 _opened: TextIO | None = None

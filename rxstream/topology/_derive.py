@@ -48,20 +48,27 @@ def model_of(pipeline: Pipeline) -> TopologyModel:
     connections: list[Connection] = []
     # each rank's nodes in plan order, each with the edges it takes (a walks stage: its own)
     takes: dict[int, list[tuple[str, Stage, tuple[str, ...]]]] = {rank: [] for rank in ranks}
+    inputs = {plan.names[node] for node in plan.nodes if node.stage.kind == "input"}
     for node in plan.nodes:
         rank = plan.ranks[node]
         name = plan.names[node]
         stage = node.stage
         edges = tuple(plan.edge_name(upstream, node) for upstream in node.inputs)
-        if stage.kind == "input":
-            edges = (name, *edges)
+        # an input stage takes its client stream; a source that reads inputs (reads=) takes
+        # those that are no stage of the graph
+        clients = [stage] if stage.kind == "input" else []
+        clients += [read for read in stage.options.get("reads", ()) if read.name not in inputs]
+        for client in clients:
+            stream = name if client is stage else client.name
+            inputs.add(stream)
+            edges = (stream, *edges)
             connections.append(
                 Connection(
                     CLIENT,
                     partition_name(rank),
-                    name,
-                    chunks_of(stage) or EveryItem,
-                    limits=stage.options.get("limits"),
+                    stream,
+                    chunks_of(client) or EveryItem,
+                    limits=client.options.get("limits"),
                 )
             )
         takes[rank].append((name, stage, edges))

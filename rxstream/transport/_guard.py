@@ -26,10 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import structlog
-
 from rxstream._exceptions import ArgumentError, shown
-from rxstream._util import finite_only, lone_surrogate
+from rxstream._util import finite_only, library_logger, lone_surrogate
 
 __all__ = [
     "MAX_ID_INT",
@@ -48,7 +46,7 @@ __all__ = [
     "wire",
 ]
 
-_log = structlog.get_logger("rxstream.web")
+_log = library_logger("rxstream.web")
 
 Clock = Callable[[], float]
 

@@ -19,8 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
-
+from rxstream._util import library_logger
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.timing._client import ClockOffset
 
@@ -201,7 +200,7 @@ def plausible(timing: ClientTiming) -> bool:
     )
 
 
-_log = structlog.get_logger("rxstream.timing")
+_log = library_logger("rxstream.timing")
 
 
 def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[str, Any]:

@@ -41,10 +41,10 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
-import structlog
 from aiohttp import WSMsgType, web
 
 from rxstream._exceptions import ArgumentError
+from rxstream._util import library_logger
 from rxstream.item import PipelineItem
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.transport._base import Session, Transport
@@ -76,7 +76,7 @@ from rxstream.transport._webmessages import MESSAGE_TYPES, RATED, PageMessages
 
 __all__ = ["DOC_EVERY_S", "MESSAGE_TYPES", "WebTransport"]
 
-_log = structlog.get_logger("rxstream.web")
+_log = library_logger("rxstream.web")
 
 _START_S = 10.0
 
