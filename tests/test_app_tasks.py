@@ -156,17 +156,17 @@ async def main(ctx):
 
 
 def test_rxstream_run_exits_1_naming_the_failed_task(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``rxstream run`` of a main app whose spawned task raises exits 1, its last stderr line
-    naming the task and the error."""
-    app = tmp_path / "task_app.py"
-    app.write_text(TASK_APP)
-    assert cli.main(["run", str(app), "--timeout", "30"]) == 1
+    naming the task, the error and the task's own line (not main's await of the run)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task_app.py").write_text(TASK_APP)
+    assert cli.main(["run", "task_app.py", "--timeout", "30"]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
         "rxstream run: task 'autopilot' failed: DocValidationError: control.promt is not a "
-        "field of the doc (fields there: prompt), got 'a storm'"
+        "field of the doc (fields there: prompt), got 'a storm' (task_app.py:13 in autopilot)"
     )
 
 
@@ -192,16 +192,17 @@ async def main(ctx):
 
 
 def test_rxstream_run_ends_when_a_task_fails_outside_pipeline_run(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A spawned task that fails while main awaits something else ends ``rxstream run`` too
     (exit 1, the task named), not after main's own wait."""
-    app = tmp_path / "await_other.py"
-    app.write_text(AWAIT_OTHER_APP)
-    assert cli.main(["run", str(app), "--timeout", "60"]) == 1
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "await_other.py").write_text(AWAIT_OTHER_APP)
+    assert cli.main(["run", "await_other.py", "--timeout", "60"]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        "rxstream run: task 'feeder' failed: RuntimeError: no pointer device"
+        "rxstream run: task 'feeder' failed: RuntimeError: no pointer device "
+        "(await_other.py:11 in feeder)"
     )
 
 

@@ -304,8 +304,8 @@ def test_rxstream_test_stops_a_main_app_at_the_end_of_its_block(
     """What main does after its self test block (a print, a task, ``run()``) never runs."""
     app = _write(tmp_path / "after_the_block.py", AFTER_THE_BLOCK_APP)
     assert cli.main(["test", app]) == 0
-    out = capsys.readouterr().out  # (with the self test's log line)
-    assert out.endswith(f"\nrxstream test: {app}: self test passed\n")
+    out = capsys.readouterr().out
+    assert out.endswith(f"rxstream test: {app}: self test passed\n")
     assert "after the" not in out
 
 
@@ -327,7 +327,7 @@ def test_a_self_test_block_may_run_its_pipeline_threaded(
     """A block that starts a pipeline is the test itself: it runs, and passes at its end."""
     app = _write(tmp_path / "threaded_block.py", THREADED_BLOCK_APP)
     assert cli.main(["test", app]) == 0
-    assert capsys.readouterr().out.endswith(f"\nrxstream test: {app}: self test passed\n")
+    assert capsys.readouterr().out == f"rxstream test: {app}: self test passed\n"
 
 
 @pytest.mark.parametrize(

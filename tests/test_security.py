@@ -681,7 +681,7 @@ def test_no_token_needs_insecure_and_warns(capsys: pytest.CaptureFixture[str]) -
     assert cli.main([*argv, "--timeout", "0.5", "--set", "fps=20"]) == 0
     err = capsys.readouterr().err
     assert "warning: serving without a token (--no-token --insecure)" in err
-    serving = err.split("rank(s), serving ", 1)[1].split(";", 1)[0]
+    serving = err.split("serving the page at ", 1)[1].split("\n", 1)[0]
     assert serving.startswith("http://127.0.0.1:")
     assert "token" not in serving
 

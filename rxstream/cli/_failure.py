@@ -10,7 +10,7 @@ import sys
 import traceback
 from collections.abc import Iterable
 
-from rxstream._exceptions import PipelineError, RxStreamError
+from rxstream._exceptions import PipelineError, RxStreamError, TaskError
 from rxstream.ranks._app import app_files, app_frame
 
 __all__ = [
@@ -38,11 +38,13 @@ def typed(exc: BaseException) -> str:
 def describe(exc: BaseException, files: Iterable[str]) -> str:
     """A failure as one line: rxstream's own errors as they read (they name the stage or the
     field, the rule and the value), any other with its type; then where in the app it went
-    wrong (``(app.py:14 in main)``), except for a stage's failure, which names the stage."""
+    wrong (``(app.py:14 in main)``), except for a stage's failure, which names the stage; a
+    spawned task's failure names the task and its own line (where the task went wrong, not
+    where ``main`` awaited the run)."""
     if isinstance(exc, PipelineError):
         return str(exc)
     text = str(exc) if isinstance(exc, RxStreamError) else typed(exc)
-    where = app_frame(exc, files)
+    where = app_frame(exc.cause if isinstance(exc, TaskError) else exc, files)
     return text if where is None else f"{text} ({where})"
 
 
