@@ -8,6 +8,7 @@ The watchdog tests block a stage on a ``threading.Event`` the test holds, with a
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import multiprocessing
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +101,37 @@ def test_a_stage_busy_past_its_bound_is_warned_once_naming_it_and_its_item(
     assert done.longest_limit_s == 0.05
     assert done.longest_s > 0.05
     assert pipeline.statistics()["frames"].overdue == 0
+
+
+def test_the_watchdog_keeps_no_item_alive(ctx: rxstream.Context) -> None:
+    """The watchdog remembers the item a stage was busy on by its id: once the stage let go
+    of it (a frame, a ring slot's lease), nothing of the watchdog's holds it, run or stopped."""
+    release = threading.Event()
+    ctx.busy_limit_s = 0.05
+    made: list[weakref.ref[np.ndarray]] = []
+
+    def frames() -> Iterator[np.ndarray]:
+        frame = np.zeros((64, 64, 3), dtype=np.uint8)
+        made.append(weakref.ref(frame))
+        yield frame
+
+    def decode(frame: np.ndarray) -> int:
+        release.wait()
+        return 0  # the frame is not carried on
+
+    pipeline = ctx.source(frames, name="frames") | ctx.pipe(decode, name="decode")
+    pipeline = pipeline | ctx.stream("out")
+    pipeline.start()
+    try:
+        _until(lambda: pipeline.statistics()["decode"].overdue_now, "decode overdue")
+        release.set()
+        assert pipeline.wait(WAIT_S)
+    finally:
+        release.set()
+        pipeline.stop()
+    gc.collect()
+    assert made
+    assert made[0]() is None
 
 
 def test_a_hung_stage_fused_onto_a_thread_is_named_with_its_owner(ctx: rxstream.Context) -> None:

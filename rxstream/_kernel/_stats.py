@@ -165,7 +165,7 @@ class StageCounters:
             blocked = self.blocked_s
         busy = self.busy
         current = self.current
-        on = current is not None and current is busy.seen  # still on what the watchdog timed
+        on = current is not None and id(current) == busy.seen  # still on what the watchdog timed
         return StageStatistics(
             name=self.name,
             kind=self.kind,
@@ -211,8 +211,9 @@ class Busy:
     )
 
     def __init__(self) -> None:
-        self.seen: Any = None
-        """The object the stage's thread worked on at the last scan (compared by identity)."""
+        self.seen: int | None = None
+        """The ``id`` of the object the stage's thread worked on at the last scan (an id, so
+        that the watchdog holds no item: a frame, a ring slot's lease)."""
         self.since = 0.0
         """When the watchdog first saw it (``time.monotonic()``)."""
         self.warned = False

@@ -10,7 +10,9 @@ environment variable :data:`BUSY_ENV`), else ``max(BUSY_MIN_S, BUSY_FACTOR x`` t
 work an item ``)``, :data:`BUSY_FIRST_S` for its first item — is warned about once (a warning,
 one line on the console log) and counted in the stage's statistics (``overdue``,
 ``longest_s``, ``longest_on``), which the status line and the end-of-run summary of
-``rxstream run`` show. Nothing of this is on the per-item path but the two stores.
+``rxstream run`` show. Nothing of this is on the per-item path but those stores (two an
+item; a source's pull, three), and the watchdog remembers an item by its ``id``: it keeps
+none alive.
 """
 
 from __future__ import annotations
@@ -155,8 +157,9 @@ class Watchdog:
                     busy.now_s, busy.now_on = 0.0, ""
                 continue
             key = (counters.work_s, counters.wait_s, counters.stalled_s)  # all still: one item
-            if current is not busy.seen or self._keys.get(name) != key:
-                busy.seen, busy.since, busy.warned = current, now, False
+            if id(current) != busy.seen or self._keys.get(name) != key:
+                # its id, not the item: the watchdog keeps no item alive (a lease, a frame)
+                busy.seen, busy.since, busy.warned = id(current), now, False
                 busy.now_s, busy.now_on = 0.0, ""
                 self._keys[name] = key
                 continue
