@@ -166,6 +166,20 @@ def test_the_maker_is_the_last_stage_that_may_change_the_payload(ctx: rxstream.C
     assert refusal(ctx, pipeline).endswith("got shape (1, 32, 48, 3) from stage 'paint'")
 
 
+def test_an_unbatch_hands_on_the_frames_of_the_stage_that_made_the_batch(
+    ctx: rxstream.Context,
+) -> None:
+    """An unbatch splits a batch another stage made: the message names that stage."""
+    batch = np.full((2, H, W, 3), 200.0, np.float32)
+    pipeline = (
+        ctx.source(range(100), name="counter")
+        | ctx.pipe(lambda _: batch, name="render")
+        | ctx.unbatch()
+        | ctx.stream("video", codec="jpeg")
+    )
+    assert refusal(ctx, pipeline).endswith("got float32 values in [200, 200] from stage 'render'")
+
+
 def test_a_source_that_makes_the_payload_is_named(ctx: rxstream.Context) -> None:
     """A bad payload straight from a source names the source."""
     pipeline = ctx.source(lambda: "frame", name="frames") | ctx.stream("video", codec="jpeg")

@@ -43,13 +43,14 @@ _CHECKED = frozenset({"jpeg", "h264"})
 """The codecs whose sinks check their payloads (a ``raw`` sink may carry anything to a memory
 transport; a page reading it as a frame says so)."""
 
-_PASSING = frozenset({"tap", "pace", "merge"})
-"""Stage kinds that hand a payload on as it came (``pace`` may repeat it): never its maker."""
+_PASSING = frozenset({"tap", "pace", "merge", "unbatch"})
+"""Stage kinds that hand a payload on as it came (``pace`` may repeat it, ``unbatch`` hands on
+the parts of a batch another stage made): never its maker."""
 
 
 def producer_of(timeline: tuple[tuple[str, float], ...], kinds: Mapping[str, str]) -> str | None:
     """The stage that made an item's payload: the last stage with an ``.out`` stamp in
-    ``timeline`` whose kind may change a payload (any but ``tap``, ``pace`` and ``merge``);
+    ``timeline`` whose kind may change a payload (any but ``tap``, ``pace``, ``merge`` and ``unbatch``);
     boundary stamps are skipped. ``None`` when the stamps do not tell (timing off)."""
     for hop, _ in reversed(timeline):
         if hop.endswith(".out"):
