@@ -172,14 +172,15 @@ class LibraryLogger:
                 structlog.dev.ConsoleRenderer(colors=False),
             ],
             wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
-        )
+        ).bind()  # bound once: its processors are fixed (the configured one stays lazy)
 
     def _target(self) -> Any:
         return self._configured if structlog.is_configured() else self._quiet
 
     def info(self, event: str, **fields: Any) -> None:
-        """An info event (dropped until structlog is configured)."""
-        self._target().info(event, **fields)
+        """An info event (dropped until structlog is configured: one check, nothing built)."""
+        if structlog.is_configured():
+            self._configured.info(event, **fields)
 
     def warning(self, event: str, **fields: Any) -> None:
         """A warning event (to stderr until structlog is configured)."""

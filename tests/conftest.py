@@ -1,5 +1,6 @@
-"""Shared fixtures: a fresh context, a check that no rxstream thread outlives its test, and
-the books of every threaded run balanced (``rxstream.runtime._books``)."""
+"""Shared fixtures: a fresh context, a check that no rxstream thread outlives its test, the
+books of every threaded run balanced (``rxstream.runtime._books``), and structlog's global
+configuration put back after every test."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import structlog
 
 import rxstream
 from rxstream.runtime._books import settled, unbalanced
@@ -18,6 +20,19 @@ from rxstream.testing import live_threads
 def ctx() -> rxstream.Context:
     """A context with an in-memory transport that keeps every item."""
     return rxstream.Context(transport=rxstream.transport.MemoryTransport())
+
+
+@pytest.fixture(autouse=True)
+def structlog_as_it_was() -> Iterator[None]:
+    """Put structlog's global configuration back after each test: ``configure_logging``, the
+    CLI and ``structlog.testing.capture_logs`` (which leaves structlog configured) set it, and
+    rxstream's library logger stays quiet only while it is unconfigured."""
+    configured, config = structlog.is_configured(), structlog.get_config()
+    config["processors"] = list(config["processors"])
+    yield
+    structlog.reset_defaults()
+    if configured:
+        structlog.configure(**config)
 
 
 @pytest.fixture(autouse=True)

@@ -50,8 +50,8 @@ the parts of a batch another stage made): never its maker."""
 
 def producer_of(timeline: tuple[tuple[str, float], ...], kinds: Mapping[str, str]) -> str | None:
     """The stage that made an item's payload: the last stage with an ``.out`` stamp in
-    ``timeline`` whose kind may change a payload (any but ``tap``, ``pace``, ``merge`` and ``unbatch``);
-    boundary stamps are skipped. ``None`` when the stamps do not tell (timing off)."""
+    ``timeline`` whose kind may change a payload (any but ``tap``, ``pace``, ``merge`` and
+    ``unbatch``); boundary stamps are skipped. ``None`` when the stamps do not tell (timing off)."""
     for hop, _ in reversed(timeline):
         if hop.endswith(".out"):
             name = hop[:-4]
