@@ -1,7 +1,6 @@
 """What every part of a launch shares: its options, timings, heartbeat, live ranks, result."""
 
 import contextlib
-import math
 import os
 import signal
 import threading
@@ -12,6 +11,7 @@ from typing import Any
 
 from rxstream._exceptions import ArgumentError
 from rxstream._kernel._stats import StageStatistics, repeated
+from rxstream.runtime._seconds import seconds_from_env
 from rxstream.transport import Transport
 
 JOIN_S = 2.0
@@ -49,16 +49,7 @@ def kill_ranks() -> None:
 
 def heartbeat_s() -> float:
     """:data:`HEARTBEAT_S`, or the seconds ``RXSTREAM_HEARTBEAT_S`` gives."""
-    text = os.environ.get(HEARTBEAT_ENV)
-    if text is None:
-        return HEARTBEAT_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise ArgumentError(f"{HEARTBEAT_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+    return seconds_from_env(HEARTBEAT_ENV, HEARTBEAT_S)
 
 
 Statistics = Mapping[int, Mapping[str, StageStatistics]]

@@ -17,17 +17,15 @@ none alive.
 
 from __future__ import annotations
 
-import math
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from rxstream._exceptions import ArgumentError
 from rxstream._kernel._stats import StageCounters, duration_text
 from rxstream._util import library_logger
 from rxstream.item import PipelineItem
 from rxstream.operators._source import SourcePuller
+from rxstream.runtime._seconds import seconds_from_env
 
 __all__ = [
     "BUSY_ENV",
@@ -56,16 +54,7 @@ SCAN_S = 0.1
 
 def busy_limit_from_env() -> float | None:
     """The bound :data:`BUSY_ENV` sets; ``None`` when unset (the default rule)."""
-    text = os.environ.get(BUSY_ENV)
-    if text is None or not text.strip():
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not value > 0 or math.isinf(value):
-        raise ArgumentError(f"{BUSY_ENV} must be a number of seconds > 0, got {text!r}")
-    return value
+    return seconds_from_env(BUSY_ENV, None)
 
 
 def describe(work: object) -> str:
