@@ -69,9 +69,10 @@ class Environment:
         ``self_test``)."""
         self._self_test_drives: list[Pipeline] = []
         """The pipelines driven inside the running self test: their sessions end with it."""
-        self._self_test_docs: dict[str, tuple[Snapshot, int]] | None = None
-        """While a self test runs: each doc's state (snapshot, version) before the block (or
-        as it was made, for a doc made in the block), put back when it ends."""
+        self._self_test_docs: dict[str, tuple[Snapshot, int, int]] | None = None
+        """While a self test runs: each doc's state (snapshot, version, how many bind
+        failures it held) before the block (or as it was made, for a doc made in the block),
+        put back when it ends."""
         self.generations = Generations()
         self.docs: dict[str, Doc] = {}
         self._config = dict(config or {})
@@ -176,7 +177,7 @@ class Environment:
             made.replicate(*replica)
         self._made(made)
         if self._self_test_docs is not None:  # made in a self test: put back as made
-            self._self_test_docs.setdefault(name, (made.snapshot(), made.version))
+            self._self_test_docs.setdefault(name, (made.snapshot(), made.version, 0))
         return made
 
     def _made(self, doc: Doc) -> None:
@@ -213,7 +214,7 @@ class Environment:
         started = time.monotonic()
         outer = self._self_test_docs
         docs = self._self_test_docs = {
-            name: (doc.snapshot(), doc.version) for name, doc in self.docs.items()
+            name: (doc.snapshot(), doc.version, len(doc.errors)) for name, doc in self.docs.items()
         }
         generations = self.generations.state(), self.generations.steered_at
         self.self_testing = True
@@ -231,10 +232,10 @@ class Environment:
             for pipeline in driven:
                 pipeline._end_session()
             self._self_test_docs = outer
-            for name, (snapshot, version) in docs.items():
-                self.docs[name]._rewind(snapshot, version)
+            for name, state in docs.items():
+                self.docs[name]._rewind(*state)
                 if outer is not None:  # a doc made in a nested block: the outer one's too
-                    outer.setdefault(name, (snapshot, version))
+                    outer.setdefault(name, state)
             self.generations._rewind(*generations)
         self.self_test_passed = True
         _log.info("self_test_passed", seconds=round(time.monotonic() - started, 3))

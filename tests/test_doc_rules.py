@@ -406,6 +406,25 @@ def test_a_failed_self_test_leaves_no_trace_either() -> None:
     assert (doc.desired.speed.value, doc.version, ctx.generations.state().prompt) == (1.0, 0, 0)
 
 
+def test_a_rebuild_the_self_test_failed_leaves_no_bind_failure() -> None:
+    """A doc.bind rebuild that failed inside the block is the check's: doc.errors is as before."""
+    ctx = rxstream.Context()
+    doc = ctx.doc("control", defaults={"model": "good"})
+
+    def construct(d: Any) -> rxstream.Stage:
+        if d.model.value == "bad":
+            raise ValueError("no such model")
+        return ctx.pipe(lambda x: x)
+
+    pipeline = ctx.source(range(10)) | doc.bind(construct, [doc.desired.model]) | ctx.stream("s")
+    with ctx.self_test():
+        pipeline.drive(frames=1)
+        doc.set(model="bad")
+        pipeline.drive(frames=1)
+        assert len(doc.errors) == 1
+    assert doc.errors == []
+
+
 def test_a_doc_made_in_the_self_test_goes_back_to_how_it_was_made() -> None:
     """A doc made inside the block keeps its made state (with --set) after it, not its writes."""
     ctx = AppContext(settings=["speed=2"])

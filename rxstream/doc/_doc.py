@@ -138,14 +138,20 @@ class Doc:
             self._version = version
             self._subject.on_next(self._snapshot)
 
-    def _rewind(self, snapshot: Snapshot, version: int) -> None:
-        """Put back a state this doc had (``snapshot`` at ``version``): the end of a self
-        test, whose writes the run after it does not see. No validation (it was valid);
-        subscribers get ``snapshot`` when it is not the state now."""
+    def _rewind(self, snapshot: Snapshot, version: int, errors: int) -> None:
+        """Put back a state this doc had (``snapshot`` at ``version``, its first ``errors``
+        bind failures): the end of a self test, whose writes (and the rebuilds they failed)
+        the run after it does not see. No validation (it was valid); subscribers get
+        ``snapshot`` when it is not the state now.
+
+        Versions go back too: a replica takes only newer ones, so rank > 0's copy (which ran
+        its own self test, rewound the same way) takes the run's next write. A self test run
+        while a run on several ranks is live is not rewound on those ranks (known limit)."""
         with self._lock:
             moved = snapshot is not self._snapshot
             self._snapshot = snapshot
             self._version = version
+            del self.errors[errors:]
             if moved:
                 self._subject.on_next(snapshot)
 
