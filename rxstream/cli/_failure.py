@@ -8,10 +8,8 @@ import argparse
 import os
 import sys
 import traceback
-from collections.abc import Iterable
 
-from rxstream._exceptions import PipelineError, RxStreamError, TaskError
-from rxstream.ranks._app import app_files, app_frame
+from rxstream.ranks._app import app_files, app_frame, describe, typed
 
 __all__ = [
     "TRACEBACK_ENV",
@@ -27,25 +25,6 @@ __all__ = [
 TRACEBACK_ENV = "RXSTREAM_TRACEBACK"
 """Set to anything but ``""`` or ``0``, every command prints the whole traceback of a failure
 before its one line, as ``--traceback`` does."""
-
-
-def typed(exc: BaseException) -> str:
-    """``KeyError: 'b'``: the exception's type and message, on one line."""
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def describe(exc: BaseException, files: Iterable[str]) -> str:
-    """A failure as one line: rxstream's own errors as they read (they name the stage or the
-    field, the rule and the value), any other with its type; then where in the app it went
-    wrong (``(app.py:14 in main)``), except for a stage's failure, which names the stage; a
-    spawned task's failure names the task and its own line (where the task went wrong, not
-    where ``main`` awaited the run)."""
-    if isinstance(exc, PipelineError):
-        return str(exc)
-    text = str(exc) if isinstance(exc, RxStreamError) else typed(exc)
-    where = app_frame(exc.cause if isinstance(exc, TaskError) else exc, files)
-    return text if where is None else f"{text} ({where})"
 
 
 def app_failure(exc: BaseException, entry: str) -> str:

@@ -17,7 +17,10 @@ from rxstream._exceptions import (
     AppEntryError,
     ArgumentError,
     ArgumentTypeError,
+    PipelineError,
+    RxStreamError,
     SettingError,
+    TaskError,
     shown,
 )
 from rxstream._settings import apply_settings
@@ -172,6 +175,25 @@ def app_frame(exc: BaseException, files: Iterable[str]) -> str | None:
     if path.startswith(os.pardir):
         path = code.co_filename
     return f"{path}:{line} in {code.co_name}"
+
+
+def typed(exc: BaseException) -> str:
+    """``KeyError: 'b'``: the exception's type and message, on one line."""
+    message = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def describe(exc: BaseException, files: Iterable[str] = ()) -> str:
+    """A failure as one line, on any rank: rxstream's own errors as they read (they name the
+    stage or the field, the rule and the value), any other with its type; then where in the
+    app's ``files`` it went wrong (``(app.py:14 in main)``), except for a stage's failure,
+    which names the stage; a spawned task's failure names the task and its own line (where
+    the task went wrong, not where ``main`` awaited the run)."""
+    if isinstance(exc, PipelineError):
+        return str(exc)
+    text = " ".join(str(exc).split()) if isinstance(exc, RxStreamError) else typed(exc)
+    where = app_frame(exc.cause if isinstance(exc, TaskError) else exc, files)
+    return text if where is None else f"{text} ({where})"
 
 
 class AppContext(Context):

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 from rxstream._exceptions import PipelineError, RingClosed
 from rxstream._kernel._stats import StageStatistics, egressed, stats_from_wire, stats_to_wire
 from rxstream._util import library_logger
+from rxstream.ranks._app import describe
 from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun, RankLost
-from rxstream.ranks._rank import describe
 from rxstream.ranks._replicate import apply_replica, replicate
 
 if TYPE_CHECKING:

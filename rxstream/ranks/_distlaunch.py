@@ -33,10 +33,10 @@ from rxstream.context import Context
 from rxstream.doc._snapshot import thaw
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._app import load_app
+from rxstream.ranks._app import describe, load_app
 from rxstream.ranks._common import LaunchOptions, LaunchResult
 from rxstream.ranks._distboundary import DistChannel, DistRun
-from rxstream.ranks._distcontrol import Control, describe
+from rxstream.ranks._distcontrol import Control
 from rxstream.ranks._egress import Forward
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._plan import Plan

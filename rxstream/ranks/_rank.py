@@ -7,8 +7,7 @@ import signal
 import sys
 import threading
 import time
-import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, TextIO, cast
@@ -19,7 +18,7 @@ from rxstream._util import StdoutGuard
 from rxstream.context import Context
 from rxstream.ipc import RingHandle, ShmRing
 from rxstream.pipeline import Pipeline
-from rxstream.ranks._app import app_files, app_frame, load_app
+from rxstream.ranks._app import app_files, describe, load_app
 from rxstream.ranks._common import JOIN_S, STATUS_S, STOP_SIGNALS, WATCH_S, LaunchOptions
 from rxstream.ranks._egress import (
     Forward,
@@ -221,17 +220,6 @@ def send_to(conn: Connection, message: tuple[Any, ...]) -> None:
     """Send to a rank, ignoring one that is gone (the watcher reports it)."""
     with contextlib.suppress(OSError):
         conn.send(message)
-
-
-def describe(exc: BaseException, files: Iterable[str] = ()) -> str:
-    """An error as one line for another process: a PipelineError as it reads, else its type
-    and message, and where in the app's ``files`` it went wrong (``(app.py:14 in build)``);
-    the torchrun control plane uses it too."""
-    if isinstance(exc, PipelineError):
-        return str(exc)
-    said = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    where = app_frame(exc, files)
-    return said if where is None else f"{said} ({where})"
 
 
 def _listen(conn: Connection, ctx: Context, run: ThreadedRun) -> None:
