@@ -81,11 +81,11 @@ class Context(Environment):
         """Run ``coroutine`` beside the pipelines as a task of the running loop; the task.
 
         Use it instead of ``asyncio.ensure_future`` for an app's own loops (an autopilot, a
-        feeder): a task that raises ends the ``pipeline.run()`` under way (or the next one) at
-        once with a :class:`~rxstream.TaskError` naming it (``rxstream run`` exits 1 with
-        ``task 'autopilot' failed: …``), where an ``ensure_future`` task would die unseen.
-        ``pipeline.run()`` cancels the spawned tasks when it ends. ``name`` defaults to the
-        coroutine function's name.
+        feeder): a task that raises ends every ``pipeline.run()`` of the context under way (or
+        the next one) at once with a :class:`~rxstream.TaskError` naming it (``rxstream run``
+        exits 1 with ``task 'autopilot' failed: …``), where an ``ensure_future`` task would die
+        unseen. The last ``pipeline.run()`` of the context to end cancels the spawned tasks.
+        ``name`` defaults to the coroutine function's name.
         """
         return self._tasks.spawn(coroutine, name)
 

@@ -525,30 +525,32 @@ class Pipeline:
         Also returns when the pipeline completes, and stops it when the awaiting task is
         cancelled. ``poll_interval`` only bounds how fast a disconnect is seen. A stage that
         failed raises its :class:`PipelineError` here; a task of ``ctx.spawn`` that failed
-        (during the run, or before it) ends it at once and raises its :class:`~rxstream.TaskError`.
-        When it ends, it cancels the context's spawned tasks.
+        (during the run, or before it) ends it at once and raises its :class:`~rxstream.TaskError`
+        (every run of the context under way raises it). When it ends and no other run of the
+        context is under way, it cancels the context's spawned tasks.
         """
         if poll_interval <= 0:
             raise ArgumentError(f"poll_interval must be > 0 seconds, got {poll_interval}")
         tasks = self._context._tasks
         failed = tasks.take_failure()
         if failed is not None:  # a spawned task failed before the run: it does not start
-            await tasks.cancel_all()
+            if not tasks.running:
+                await tasks.cancel_all()
             raise failed
         loop = asyncio.get_running_loop()
         run = self._start(config, loop=loop)
         finished = asyncio.Event()
         self._over.on_done(lambda: _call_soon(loop, finished.set))  # also a stop() elsewhere
-        unlisten = tasks.on_failure(finished.set)  # a spawned task failed: end now
+        watch = tasks.enter_run(finished.set)  # a spawned task failed: end now, raise it
         try:
             while not finished.is_set() and self._context.connected:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(finished.wait(), poll_interval)
         finally:
-            unlisten()
+            failed = tasks.leave_run(watch)
             self.stop()
-            failed = tasks.take_failure()
-            await tasks.cancel_all()
+            if not tasks.running:  # the last run of the context: its tasks go with it
+                await tasks.cancel_all()
         run.raise_error()
         if failed is not None:
             raise failed

@@ -132,6 +132,118 @@ def test_spawn_outside_an_event_loop_is_refused() -> None:
         ctx.spawn(autopilot())
 
 
+def test_every_run_ended_by_a_task_failure_raises_it() -> None:
+    """A spawned task that fails while two runs of its context are under way ends both, and
+    each ``pipeline.run()`` raises the TaskError (neither returns as if nothing happened)."""
+    ctx = rxstream.Context()
+    first = ctx.input("a") | ctx.stream("o1")
+    second = ctx.input("b") | ctx.stream("o2")
+
+    async def boom() -> None:
+        await asyncio.sleep(0)
+        raise KeyError("b")
+
+    async def main() -> tuple[BaseException | None, BaseException | None]:
+        ctx.spawn(boom())
+        return await asyncio.gather(first.run(), second.run(), return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert [str(result) for result in results] == ["task 'boom' failed: KeyError: 'b'"] * 2
+    assert all(isinstance(result, rxstream.TaskError) for result in results)
+    assert (first.state, second.state) == ("stopped", "stopped")
+
+
+def test_a_run_that_ends_leaves_the_tasks_to_another_run_under_way() -> None:
+    """``pipeline.run()`` ending while another run of its context is under way cancels no
+    spawned task; the last run's end cancels them (their ``finally`` run by its return)."""
+    ctx = rxstream.Context()
+    first = ctx.input("a") | ctx.stream("o1")
+    second = ctx.input("b") | ctx.stream("o2")
+    cleaned: list[str] = []
+
+    async def main() -> tuple[bool, asyncio.Task[None]]:
+        feeding = asyncio.Event()
+
+        async def feeder() -> None:
+            feeding.set()
+            try:
+                await asyncio.Event().wait()  # feeds the second pipeline until cancelled
+            finally:
+                cleaned.append("feeder")
+
+        task = ctx.spawn(feeder())
+        other = asyncio.ensure_future(second.run())
+        await feeding.wait()  # the second run is under way too
+        asyncio.get_running_loop().call_soon(first.stop)
+        await first.run()
+        alive = not task.done()
+        ctx.transport.disconnect()  # type: ignore[attr-defined]
+        await other
+        return alive, task
+
+    alive, task = asyncio.run(main())
+    assert alive
+    assert task.cancelled()
+    assert cleaned == ["feeder"]
+
+
+def test_a_task_error_ending_a_spawned_task_is_not_a_new_failure() -> None:
+    """A run awaited inside a spawned task raises the TaskError of another task; that task
+    ending with it is no new failure, so a later run of the context starts and runs."""
+    ctx = rxstream.Context()
+    inner = ctx.input("a") | ctx.stream("o1")
+    later = ctx.input("b") | ctx.stream("o2")
+
+    async def main() -> BaseException | None:
+        going = asyncio.Event()
+
+        async def boom() -> None:
+            await going.wait()
+            raise KeyError("b")
+
+        async def runner() -> None:
+            going.set()
+            await inner.run()
+
+        ctx.spawn(boom())
+        task = ctx.spawn(runner(), name="runner")
+        await asyncio.wait({task})
+        asyncio.get_running_loop().call_soon(ctx.transport.disconnect)  # type: ignore[attr-defined]
+        await later.run()  # returns at the disconnect
+        return task.exception()
+
+    error = asyncio.run(main())
+    assert isinstance(error, rxstream.TaskError)
+    assert str(error) == "task 'boom' failed: KeyError: 'b'"
+    assert later.state == "stopped"
+
+
+SELF_TEST_TASK_APP = """\
+async def main(ctx):
+    pipeline = ctx.source(range(3)) | ctx.stream("s")
+
+    async def check():
+        with ctx.self_test():
+            pipeline.drive(frames=1)
+
+    await ctx.spawn(check())
+    print("after the block (must not run)")
+"""
+
+
+@pytest.mark.usefixtures("unconfigured_structlog")
+def test_a_self_test_ending_in_a_spawned_task_is_no_task_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``rxstream test`` of a main app whose self test block runs in a spawned task passes
+    and logs no ``app_task_failed``: the block's end (no ``Exception``) is no failure."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "st_app.py").write_text(SELF_TEST_TASK_APP)
+    assert cli.main(["test", "st_app.py"]) == 0
+    out, err = capsys.readouterr()
+    assert (out, err) == ("rxstream test: st_app.py: self test passed\n", "")
+
+
 TASK_APP = """\
 import asyncio
 
