@@ -612,3 +612,33 @@ def test_an_async_reading_source_takes_the_correlation_of_its_own_read() -> None
     (item,) = pipeline.drive(frames=1, items=True)
     assert (item.payload, item.metadata.input_seq, item.metadata.input_at_ms) == ("a", 1, 1000)
     assert item.metadata.timeline[0][0] == "input.recv"
+
+
+# --- an input only read ------------------------------------------------------------------
+
+
+def test_an_input_only_read_keeps_its_newest_sample_and_counts_refusals_on_its_reader() -> None:
+    """An input that only a source reads queues nothing (nothing waits, no ``latest`` drop
+    past its capacity), its refusals count on the reading source's statistics, and a later
+    run with the input as a stage inherits neither samples nor drops."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer", ClientStreamLimits(max_items=6), capacity=2, schema=str)
+
+    def world() -> Iterator[object]:
+        while True:
+            yield pointer.latest()
+
+    reading = ctx.source(world, name="world", reads=pointer) | ctx.stream("video")
+    assert reading.drive(frames=1) == [None]
+    for sample in "abcde":
+        reading.feed("pointer", sample)
+    with pytest.raises(rxstream.topology.InvalidSample):
+        reading.feed("pointer", 7)
+    reading.feed("pointer", "f")
+    with pytest.raises(rxstream.topology.ClientStreamLimitExceeded):
+        reading.feed("pointer", "g")
+    assert reading.drive(frames=1) == ["f"]
+    assert dict(reading.statistics()["world"].dropped) == {"invalid": 1, "limit": 1}
+    taking = pointer | ctx.stream("raw")
+    assert taking.drive(frames=1) == []
+    assert dict(taking.statistics()["pointer"].dropped) == {}

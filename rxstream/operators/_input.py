@@ -25,6 +25,13 @@ source's pull or for a pipe or tap that calls ``latest()`` meanwhile (:class:`Pu
 Refusals are counted on the input stage (dropped, reasons ``invalid`` and ``limit``), as are
 samples dropped from the full queue (``latest``): what was offered is what the stage pulled,
 plus what it dropped, plus what still waits.
+
+An input only read (``reads=``, no input stage in the run's graph: :meth:`InputFeed.read_by`)
+queues nothing: it keeps only its newest sample, so none waits and none is dropped from a
+queue (a sample a newer one replaced was simply not the newest when read), and its
+refusals count on the first source that reads it (dropped, ``invalid`` and ``limit``), the
+row a user sees. A later run that has the input as a stage starts with an empty queue and
+no drops of the run that only read it.
 """
 
 from __future__ import annotations
@@ -144,6 +151,9 @@ class InputFeed:
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
         self._waiting = False
         self._newest: InputSample | None = None
+        self._queues = True
+        """Whether fed samples queue for an input stage (``False``: only read, see
+        :meth:`read_by`)."""
 
     def latest(self, default: Any = None) -> Any:
         """The newest sample fed so far (taken or not), ``default`` before the first.
@@ -198,12 +208,14 @@ class InputFeed:
                     raise ClientStreamLimitExceeded(self.name, limits.max_items, limits.unit, total)
                 self._budgets.charge(client, size)
             self._seq += 1
+            queued = self._newest = InputSample(sample, self._seq, stamp, received)
+            self.accepted += 1
+            if not self._queues:  # only read: the newest sample is all that is kept
+                return self._seq
             if len(self._queue) >= self.capacity:
                 self._queue.popleft()
                 self._drop("latest")
-            queued = self._newest = InputSample(sample, self._seq, stamp, received)
             self._queue.append(queued)
-            self.accepted += 1
             self._cond.notify()
             return self._seq
 
@@ -256,11 +268,27 @@ class InputFeed:
         on, and what was dropped while none was attached."""
         with self._cond:
             self._counters = counters
+            self._queues = True
             pending, self._pending = self._pending, {}
             # what waits, and what the full queue dropped meanwhile, counts on this run
             self.accepted = len(self._queue) + pending.get("latest", 0)
         for reason, count in pending.items():
             counters.drop(reason, count)
+
+    def read_by(self, counters: StageCounters) -> None:
+        """A run whose graph has no stage taking this input, only sources reading it: from
+        now on keep only the newest sample (what waits from before is let go), and count
+        refusals on ``counters`` (the first reading source's), with those made while none
+        was attached."""
+        with self._cond:
+            self._counters = counters
+            self._queues = False
+            self._queue.clear()
+            self.accepted = 0
+            pending, self._pending = self._pending, {}
+        for reason, count in pending.items():
+            if reason != "latest":  # a queue nobody takes dropped nothing anyone would read
+                counters.drop(reason, count)
 
     def new_run(self) -> None:
         """A run starts: every client's budget is fresh again, and :meth:`latest` has no

@@ -103,7 +103,9 @@ class SourcePuller:
     """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``.
 
     ``hint``: look at the first payload for a batch sent as one (a ``source_payload_is_a_batch``
-    warning); the run turns it off for a source that feeds an unbatch.
+    warning); the run turns it off for a source that feeds an unbatch. ``counts``: the inputs
+    of ``reads`` that no stage of the run takes and whose refusals this source counts
+    (:meth:`~rxstream.operators._input.InputFeed.read_by`).
     """
 
     def __init__(
@@ -113,6 +115,7 @@ class SourcePuller:
         reads: tuple[InputFeed, ...] = (),
         *,
         hint: bool = True,
+        counts: tuple[InputFeed, ...] = (),
     ) -> None:
         self._spec = spec
         self._reads = PullReads(reads) if reads else None
@@ -134,6 +137,8 @@ class SourcePuller:
             spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
             if not shell.driven:  # a new run (start()) gives every client a fresh budget
                 spec.new_run()
+        for feed in counts:  # only read: newest sample only, refusals on this stage
+            feed.read_by(shell.counters)
         if not shell.driven:
             for feed in reads:  # and the inputs a source reads too
                 feed.new_run()
