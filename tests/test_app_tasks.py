@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -622,3 +622,135 @@ def test_the_pointer_world_example_writes_one_record_per_pointer_sample(tmp_path
     assert {(r.origin, r.hops[0].name) for r in records} == {("input.recv", "world")}
     seqs = [r.input_seq for r in records]
     assert seqs == sorted(set(seqs))
+
+
+# --- a reading source's correlation is its own pull's ------------------------------------
+
+
+def test_a_source_that_reads_nothing_takes_no_correlation_from_another_readers_pull() -> None:
+    """Two sources declare ``reads=pointer``; ``world`` calls ``latest()`` while ``hud``'s
+    pull runs, and ``hud`` never does: only ``world``'s item carries the sample (the sink's
+    one record for it names ``world``, though ``hud``'s item reached the sink first)."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+    fed, pulling, read, hud_out = (threading.Event() for _ in range(4))
+    records: list[rxstream.timing.TimingRecord] = []
+
+    def world() -> Iterator[object]:
+        fed.wait(30)
+        pulling.wait(30)  # hud's pull has begun
+        value = pointer.latest()
+        read.set()
+        hud_out.wait(30)  # hud's item is ahead of this one
+        yield value
+
+    def hud() -> Iterator[int]:
+        fed.wait(30)
+        pulling.set()
+        read.wait(30)  # world read the pointer during this pull
+        yield 0
+
+    def note(payload: object) -> None:
+        if payload == 0:
+            hud_out.set()
+
+    pipeline = (
+        [ctx.source(world, name="world", reads=pointer), ctx.source(hud, name="hud", reads=pointer)]
+        | ctx.merge()
+        | ctx.tap(note)
+        | ctx.stream("out", on_timing=records.append)
+    )
+    pipeline.start()
+    try:
+        pipeline.feed("pointer", (0.5, 0.5))
+        fed.set()
+        assert pipeline.wait(30)
+    finally:
+        pipeline.stop()
+    assert [(r.hops[0].name, r.input_seq) for r in records] == [("world", 1)]
+
+
+def test_a_pipe_calling_latest_gives_the_source_no_correlation() -> None:
+    """A pipe that calls ``pointer.latest()`` while the source's next pull runs does not make
+    that pull's item a reading of the sample: the source read nothing, its sink writes no
+    record."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+    fed = threading.Event()
+    peeked = threading.Event()
+    records: list[rxstream.timing.TimingRecord] = []
+    seen: list[object] = []
+
+    def ticks() -> Iterator[int]:
+        fed.wait(30)
+        yield 0
+        peeked.wait(30)  # the pipe called latest() during this pull
+        yield 1
+
+    def peek(value: int) -> int:
+        seen.append(pointer.latest())
+        peeked.set()
+        return value
+
+    pipeline = (
+        ctx.source(ticks, name="ticks", reads=pointer)
+        | ctx.pipe(peek, name="peek")
+        | ctx.stream("out", on_timing=records.append)
+    )
+    pipeline.start()
+    try:
+        pipeline.feed("pointer", "a")
+        fed.set()
+        assert pipeline.wait(30)
+    finally:
+        pipeline.stop()
+    assert seen == ["a", "a"]
+    assert records == []
+
+
+def test_an_async_reading_source_takes_the_correlation_of_its_own_read() -> None:
+    """An async generator source reading ``pointer`` (its body runs on the pipeline's loop)
+    makes items carrying the sample its pull read."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer")
+
+    async def world() -> AsyncIterator[object]:
+        while True:
+            await asyncio.sleep(0)
+            yield pointer.latest()
+
+    pipeline = ctx.source(world, reads=pointer) | ctx.stream("video")
+    pipeline.feed("pointer", "a", at_ms=1000)
+    (item,) = pipeline.drive(frames=1, items=True)
+    assert (item.payload, item.metadata.input_seq, item.metadata.input_at_ms) == ("a", 1, 1000)
+    assert item.metadata.timeline[0][0] == "input.recv"
+
+
+# --- an input only read ------------------------------------------------------------------
+
+
+def test_an_input_only_read_keeps_its_newest_sample_and_counts_refusals_on_its_reader() -> None:
+    """An input that only a source reads queues nothing (nothing waits, no ``latest`` drop
+    past its capacity), its refusals count on the reading source's statistics, and a later
+    run with the input as a stage inherits neither samples nor drops."""
+    ctx = rxstream.Context()
+    pointer = ctx.input("pointer", ClientStreamLimits(max_items=6), capacity=2, schema=str)
+
+    def world() -> Iterator[object]:
+        while True:
+            yield pointer.latest()
+
+    reading = ctx.source(world, name="world", reads=pointer) | ctx.stream("video")
+    assert reading.drive(frames=1) == [None]
+    for sample in "abcde":
+        reading.feed("pointer", sample)
+    with pytest.raises(rxstream.topology.InvalidSample):
+        reading.feed("pointer", 7)
+    reading.feed("pointer", "f")
+    with pytest.raises(rxstream.topology.ClientStreamLimitExceeded):
+        reading.feed("pointer", "g")
+    assert reading.drive(frames=1) == ["f"]
+    assert dict(reading.statistics()["world"].dropped) == {"invalid": 1, "limit": 1}
+    taking = pointer | ctx.stream("raw")
+    assert taking.drive(frames=1) == []
+    assert dict(taking.statistics()["pointer"].dropped) == {}

@@ -18,11 +18,20 @@ the transport picks per connection; ``None`` for a local caller) has its own bud
 A source may read the stream's newest sample instead of taking each one (``latest``: "the
 pointer now", for a world model's tick): ``ctx.source(tick, reads=pointer)``, and in ``tick``
 ``pointer.latest()``. The source's item carries the correlation of the sample it read in that
-pull (see :mod:`rxstream.operators._source`).
+pull (see :mod:`rxstream.operators._source`): a ``latest()`` call counts for the pull that
+made it, on that pull's own thread (or in the coroutine the pull awaits), never for another
+source's pull or for a pipe or tap that calls ``latest()`` meanwhile (:class:`PullReads`).
 
 Refusals are counted on the input stage (dropped, reasons ``invalid`` and ``limit``), as are
 samples dropped from the full queue (``latest``): what was offered is what the stage pulled,
 plus what it dropped, plus what still waits.
+
+An input only read (``reads=``, no input stage in the run's graph: :meth:`InputFeed.read_by`)
+queues nothing: it keeps only its newest sample, so none waits and none is dropped from a
+queue (a sample a newer one replaced was simply not the newest when read), and its
+refusals count on the first source that reads it (dropped, ``invalid`` and ``limit``), the
+row a user sees. A later run that has the input as a stage starts with an empty queue and
+no drops of the run that only read it.
 """
 
 from __future__ import annotations
@@ -31,7 +40,8 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
+from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 from rxstream._kernel._stats import StageCounters
@@ -39,7 +49,7 @@ from rxstream.item import now
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
 from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
-__all__ = ["InputFeed", "InputSample", "SampleRead"]
+__all__ = ["READING", "InputFeed", "InputSample", "PullReads", "SampleRead"]
 
 _MAX_AT_MS = 2.0**53
 """The largest ``at_ms`` taken (ms; beyond it a JSON number is no longer exact)."""
@@ -61,6 +71,28 @@ class SampleRead(NamedTuple):
 
     sample: InputSample
     at: float
+
+
+class PullReads:
+    """What :meth:`InputFeed.latest` handed out during one pull of a reading source.
+
+    The source's puller sets it in :data:`READING` around each pull; ``latest()`` notes the
+    sample it hands out only when the calling context has one set and it names the input
+    (``feeds``, the source's ``reads=``): a contextvar, so a ``latest()`` on another thread
+    (another source's pull, a pipe, a tap) is never this pull's, and a coroutine the pull
+    awaits on the pipeline's loop (an async source) is.
+    """
+
+    __slots__ = ("feeds", "read")
+
+    def __init__(self, feeds: Iterable[InputFeed]) -> None:
+        self.feeds = frozenset(feeds)
+        self.read: SampleRead | None = None
+        """The newest sample (by receive time) read during the pull so far, and when."""
+
+
+READING: ContextVar[PullReads | None] = ContextVar("rxstream_reading", default=None)
+"""The pull of a reading source now running in this context, if any (see :class:`PullReads`)."""
 
 
 class _Budgets:
@@ -119,16 +151,25 @@ class InputFeed:
         """Seconds ``take`` has spent waiting for a sample (the stage's idle time)."""
         self._waiting = False
         self._newest: InputSample | None = None
-        self.last_read: SampleRead | None = None
-        """The sample :meth:`latest` last handed out, and when: the reading source's pull
-        takes its correlation (``input_seq``, ``input_at_ms``, ``input.recv``)."""
+        self._queues = True
+        """Whether fed samples queue for an input stage (``False``: only read, see
+        :meth:`read_by`)."""
 
     def latest(self, default: Any = None) -> Any:
-        """The newest sample fed so far (taken or not), ``default`` before the first."""
+        """The newest sample fed so far (taken or not), ``default`` before the first.
+
+        Called in the pull of a source that reads this input, the sample is noted for that
+        pull (:class:`PullReads`): the source's item takes its correlation (``input_seq``,
+        ``input_at_ms``, ``input.recv``).
+        """
         sample = self._newest  # one reference read: safe beside a concurrent feed
         if sample is None:
             return default
-        self.last_read = SampleRead(sample, now())
+        pull = READING.get()
+        if pull is not None and self in pull.feeds:
+            read = pull.read
+            if read is None or sample.received >= read.sample.received:
+                pull.read = SampleRead(sample, now())
         return sample.payload
 
     @property
@@ -167,12 +208,14 @@ class InputFeed:
                     raise ClientStreamLimitExceeded(self.name, limits.max_items, limits.unit, total)
                 self._budgets.charge(client, size)
             self._seq += 1
+            queued = self._newest = InputSample(sample, self._seq, stamp, received)
+            self.accepted += 1
+            if not self._queues:  # only read: the newest sample is all that is kept
+                return self._seq
             if len(self._queue) >= self.capacity:
                 self._queue.popleft()
                 self._drop("latest")
-            queued = self._newest = InputSample(sample, self._seq, stamp, received)
             self._queue.append(queued)
-            self.accepted += 1
             self._cond.notify()
             return self._seq
 
@@ -225,18 +268,34 @@ class InputFeed:
         on, and what was dropped while none was attached."""
         with self._cond:
             self._counters = counters
+            self._queues = True
             pending, self._pending = self._pending, {}
             # what waits, and what the full queue dropped meanwhile, counts on this run
             self.accepted = len(self._queue) + pending.get("latest", 0)
         for reason, count in pending.items():
             counters.drop(reason, count)
 
+    def read_by(self, counters: StageCounters) -> None:
+        """A run whose graph has no stage taking this input, only sources reading it: from
+        now on keep only the newest sample (what waits from before is let go), and count
+        refusals on ``counters`` (the first reading source's), with those made while none
+        was attached."""
+        with self._cond:
+            self._counters = counters
+            self._queues = False
+            self._queue.clear()
+            self.accepted = 0
+            pending, self._pending = self._pending, {}
+        for reason, count in pending.items():
+            if reason != "latest":  # a queue nobody takes dropped nothing anyone would read
+                counters.drop(reason, count)
+
     def new_run(self) -> None:
         """A run starts: every client's budget is fresh again, and :meth:`latest` has no
         sample until one is fed in this run."""
         with self._cond:
             self._budgets.clear()
-            self._newest = self.last_read = None
+            self._newest = None
 
     @property
     def depth(self) -> int:

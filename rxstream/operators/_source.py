@@ -21,7 +21,9 @@ that carry the correlation of the sample it read during the pull (the newest rea
 read several): its ``input_seq`` and ``input_at_ms``, and the timeline starts at that
 sample's ``input.recv``, the source's ``.in`` at the read. So its sink writes one timing
 record per sample that reached it, as for an input's items. A pull that read nothing makes
-an item without correlation (``input_seq`` 0), as any source's.
+an item without correlation (``input_seq`` 0), as any source's: only a ``latest()`` made by
+the pull itself counts (on its thread, or in the coroutine it awaits), not one by another
+source that reads the same input, nor by a pipe or tap.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from rxstream.item import (
     _with_stamps,
     now,
 )
-from rxstream.operators._input import InputFeed, InputSample, SampleRead
+from rxstream.operators._input import READING, InputFeed, InputSample, PullReads
 
 __all__ = ["SKIPPED", "SourcePuller", "batch_hint", "check_source"]
 
@@ -101,7 +103,9 @@ class SourcePuller:
     """Pulls one item at a time from a source spec, stamping ``<name>.in``/``.out``.
 
     ``hint``: look at the first payload for a batch sent as one (a ``source_payload_is_a_batch``
-    warning); the run turns it off for a source that feeds an unbatch.
+    warning); the run turns it off for a source that feeds an unbatch. ``counts``: the inputs
+    of ``reads`` that no stage of the run takes and whose refusals this source counts
+    (:meth:`~rxstream.operators._input.InputFeed.read_by`).
     """
 
     def __init__(
@@ -111,10 +115,11 @@ class SourcePuller:
         reads: tuple[InputFeed, ...] = (),
         *,
         hint: bool = True,
+        counts: tuple[InputFeed, ...] = (),
     ) -> None:
         self._spec = spec
-        self._reads = reads
-        """The inputs the source reads the newest sample of (``ctx.source(reads=)``)."""
+        self._reads = PullReads(reads) if reads else None
+        """What the inputs the source reads (``ctx.source(reads=)``) hand out in a pull."""
         self._shell = shell
         self._hint = hint
         self._next: Callable[[], Any] = _exhausted
@@ -132,6 +137,8 @@ class SourcePuller:
             spec.attach(shell.counters)  # refusals and queue drops count on this run's stage
             if not shell.driven:  # a new run (start()) gives every client a fresh budget
                 spec.new_run()
+        for feed in counts:  # only read: newest sample only, refusals on this stage
+            feed.read_by(shell.counters)
         if not shell.driven:
             for feed in reads:  # and the inputs a source reads too
                 feed.new_run()
@@ -234,7 +241,9 @@ class SourcePuller:
         """
         started = now()
         reads = self._reads
-        before = [feed.last_read for feed in reads] if reads else None
+        if reads is not None:
+            reads.read = None
+            token = READING.set(reads)
         try:
             value = self._next()
         except Exception as exc:
@@ -243,6 +252,9 @@ class SourcePuller:
                 shell.skipped(exc, pts=self._count, input_seq=0, dropped=False)
                 return SKIPPED  # type: ignore[no-any-return]
             raise PipelineError(shell.name, exc, pts=self._count, input_seq=0) from exc
+        finally:
+            if reads is not None:
+                READING.reset(token)
         if value is _END:
             return None
         if value is _NONE_WAITING:
@@ -267,7 +279,7 @@ class SourcePuller:
             input_at_ms = value.input_at_ms if input_seq else 0
             origin = ("input.recv", value.received)
             value = value.payload
-        elif before is not None and (read := _read_during(reads, before)) is not None:
+        elif reads is not None and (read := reads.read) is not None:
             sample = read.sample  # the input's sample this pull read: its correlation
             input_seq, input_at_ms = sample.input_seq, sample.input_at_ms
             origin = ("input.recv", sample.received)
@@ -331,23 +343,6 @@ class SourcePuller:
             # closing a finished generator must not mask how the run ended
             with contextlib.suppress(Exception):
                 closer()
-
-
-def _read_during(
-    reads: tuple[InputFeed, ...], before: list[SampleRead | None]
-) -> SampleRead | None:
-    """The newest sample (by receive time) that ``latest()`` handed out during the pull, of
-    the inputs ``reads`` (what each had handed out last before it: ``before``)."""
-    found: SampleRead | None = None
-    for feed, earlier in zip(reads, before, strict=True):
-        read = feed.last_read
-        if (
-            read is not None
-            and read is not earlier
-            and (found is None or read.sample.received > found.sample.received)
-        ):
-            found = read
-    return found
 
 
 def _exhausted() -> Any:

@@ -30,6 +30,7 @@ from rxstream._util import library_logger
 from rxstream.item import PipelineItem, _base
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
+from rxstream.operators._input import InputFeed
 from rxstream.operators._source import SourcePuller
 from rxstream.operators._walks import producer_operator
 from rxstream.runtime._aio import AsyncBridge
@@ -213,17 +214,25 @@ class Run(ABC):
         streams: dict[Node, ItemStream] = {}
         chains = self._chains()
         fused = {member for chain in chains.values() for member in chain[:-1]}
+        # an input no stage takes, only sources read: its first reader counts its refusals
+        counted = {
+            node.stage.source
+            for node in self.plan.nodes
+            if node.stage.is_source and isinstance(node.stage.source, InputFeed)
+        }
         for node in self.local:
             shell = self.shells[node]
             if node in fused:  # built with the end of its chain
                 continue
             if node.stage.is_source:
                 reads = tuple(read.source for read in node.stage.options.get("reads", ()))
+                counts = tuple(feed for feed in reads if feed not in counted)
+                counted.update(counts)
                 unbatched = any(
                     down.stage.kind == "unbatch" and node in down.inputs for down in self.plan.nodes
                 )  # a batch sent as one on purpose: no hint
                 self._pullers[node] = SourcePuller(
-                    node.stage.source, shell, reads, hint=not unbatched
+                    node.stage.source, shell, reads, hint=not unbatched, counts=counts
                 )
                 stream = self._chunked(self._source_stream(node), None, node)
             elif node in chains:
