@@ -146,8 +146,9 @@ def _rebuild_pipeline_error(
 class TaskError(RxStreamError):
     """A task the app spawned with ``ctx.spawn`` raised; names the task and the cause.
 
-    ``task`` is the task's name and ``__cause__`` the exception it raised. It ends the
-    ``pipeline.run()`` of the task's context (``rxstream run`` exits 1 with its message).
+    ``task`` is the task's name and ``__cause__`` the exception it raised. It ends every
+    ``pipeline.run()`` of the task's context under way, each raising it (``rxstream run``
+    exits 1 with its message).
     """
 
     def __init__(self, task: str, cause: BaseException) -> None:
