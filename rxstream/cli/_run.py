@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -317,11 +316,11 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     builds its pipeline in ``main``: its problems are found when its run opens."""
     from rxstream.ranks._app import AppContext
     from rxstream.ranks._torchrun import torchrun_env
-    from rxstream.timing import configure_logging
+    from rxstream.timing._emit import configure_quiet_logging
 
     if app.build is None:
         return None
-    configure_logging(None, json=False, level=logging.WARNING)  # as the run's (quiet=True)
+    configure_quiet_logging()  # as the run's (quiet=True)
     job = torchrun_env()
     world = args.ranks if job is None else job.world
     ctx = AppContext(settings=args.set, rank=0, world=world)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
@@ -252,6 +251,6 @@ def configure_log(log: str | Path | None) -> None:
 def configure_quiet(quiet: bool) -> None:
     """Only warnings and errors, as text on stderr (until a timing log is configured)."""
     if quiet:
-        from rxstream.timing import configure_logging
+        from rxstream.timing._emit import configure_quiet_logging
 
-        configure_logging(None, json=False, level=logging.WARNING)
+        configure_quiet_logging()
