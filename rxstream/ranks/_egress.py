@@ -241,11 +241,17 @@ def start_log(log: str | Path) -> None:
     path.write_text("", encoding="utf-8")
 
 
-def configure_log(log: str | Path | None) -> None:
+def configure_log(log: str | Path | None, quiet: bool = False) -> None:
+    """The timing log ``log``; ``quiet`` (a launcher's): its warnings and errors said on
+    stderr too, as without a log."""
     if log is not None:
         from rxstream.timing import configure_logging
+        from rxstream.timing._emit import configure_launch_logging
 
-        configure_logging(log)
+        if quiet:
+            configure_launch_logging(log)
+        else:
+            configure_logging(log)
 
 
 def configure_quiet(quiet: bool) -> None:

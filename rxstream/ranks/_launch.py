@@ -191,7 +191,7 @@ def _launch_main(
             apply_serving(pipeline, serving)
 
     egress.on_session = on_session
-    configure_log(spawn.options.log)
+    configure_log(spawn.options.log, spawn.options.quiet)
     launcher = ctx._launcher = _MainRanks(spawn, egress) if spawn.world > 1 else None
     deadline = None if timeout is None else time.monotonic() + timeout
     reported = [time.monotonic()]
@@ -301,7 +301,7 @@ def _launch_build(
     Rank 0 logs to the timing log from before its build, as a ``main`` app's does: a
     ``ctx.self_test()`` block in ``build`` logs ``self_test_passed`` and its records there
     (ranks > 0 run it too, unlogged, until they know they have a sink)."""
-    configure_log(spawn.options.log)
+    configure_log(spawn.options.log, spawn.options.quiet)
     pipeline = app(ctx)
     ctx.check_settings()
     _check_out_stream(pipeline, options)

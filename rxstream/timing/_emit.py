@@ -16,7 +16,14 @@ import structlog
 from rxstream._util import finite_only, library_logger
 from rxstream.timing._record import TimingRecord
 
-__all__ = ["configure_logging", "configure_quiet_logging", "emit", "listen", "strict_json"]
+__all__ = [
+    "configure_launch_logging",
+    "configure_logging",
+    "configure_quiet_logging",
+    "emit",
+    "listen",
+    "strict_json",
+]
 
 _log = library_logger("rxstream.timing")
 _listeners: list[Callable[[TimingRecord], None]] = []
@@ -68,8 +75,20 @@ def configure_quiet_logging() -> None:
     _configure(None, json=False, level=logging.WARNING, drop=REPORTED_EVENTS)
 
 
+def configure_launch_logging(path: str | Path) -> None:
+    """A quiet launcher's timing log (``rxstream run --log``): every event to the file ``path``
+    as JSON lines, and the warnings and errors also to stderr as text, as without a log (less
+    the failures the launcher says itself): a warning is said live either way."""
+    _configure(path, json=True, level=logging.INFO, echo=REPORTED_EVENTS)
+
+
 def _configure(
-    path: str | Path | None, *, json: bool, level: int, drop: frozenset[str] = frozenset()
+    path: str | Path | None,
+    *,
+    json: bool,
+    level: int,
+    drop: frozenset[str] = frozenset(),
+    echo: frozenset[str] | None = None,
 ) -> None:
     global _opened
     if _opened is not None:  # a previous configure_logging's file
@@ -90,6 +109,8 @@ def _configure(
     ]
     if drop:
         processors.insert(0, _Drop(drop))
+    if echo is not None:
+        processors.insert(-1, _Echo(echo))
     if _isatty(stream):
         processors.append(_line_start)
     structlog.configure(
@@ -109,6 +130,26 @@ class _Drop:
     def __call__(self, logger: Any, method: str, event: Any) -> Any:
         if event.get("event") in self.events:
             raise structlog.DropEvent
+        return event
+
+
+class _Echo:
+    """A processor that also writes each warning and error to stderr as one line of text (the
+    events named left out), the event going on to the log unchanged."""
+
+    LEVELS = frozenset({"warning", "error", "critical", "exception"})
+
+    def __init__(self, unsaid: frozenset[str]) -> None:
+        self.unsaid = unsaid
+        self.render = structlog.dev.ConsoleRenderer(colors=False)
+
+    def __call__(self, logger: Any, method: str, event: Any) -> Any:
+        if method in self.LEVELS and event.get("event") not in self.unsaid:
+            line = self.render(logger, method, dict(event))
+            stream = sys.stderr
+            with contextlib.suppress(OSError, ValueError):  # a closed stderr: the log has it
+                stream.write(f"{_line_start(logger, method, line) if _isatty(stream) else line}\n")
+                stream.flush()
         return event
 
 
