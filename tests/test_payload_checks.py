@@ -263,6 +263,44 @@ def test_a_headless_run_of_a_frame_its_sink_cannot_encode_exits_1_naming_it(
     )
 
 
+_RAW_ON_RANK_1_APP = """
+import numpy as np
+
+def build(ctx):
+    def paint(index):
+        return np.zeros((1, 32, 48, 3), dtype=np.uint8)
+
+    return (
+        ctx.source(range(1000), name="counter", rank=0)
+        | ctx.pipe(paint, name="paint", rank=1)
+        | ctx.stream("video", rank=1)
+    )
+"""
+
+
+@pytest.mark.slow
+def test_out_refusing_a_raw_frame_from_rank_1_names_the_item_and_the_maker(
+    tmp_path: Path,
+) -> None:
+    """A raw sink on rank 1 whose frame rank 0's --out encoder refuses: the same one line as
+    on one rank, naming the sink, the item and the stage that made the frame."""
+    app = tmp_path / "app.py"
+    app.write_text(_RAW_ON_RANK_1_APP)
+    out = str(tmp_path / "out.mp4")
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2", "--out", out],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "rxstream run: stage 'video' failed on item pts=0 input_seq=0: CodecError: "
+        f"stream 'video': {SHAPE_RULE}, got shape (1, 32, 48, 3) from stage 'paint'"
+    )
+
+
 # --- a source that sends its frames as one payload -------------------------------------------
 
 FRAMES = [np.zeros((H, W, 3), np.uint8) for _ in range(48)]
