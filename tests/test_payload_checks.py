@@ -207,6 +207,35 @@ def test_the_self_test_fails_on_a_frame_its_sink_cannot_encode(ctx: rxstream.Con
     )
 
 
+def resized(ctx: rxstream.Context, codec: str) -> rxstream.Pipeline:
+    """counter -> paint (a 48x32 frame, then 96x64 from the third) -> the ``video`` sink."""
+    return (
+        ctx.source(range(100), name="counter")
+        | ctx.pipe(
+            lambda i: np.zeros((H, W, 3) if i < 2 else (2 * H, 2 * W, 3), np.uint8), name="paint"
+        )
+        | ctx.stream("video", codec=codec)
+    )
+
+
+def test_an_h264_frame_of_another_size_fails_the_drive_naming_the_item_and_the_stage(
+    ctx: rxstream.Context,
+) -> None:
+    """An h264 stream keeps its first frame's size (the page's and the file's encoders do): a
+    frame of another size is refused by the sink in a drive too, as it would be live."""
+    with pytest.raises(rxstream.PipelineError) as failed:
+        resized(ctx, "h264").drive(frames=3)
+    assert str(failed.value) == (
+        "stage 'video' failed on item pts=2 input_seq=0: CodecError: stream 'video': every "
+        "h264 frame must have the first frame's size 48x32 (WxH), got 96x64 from stage 'paint'"
+    )
+
+
+def test_a_jpeg_stream_may_change_its_frame_size(ctx: rxstream.Context) -> None:
+    """A jpeg frame stands alone: a jpeg stream's frames may change size."""
+    assert len(resized(ctx, "jpeg").drive(frames=3)) == 3
+
+
 def test_a_raw_sink_still_carries_any_payload(ctx: rxstream.Context) -> None:
     """A raw sink (the default) is not checked: a drive may carry ints, strings, lists."""
     pipeline = ctx.source([1, "two", [3]], name="values") | ctx.stream("video")
