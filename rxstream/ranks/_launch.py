@@ -65,7 +65,7 @@ from rxstream.ranks._egress import (
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
 from rxstream.ranks._replicate import replicate
-from rxstream.ranks._watch import Watch, stopped_by
+from rxstream.ranks._watch import Watch, exit_text, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
@@ -424,10 +424,10 @@ class Ranks:
                         raise stopped_by(rank, message[2])
                 elif self.procs[rank].sentinel in ready and not conn.poll():
                     self.procs[rank].join(0.5)
-                    code = self.procs[rank].exitcode
+                    ended = exit_text(self.procs[rank])
                     raise PipelineError(
                         f"rank {rank}",
-                        RuntimeError(f"rank {rank} died (exit code {code}) before it was ready"),
+                        RuntimeError(f"rank {rank} died ({ended}) before it was ready"),
                     )
         return True
 
