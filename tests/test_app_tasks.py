@@ -4,6 +4,7 @@ that prints nothing unless asked, and a source that reads the newest sample of a
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import subprocess
 import sys
@@ -17,6 +18,8 @@ import structlog
 import rxstream
 import rxstream.timing
 from rxstream import cli
+from rxstream._util import library_logger
+from rxstream.timing._emit import configure_quiet_logging
 from rxstream.topology import ClientStreamLimits
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -282,6 +285,18 @@ def test_rxstream_run_exits_1_naming_the_failed_task(
     )
 
 
+def test_rxstream_run_says_a_failed_task_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The task's failure is one line on stderr under ``rxstream run``: no ``app_task_failed``
+    log line before the run's own."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "task_app.py").write_text(TASK_APP)
+    assert cli.main(["run", "task_app.py", "--timeout", "30"]) == 1
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "promt" in line] == [err.splitlines()[-1]]
+
+
 AWAIT_OTHER_APP = """\
 import asyncio
 
@@ -416,6 +431,34 @@ def test_an_unconfigured_warning_goes_to_stderr_as_one_line(
     (line,) = err.splitlines()
     assert line.startswith("[warning  ] stage_item_skipped")
     assert "stage=decode" in line
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.usefixtures("unconfigured_structlog")
+def test_a_log_line_on_a_terminal_first_erases_the_status_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a terminal a launcher's log line starts by erasing its line (``\\r``, erase to the
+    end), so it never runs on from the status line drawn there; elsewhere it is the bare line."""
+    for terminal in (True, False):
+        stream = _Terminal() if terminal else io.StringIO()
+        monkeypatch.setattr(sys, "stderr", stream)
+        configure_quiet_logging()
+        stream.write("\r[0] world 24 fps | [1] decode BUSY 1.2 s pts=4\x1b[K")  # the status line
+        library_logger("rxstream").warning("stage 'decode' has been busy")
+        text = stream.getvalue()
+        line = text.split("\x1b[K", 1)[1]  # what follows the status line
+        if terminal:
+            assert line.startswith("\r\x1b[K"), repr(text)
+        else:
+            assert not line.startswith("\r"), repr(text)
+        assert line.endswith("[warning  ] stage 'decode' has been busy\n"), repr(text)
 
 
 def test_every_module_of_the_package_logs_through_the_library_logger() -> None:

@@ -730,6 +730,17 @@ def test_self_test_failure_exits_1_with_the_traceback(capsys: pytest.CaptureFixt
     assert err.rstrip().endswith("AssertionError: frame shape (4, 4, 3), wanted (8, 8, 3)")
 
 
+def test_a_failed_self_test_is_said_once(capsys: pytest.CaptureFixture[str]) -> None:
+    """`rxstream run` and `rxstream test` of an app whose block fails say the failure once:
+    no ``self_test_failed`` log line beside their own."""
+    for command in ("run", "test"):
+        assert cli.main([command, FAILING_APP]) == 1
+        err = capsys.readouterr().err
+        said = [line for line in err.splitlines() if "self test failed" in line]
+        assert len(said) == 1, err
+        assert "self_test_failed" not in err
+
+
 def test_self_test_missing_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     """An app without a self test block exits 2."""
     assert cli.main(["test", RANKS_APP]) == 2

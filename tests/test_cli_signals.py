@@ -169,3 +169,22 @@ def test_ctrl_c_while_the_app_imports_exits_130_without_a_traceback(
         "test": "rxstream test: interrupted",
     }
     assert last == expected[command], err
+
+
+def test_a_signal_before_the_session_opened_says_the_run_never_started(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ctrl-C while the ranks come up (the launch ends before its session opened): one line,
+    "interrupted before the run started", exit 130, and no tables of "no stages"."""
+    from rxstream import cli
+    from rxstream.ranks._common import LaunchResult
+
+    def interrupted(*args: object, **kwargs: object) -> LaunchResult:
+        os.kill(os.getpid(), signal.SIGINT)  # the CLI's handler: a stop, not a raise
+        return LaunchResult(2)
+
+    monkeypatch.setattr("rxstream.ranks._launch.launch", interrupted)
+    assert cli.main(["run", FRAMES_APP, "--ranks", "2"]) == 130
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.splitlines()[-1] == "rxstream run: interrupted before the run started (SIGINT)"

@@ -221,7 +221,7 @@ def expected(kill: Kill) -> tuple[int, str]:
     name = signal.Signals(kill.signum).name
     if kill.target == "rank1":
         if kill.signum == signal.SIGKILL:
-            return 1, "rank 1 died (exit code -9)"
+            return 1, "rank 1 died (exit code -9: killed by SIGKILL)"
         if kill.signum == signal.SIGINT:  # a rank ignores it; the parent's SIGTERM ends the run
             return 143, "interrupted, stopped (SIGTERM)"
         return 1, f"rank 1 was stopped by {name} (sent to it alone)"
@@ -350,3 +350,41 @@ def test_the_heartbeat_setting_is_checked() -> None:
         assert heartbeat_s() == 2.5
         patch.delenv(HEARTBEAT_ENV)
         assert heartbeat_s() == HEARTBEAT_S
+
+
+_CRASHING_APP = """
+import os
+import signal
+
+import numpy as np
+
+
+def crash(frame):
+    if int(frame.flat[0]) == 2:
+        os.kill(os.getpid(), signal.SIGSEGV)  # as a crash in native code ends a process
+    return frame
+
+
+def build(ctx):
+    frames = (np.full((4, 4), i, dtype=np.uint8) for i in range(100))
+    return ctx.source(frames, rank=0) | ctx.pipe(crash, rank=1) | ctx.stream("out", rank=1)
+"""
+
+
+def test_a_rank_a_signal_killed_is_said_with_the_signal_name(tmp_path: Path) -> None:
+    """A rank that a signal ended (a segfault) is named with the signal, not a bare -11."""
+    app = tmp_path / "crashing.py"
+    app.write_text(_CRASHING_APP)
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "rxstream run: stage 'rank 1' failed: RuntimeError: rank 1 died "
+        "(exit code -11: killed by SIGSEGV)"
+    )

@@ -221,6 +221,35 @@ def test_the_self_test_fails_on_a_frame_its_sink_cannot_encode(ctx: rxstream.Con
     )
 
 
+def resized(ctx: rxstream.Context, codec: str) -> rxstream.Pipeline:
+    """counter -> paint (a 48x32 frame, then 96x64 from the third) -> the ``video`` sink."""
+    return (
+        ctx.source(range(100), name="counter")
+        | ctx.pipe(
+            lambda i: np.zeros((H, W, 3) if i < 2 else (2 * H, 2 * W, 3), np.uint8), name="paint"
+        )
+        | ctx.stream("video", codec=codec)
+    )
+
+
+def test_an_h264_frame_of_another_size_fails_the_drive_naming_the_item_and_the_stage(
+    ctx: rxstream.Context,
+) -> None:
+    """An h264 stream keeps its first frame's size (the page's and the file's encoders do): a
+    frame of another size is refused by the sink in a drive too, as it would be live."""
+    with pytest.raises(rxstream.PipelineError) as failed:
+        resized(ctx, "h264").drive(frames=3)
+    assert str(failed.value) == (
+        "stage 'video' failed on item pts=2 input_seq=0: CodecError: stream 'video': every "
+        "h264 frame must have the first frame's size 48x32 (WxH), got 96x64 from stage 'paint'"
+    )
+
+
+def test_a_jpeg_stream_may_change_its_frame_size(ctx: rxstream.Context) -> None:
+    """A jpeg frame stands alone: a jpeg stream's frames may change size."""
+    assert len(resized(ctx, "jpeg").drive(frames=3)) == 3
+
+
 def test_a_raw_sink_still_carries_any_payload(ctx: rxstream.Context) -> None:
     """A raw sink (the default) is not checked: a drive may carry ints, strings, lists."""
     pipeline = ctx.source([1, "two", [3]], name="values") | ctx.stream("video")
@@ -265,6 +294,44 @@ def test_a_headless_run_of_a_frame_its_sink_cannot_encode_exits_1_naming_it(
     app.write_text(_BAD_SHAPE_APP)
     done = subprocess.run(
         [sys.executable, "-m", "rxstream", "run", str(app), "--frames", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        "rxstream run: stage 'video' failed on item pts=0 input_seq=0: CodecError: "
+        f"stream 'video': {SHAPE_RULE}, got shape (1, 32, 48, 3) from stage 'paint'"
+    )
+
+
+_RAW_ON_RANK_1_APP = """
+import numpy as np
+
+def build(ctx):
+    def paint(index):
+        return np.zeros((1, 32, 48, 3), dtype=np.uint8)
+
+    return (
+        ctx.source(range(1000), name="counter", rank=0)
+        | ctx.pipe(paint, name="paint", rank=1)
+        | ctx.stream("video", rank=1)
+    )
+"""
+
+
+@pytest.mark.slow
+def test_out_refusing_a_raw_frame_from_rank_1_names_the_item_and_the_maker(
+    tmp_path: Path,
+) -> None:
+    """A raw sink on rank 1 whose frame rank 0's --out encoder refuses: the same one line as
+    on one rank, naming the sink, the item and the stage that made the frame."""
+    app = tmp_path / "app.py"
+    app.write_text(_RAW_ON_RANK_1_APP)
+    out = str(tmp_path / "out.mp4")
+    done = subprocess.run(
+        [sys.executable, "-m", "rxstream", "run", str(app), "--ranks", "2", "--out", out],
         capture_output=True,
         text=True,
         timeout=120,

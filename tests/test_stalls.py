@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import itertools
+import json
 import multiprocessing
 import os
 import re
@@ -400,6 +401,24 @@ def test_a_hung_stage_on_rank_1_is_named_live_and_in_the_summary() -> None:
     source = next(line.split() for line in out if line.startswith("frames "))
     work, stalled = float(source[7]), float(source[8])
     assert stalled > work
+
+
+@pytest.mark.slow
+def test_a_hung_stage_is_said_live_on_stderr_with_a_timing_log_too(tmp_path: Path) -> None:
+    """With ``--log`` (rank 1 has the sink, so it logs to the file) the busy warning is still
+    said on stderr as it happens, and written to the log as well."""
+    log = tmp_path / "timing.jsonl"
+    done = _run_cli(
+        *(str(APPS / "hang_app.py"), "--ranks", "2", "--frames", "40", "--set", "mode=hang"),
+        *("--log", str(log)),
+        env={BUSY_ENV: "0.3"},
+    )
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "busy on one item" in line]
+    assert len(warned) == 1, done.stderr
+    assert "stage 'decode' (rank 1) has been busy on one item (pts=4, input_seq=0)" in warned[0]
+    logged = [json.loads(line)["event"] for line in log.read_text().splitlines()]
+    assert any("busy on one item" in event for event in logged)
 
 
 @pytest.mark.slow

@@ -216,7 +216,9 @@ def _test(args: argparse.Namespace) -> int:
     from rxstream._exceptions import SelfTestError
     from rxstream.ranks._app import load_app
     from rxstream.ranks._selftest import run_self_test
+    from rxstream.timing._emit import configure_quiet_logging
 
+    configure_quiet_logging()  # as a run's: the failure is said once, below
     try:
         app = load_app(args.app)  # a missing file, a syntax error, no build/main: one line
     except Exception as exc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import logging
 import os
 import shutil
 import signal
@@ -159,7 +158,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
                 flush=True,
             )
 
+    started: list[bool] = []  # set once the session opened (the start line said)
+
     def opened() -> None:
+        started.append(True)
         job = torchrun_env()
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
         url = None if transport is None else transport.url
@@ -204,6 +206,9 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
             return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
         return fail(describe(exc, files), 1)
     _clear(status)
+    if signals.signum is not None and not started:  # stopped as the ranks came up: no run
+        _say_kept(args, before)
+        return fail(f"interrupted before the run started ({signals.name})", 128 + signals.signum)
     job = torchrun_env()
     if job is not None and job.rank != 0:
         return 0  # under torchrun, rank 0 alone prints the summary of every rank
@@ -317,11 +322,11 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     builds its pipeline in ``main``: its problems are found when its run opens."""
     from rxstream.ranks._app import AppContext
     from rxstream.ranks._torchrun import torchrun_env
-    from rxstream.timing import configure_logging
+    from rxstream.timing._emit import configure_quiet_logging
 
     if app.build is None:
         return None
-    configure_logging(None, json=False, level=logging.WARNING)  # as the run's (quiet=True)
+    configure_quiet_logging()  # as the run's (quiet=True)
     job = torchrun_env()
     world = args.ranks if job is None else job.world
     ctx = AppContext(settings=args.set, rank=0, world=world)

@@ -127,7 +127,8 @@ def sink_operator(
             last: list[Any] = [None, ""]  # the last input seen and its stream (frames repeat it)
             deliver: Callable[[str, PipelineItem], None] = send
             if checked:  # a drive checks every frame's range: it is what the self test sees
-                deliver = _checked(send, FrameCheck(every=1 if shell.driven else RANGE_EVERY))
+                every = 1 if shell.driven else RANGE_EVERY
+                deliver = _checked(send, FrameCheck(every=every, same_size=codec == "h264"))
 
             def fresh(item: PipelineItem, md: PipelineMetadata) -> bool:
                 """Whether the item's input is newer than what its stream reported so far."""

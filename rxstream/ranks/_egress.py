@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Mapping
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from rxstream._exceptions import ItemRefused
+from rxstream._exceptions import CodecError, ItemRefused, PipelineError
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._threaded import ThreadedRun
@@ -137,8 +136,21 @@ class Egress(Transport):
             self.send(stream, item)
         except ItemRefused:
             self.refused += 1
+        except CodecError as exc:  # the file's encoder refused it: said as its sink would
+            raise self._refusal(stream, item, exc) from None
         else:
             self.sent -= 1  # a rank > 0's, counted there
+
+    def _refusal(self, stream: str, item: PipelineItem, exc: CodecError) -> PipelineError:
+        """The failure of the sink ``stream`` on ``item``, which rank 0's encoder refused:
+        naming the item and the stage that made its payload, as on one rank."""
+        from rxstream.operators._sink import producer_of
+
+        stages = self.pipeline.stages if self.pipeline is not None else {}
+        maker = producer_of(item.metadata.timeline, {n: s.kind for n, s in stages.items()})
+        cause = exc if maker is None else CodecError(f"{exc} from stage {maker!r}")
+        md = item.metadata
+        return PipelineError(stream, cause, pts=md.pts, input_seq=md.input_seq)
 
     def on_timing(self, record: TimingRecord) -> None:
         if self._inner is not None:
@@ -242,16 +254,22 @@ def start_log(log: str | Path) -> None:
     path.write_text("", encoding="utf-8")
 
 
-def configure_log(log: str | Path | None) -> None:
+def configure_log(log: str | Path | None, quiet: bool = False) -> None:
+    """The timing log ``log``; ``quiet`` (a launcher's): its warnings and errors said on
+    stderr too, as without a log."""
     if log is not None:
         from rxstream.timing import configure_logging
+        from rxstream.timing._emit import configure_launch_logging
 
-        configure_logging(log)
+        if quiet:
+            configure_launch_logging(log)
+        else:
+            configure_logging(log)
 
 
 def configure_quiet(quiet: bool) -> None:
     """Only warnings and errors, as text on stderr (until a timing log is configured)."""
     if quiet:
-        from rxstream.timing import configure_logging
+        from rxstream.timing._emit import configure_quiet_logging
 
-        configure_logging(None, json=False, level=logging.WARNING)
+        configure_quiet_logging()

@@ -65,7 +65,7 @@ from rxstream.ranks._egress import (
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
 from rxstream.ranks._replicate import replicate
-from rxstream.ranks._watch import Watch, stopped_by
+from rxstream.ranks._watch import Watch, exit_text, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
@@ -191,7 +191,7 @@ def _launch_main(
             apply_serving(pipeline, serving)
 
     egress.on_session = on_session
-    configure_log(spawn.options.log)
+    configure_log(spawn.options.log, spawn.options.quiet)
     launcher = ctx._launcher = _MainRanks(spawn, egress) if spawn.world > 1 else None
     deadline = None if timeout is None else time.monotonic() + timeout
     reported = [time.monotonic()]
@@ -301,7 +301,7 @@ def _launch_build(
     Rank 0 logs to the timing log from before its build, as a ``main`` app's does: a
     ``ctx.self_test()`` block in ``build`` logs ``self_test_passed`` and its records there
     (ranks > 0 run it too, unlogged, until they know they have a sink)."""
-    configure_log(spawn.options.log)
+    configure_log(spawn.options.log, spawn.options.quiet)
     pipeline = app(ctx)
     ctx.check_settings()
     _check_out_stream(pipeline, options)
@@ -424,10 +424,10 @@ class Ranks:
                         raise stopped_by(rank, message[2])
                 elif self.procs[rank].sentinel in ready and not conn.poll():
                     self.procs[rank].join(0.5)
-                    code = self.procs[rank].exitcode
+                    ended = exit_text(self.procs[rank])
                     raise PipelineError(
                         f"rank {rank}",
-                        RuntimeError(f"rank {rank} died (exit code {code}) before it was ready"),
+                        RuntimeError(f"rank {rank} died ({ended}) before it was ready"),
                     )
         return True
 

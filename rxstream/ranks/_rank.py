@@ -164,7 +164,7 @@ def rank_main(
         if spawn.options.serving is not None:
             apply_serving(pipeline, spawn.options.serving)
         if pipeline_has_sink(pipeline, rank):
-            configure_log(spawn.options.log)
+            configure_log(spawn.options.log, spawn.options.quiet)
         run = rank_run(pipeline, rank, rings, releases, run_id=setup.run_id)
         signals.run = run  # a stop signal from now on halts the run, reported below
         transport.gate.on_full = run.halt  # this rank's sinks egressed `frames`: stop early

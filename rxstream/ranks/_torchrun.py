@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import logging
 import os
 import secrets
 import threading
@@ -47,7 +46,7 @@ from rxstream.ranks._distlaunch import (
     exit_now,
     terminate_as_interrupt,
 )
-from rxstream.timing import configure_logging
+from rxstream.timing._emit import configure_quiet_logging
 
 __all__ = [
     "BACKEND_ENV",
@@ -242,7 +241,7 @@ def run_torchrun(entry: str, ranks: int, options: LaunchOptions) -> LaunchResult
     import torch.distributed as dist
 
     if quiet:
-        configure_logging(None, json=False, level=logging.WARNING)
+        configure_quiet_logging()
     if torch.cuda.is_available():
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
     dist.init_process_group(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import multiprocessing.connection
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -184,8 +185,15 @@ def _unanswering(run: ThreadedRun, rank: int, proc: Any, silent: float, allowed:
 def _died(run: ThreadedRun, rank: int, proc: Any) -> NoReturn:
     """A rank process ended without reporting: fail the run, naming it."""
     proc.join(0.5)
-    error = PipelineError(
-        f"rank {rank}", RuntimeError(f"rank {rank} died (exit code {proc.exitcode})")
-    )
+    error = PipelineError(f"rank {rank}", RuntimeError(f"rank {rank} died ({exit_text(proc)})"))
     run.fail(error)
     raise error
+
+
+def exit_text(proc: Any) -> str:
+    """How a rank process ended: ``exit code 3``, or ``exit code -11: killed by SIGSEGV``."""
+    code = proc.exitcode
+    if isinstance(code, int) and code < 0:
+        with contextlib.suppress(ValueError):  # (a number no signal has)
+            return f"exit code {code}: killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"

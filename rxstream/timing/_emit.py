@@ -16,7 +16,14 @@ import structlog
 from rxstream._util import finite_only, library_logger
 from rxstream.timing._record import TimingRecord
 
-__all__ = ["configure_logging", "emit", "listen", "strict_json"]
+__all__ = [
+    "configure_launch_logging",
+    "configure_logging",
+    "configure_quiet_logging",
+    "emit",
+    "listen",
+    "strict_json",
+]
 
 _log = library_logger("rxstream.timing")
 _listeners: list[Callable[[TimingRecord], None]] = []
@@ -51,8 +58,38 @@ def configure_logging(
     """Set structlog up for rxstream's logs: JSON lines (or console text) to a file or stderr.
 
     Each line carries ``event`` (``[timing:<stream>]`` for timing records), ``timestamp``
-    (ISO 8601, UTC), ``level`` and the record's flat fields. Call it once, early.
+    (ISO 8601, UTC), ``level`` and the record's flat fields. Call it once, early. On a
+    terminal each line first erases the line it starts on (a status line drawn in place).
     """
+    _configure(path, json=json, level=level)
+
+
+REPORTED_EVENTS = frozenset({"self_test_failed", "app_task_failed"})
+"""Error events whose failure is raised to the caller, which says it: a launcher's quiet
+logs leave them out, so that a failure is one line."""
+
+
+def configure_quiet_logging() -> None:
+    """A launcher's logs (``rxstream run``, ``launch(quiet=True)``, each rank): warnings and
+    errors as text on stderr, without the error events whose failure the launcher says."""
+    _configure(None, json=False, level=logging.WARNING, drop=REPORTED_EVENTS)
+
+
+def configure_launch_logging(path: str | Path) -> None:
+    """A quiet launcher's timing log (``rxstream run --log``): every event to the file ``path``
+    as JSON lines, and the warnings and errors also to stderr as text, as without a log (less
+    the failures the launcher says itself): a warning is said live either way."""
+    _configure(path, json=True, level=logging.INFO, echo=REPORTED_EVENTS)
+
+
+def _configure(
+    path: str | Path | None,
+    *,
+    json: bool,
+    level: int,
+    drop: frozenset[str] = frozenset(),
+    echo: frozenset[str] | None = None,
+) -> None:
     global _opened
     if _opened is not None:  # a previous configure_logging's file
         _opened.close()
@@ -65,16 +102,68 @@ def configure_logging(
         if json
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    processors: list[Any] = [
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        renderer,
+    ]
+    if drop:
+        processors.insert(0, _Drop(drop))
+    if echo is not None:
+        processors.insert(-1, _Echo(echo))
+    if _isatty(stream):
+        processors.append(_line_start)
     structlog.configure(
-        processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.WriteLoggerFactory(file=stream),
         cache_logger_on_first_use=False,
     )
+
+
+class _Drop:
+    """A processor that drops the events named."""
+
+    def __init__(self, events: frozenset[str]) -> None:
+        self.events = events
+
+    def __call__(self, logger: Any, method: str, event: Any) -> Any:
+        if event.get("event") in self.events:
+            raise structlog.DropEvent
+        return event
+
+
+class _Echo:
+    """A processor that also writes each warning and error to stderr as one line of text (the
+    events named left out), the event going on to the log unchanged."""
+
+    LEVELS = frozenset({"warning", "error", "critical", "exception"})
+
+    def __init__(self, unsaid: frozenset[str]) -> None:
+        self.unsaid = unsaid
+        self.render = structlog.dev.ConsoleRenderer(colors=False)
+
+    def __call__(self, logger: Any, method: str, event: Any) -> Any:
+        if method in self.LEVELS and event.get("event") not in self.unsaid:
+            line = self.render(logger, method, dict(event))
+            stream = sys.stderr
+            with contextlib.suppress(OSError, ValueError):  # a closed stderr: the log has it
+                stream.write(f"{_line_start(logger, method, line) if _isatty(stream) else line}\n")
+                stream.flush()
+        return event
+
+
+def _line_start(logger: Any, method: str, line: Any) -> Any:
+    """A rendered line that first erases the terminal line it starts on: a status line the
+    launcher drew there (``\\r`` and no newline) would otherwise run into it."""
+    return f"\r\x1b[K{line}" if isinstance(line, str) else line
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # a closed or stand-in stream
+        return False
 
 
 def strict_json(event: Any, **options: Any) -> str:

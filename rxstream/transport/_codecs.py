@@ -218,13 +218,26 @@ class FrameCheck:
     type, shape or dtype changes (a payload like the last costs a compare); a float frame's
     value range on the first such payload, then on every ``every``-th. The value is the
     rule's sentence (``"a frame must be …, got …"``), for the caller to say which stream and
-    stage it was.
+    stage it was. ``same_size`` (an ``h264`` stream, whose encoder keeps its first frame's
+    size): a frame of another width or height than the first one it passed is refused too.
     """
 
-    __slots__ = ("_count", "_dtype", "_every", "_float", "_shape", "_torch", "_type")
+    __slots__ = (
+        "_count",
+        "_dtype",
+        "_every",
+        "_float",
+        "_same_size",
+        "_shape",
+        "_size",
+        "_torch",
+        "_type",
+    )
 
-    def __init__(self, *, every: int = RANGE_EVERY) -> None:
+    def __init__(self, *, every: int = RANGE_EVERY, same_size: bool = False) -> None:
         self._every = every
+        self._same_size = same_size
+        self._size: tuple[int, int] | None = None
         self._type: type | None = None
         self._shape: object = None
         self._dtype: object = None
@@ -266,9 +279,26 @@ class FrameCheck:
             dtype = str(payload.dtype)
         else:
             return _type_problem(payload)
-        if _layout(shape) is None:
+        layout = _layout(shape)
+        if layout is None:
             return _shape_problem(shape)
-        return None if ok else _dtype_problem(dtype)
+        if not ok:
+            return _dtype_problem(dtype)
+        return self._size_problem(shape[1:3] if layout == "chw" else shape[:2])
+
+    def _size_problem(self, height_width: tuple[int, ...]) -> str | None:
+        """The ``same_size`` rule for a frame ``(height, width)``; the first sets the size."""
+        if not self._same_size:
+            return None
+        size = (int(height_width[1]), int(height_width[0]))
+        if self._size is None:
+            self._size = size
+        elif size != self._size:
+            return (
+                f"every h264 frame must have the first frame's size {self._size[0]}x"
+                f"{self._size[1]} (WxH), got {size[0]}x{size[1]}"
+            )
+        return None
 
     def _range(self, frame: Any) -> str | None:
         torch = self._torch
