@@ -352,9 +352,9 @@ FRAMES = [np.zeros((H, W, 3), np.uint8) for _ in range(48)]
 def hints(logs: list[MutableMapping[str, Any]]) -> list[str]:
     """The hints of the ``source_payload_is_a_batch`` warnings in captured logs."""
     return [
-        line["hint"]
+        line["event"]
         for line in logs
-        if line["event"] == "source_payload_is_a_batch" and line["log_level"] == "warning"
+        if line.get("code") == "source_payload_is_a_batch" and line["log_level"] == "warning"
     ]
 
 

@@ -12,7 +12,8 @@ again for every further item. An ``async def`` frame function is awaited on the 
 loop. The runtime decides who pulls (the source's thread, or the drive's virtual clock).
 
 A source whose first payload is a list or tuple of frames (two or more arrays or tensors of
-one shape and dtype, at least 2-D) logs one ``source_payload_is_a_batch`` warning naming it:
+one shape and dtype, at least 2-D) logs one warning naming it (the hint is its message; its
+``code`` is ``source_payload_is_a_batch``):
 the whole list is one payload (and a frame function's list repeats on every pull), which is
 rarely what was meant. A source that feeds a ``ctx.unbatch()`` means it, and is not warned.
 
@@ -174,7 +175,7 @@ class SourcePuller:
     def _warn(self, payload: object, *, returned: bool) -> None:
         hint = batch_hint(payload, self._shell.name, returned=returned)
         if hint is not None:
-            _log.warning("source_payload_is_a_batch", stage=self._shell.name, hint=hint)
+            _log.warning(hint, stage=self._shell.name, code="source_payload_is_a_batch")
 
     def _open(self, spec: Any) -> Callable[[], Any]:
         shell = self._shell
