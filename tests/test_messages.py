@@ -1,0 +1,60 @@
+"""Messages a new user met that read unclearly, each pinned as one line naming the stage or
+field, the rule and the value: a rule the pipeline that ``build`` returned breaks (not "build
+raised")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rxstream import cli
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+# --- a rule the built pipeline breaks is not a raise of build -----------------------------------
+
+READS_OFF_RANK_0 = """\
+def build(ctx):
+    pointer = ctx.input("pointer")
+    world = ctx.source(range(3), name="world", reads=pointer, rank=1)
+    return world | ctx.stream("video")
+"""
+
+REUSED_STAGE = """\
+def build(ctx):
+    twice = ctx.pipe(abs, name="twice")
+    return ctx.source(range(3), name="a") | twice | twice | ctx.stream("video")
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (
+            "readr1.py",
+            READS_OFF_RANK_0,
+            "source 'world' reads input 'pointer', whose samples arrive on rank 0 (the "
+            "session's): place the source on rank 0, got rank=1",
+        ),
+        (
+            "reused.py",
+            REUSED_STAGE,
+            "stage 'twice' (pipe) is used at two places in the pipeline; a stage object is one "
+            "node: build another with ctx.pipe(...) (one upstream feeding two downstreams is a "
+            "fan-out and needs no copy)",
+        ),
+    ],
+)
+def test_a_rule_the_returned_pipeline_breaks_is_said_as_the_rule_not_as_builds_raise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, text: str, said: str
+) -> None:
+    """A pipeline build returned that breaks a rule checked after it: the rule, no "raised"."""
+    app = _write(tmp_path / name, text)
+    assert cli.main(["run", app, "--ranks", "2", "--frames", "3"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"rxstream run: app {app!r}: {said}"]
