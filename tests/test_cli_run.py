@@ -219,7 +219,9 @@ def test_run_set_reaches_the_app_typed(tmp_path: Path, capsys: pytest.CaptureFix
         ),
         (
             "nope=1",
-            "rxstream run: --set nope=1: refused: control.nope is not a field of Control",
+            "rxstream run: --set nope=1: refused: control.nope is not a field of the doc "
+            "(fields there: fps, gain, limit, mode, pids, report, size, split, steer_every, "
+            "tags), got 1\n",
         ),
         ("=1", "rxstream run: --set takes KEY=VALUE with a dotted KEY"),
     ],

@@ -1,14 +1,17 @@
 """Messages a new user met that read unclearly, each pinned as one line naming the stage or
 field, the rule and the value: a rule the pipeline that ``build`` returned breaks (not "build
-raised")."""
+raised"), and an unknown field of a doc, said in one form with a schema or defaults."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from rxstream import cli
+import rxstream
+from rxstream import DocValidationError, cli
 
 
 def _write(path: Path, text: str) -> str:
@@ -58,3 +61,46 @@ def test_a_rule_the_returned_pipeline_breaks_is_said_as_the_rule_not_as_builds_r
     assert cli.main(["run", app, "--ranks", "2", "--frames", "3"]) == 1
     err = capsys.readouterr().err.splitlines()
     assert err == [f"rxstream run: app {app!r}: {said}"]
+
+
+# --- an unknown field of a doc: one form, a schema's or the defaults' ---------------------------
+
+
+@dataclasses.dataclass
+class _Prompted:
+    prompt: str = "a cat"
+
+
+@dataclasses.dataclass
+class _Sectioned:
+    vae: _Prompted = dataclasses.field(default_factory=_Prompted)
+
+
+@pytest.mark.parametrize(
+    ("made", "write", "message"),
+    [
+        (
+            {"schema": _Prompted},
+            {"promt": "a storm"},
+            r"^control\.promt is not a field of the doc \(fields there: prompt\), got 'a storm'$",
+        ),
+        (
+            {"defaults": {"prompt": "a cat"}},
+            {"promt": "a storm"},
+            r"^control\.promt is not a field of the doc \(fields there: prompt\), got 'a storm'$",
+        ),
+        (
+            {"schema": _Sectioned},
+            {"vae": {"promt": "a storm"}},
+            r"^control\.vae\.promt is not a field of the doc \(fields there: prompt\), "
+            r"got 'a storm'$",
+        ),
+    ],
+)
+def test_an_unknown_field_reads_alike_with_a_schema_or_defaults(
+    ctx: rxstream.Context, made: dict[str, Any], write: dict[str, Any], message: str
+) -> None:
+    """A write to a field the doc has not names its dotted field and the fields there, alike."""
+    doc = ctx.doc("control", **made)
+    with pytest.raises(DocValidationError, match=message):
+        doc.set(write)
