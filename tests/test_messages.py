@@ -1,6 +1,7 @@
 """Messages a new user met that read unclearly, each pinned as one line naming the stage or
 field, the rule and the value: a rule the pipeline that ``build`` returned breaks (not "build
-raised"), and an unknown field of a doc, said in one form with a schema or defaults."""
+raised"), an unknown field of a doc, said in one form with a schema or defaults, and every
+``--set`` refusal in one form (``refused:``)."""
 
 from __future__ import annotations
 
@@ -104,3 +105,25 @@ def test_an_unknown_field_reads_alike_with_a_schema_or_defaults(
     doc = ctx.doc("control", **made)
     with pytest.raises(DocValidationError, match=message):
         doc.set(write)
+
+
+# --- every --set refusal in one form ------------------------------------------------------------
+
+FRAMES_APP = str(Path(__file__).resolve().parent / "apps" / "frames_app.py")
+
+
+@pytest.mark.parametrize(
+    ("setting", "line"),
+    [
+        ("gain=abc", "control.gain must be a number, got 'abc'"),
+        ("size.height=7", "control.size: height and width must be even and >= 2, got 7x48"),
+    ],
+)
+def test_a_set_that_cannot_be_typed_reads_as_one_the_doc_refuses(
+    setting: str, line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An untypable ``--set`` value says ``refused:`` as the doc's refusals do, exit 2."""
+    assert cli.main(["run", FRAMES_APP, "--frames", "1", "--set", setting]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"rxstream run: --set {setting}: refused: {line}"
+    ]
