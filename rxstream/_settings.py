@@ -14,7 +14,8 @@ now —
 
 All the settings are written at once (one ``doc.set``), so the doc's own rules check them
 together; a value that cannot be typed, or a write the doc refuses, is a
-:class:`~rxstream.SettingError` naming the setting, the rule and the value.
+:class:`~rxstream.SettingError` naming the setting, the rule and the value, in one form
+(``--set gain=abc: refused: control.gain must be a number, got 'abc'``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def typed_settings(doc: Doc, settings: Sequence[str]) -> dict[str, Any]:
             hint = Any if current is _MISSING or current is None else type(current)
         where = ".".join((doc.name, *path))
         value = _typed(raw, hint, lambda rule, where=where, text=text: _refuse(text, where, rule))
-        _put(changes, path, value, text)
+        _put(changes, path, value, text, doc.name)
     return changes
 
 
@@ -78,7 +79,7 @@ def apply_settings(doc: Doc, settings: Sequence[str]) -> int:
 
 def _refuse(text: str, where: str, rule: str) -> SettingError:
     raw = text.partition("=")[2]
-    return SettingError(f"--set {text}: {where} must be {rule}, got {raw!r}")
+    return SettingError(f"--set {text}: refused: {where} must be {rule}, got {raw!r}")
 
 
 def _schema_hint(schema: type | None, path: tuple[str, ...]) -> Any:
@@ -189,14 +190,14 @@ def _json_or_text(raw: str) -> Any:
         return raw
 
 
-def _put(changes: dict[str, Any], path: tuple[str, ...], value: Any, text: str) -> None:
+def _put(changes: dict[str, Any], path: tuple[str, ...], value: Any, text: str, name: str) -> None:
     node = changes
     for depth, key in enumerate(path[:-1]):
         child = node.setdefault(key, {})
         if not isinstance(child, dict):
-            where = ".".join(path[: depth + 1])
+            where = ".".join((name, *path[: depth + 1]))
             raise SettingError(
-                f"--set {text}: {where} was set to a value already, so it has no field "
+                f"--set {text}: refused: {where} was set to a value already, so it has no field "
                 f"{path[depth + 1]!r}"
             )
         node = child

@@ -136,10 +136,13 @@ def test_set_values_follow_a_dataclass_schema() -> None:
         "ratio": 3.0,
     }
     assert typed_settings(doc, ["limit=null", "label=x"]) == {"limit": None, "label": "x"}
-    with pytest.raises(SettingError, match=r"^--set mode=medium: control\.mode must be one of "):
+    with pytest.raises(
+        SettingError, match=r"^--set mode=medium: refused: control\.mode must be one of "
+    ):
         typed_settings(doc, ["mode=medium"])
     with pytest.raises(
-        SettingError, match=r"^--set limit=lots: control\.limit must be an int or null, got 'lots'$"
+        SettingError,
+        match=r"^--set limit=lots: refused: control\.limit must be an int or null, got 'lots'$",
     ):
         typed_settings(doc, ["limit=lots"])
 
@@ -148,20 +151,25 @@ def test_set_errors_name_the_setting_the_rule_and_the_value() -> None:
     """A value that cannot be typed, a clash and a malformed KEY=VALUE are SettingErrors."""
     doc = rxstream.Context().doc("control", defaults={"steps": 4, "on": False, "vae": {"m": "a"}})
     with pytest.raises(
-        SettingError, match=r"^--set steps=abc: control\.steps must be an int, got 'abc'$"
+        SettingError, match=r"^--set steps=abc: refused: control\.steps must be an int, got 'abc'$"
     ):
         typed_settings(doc, ["steps=abc"])
     with pytest.raises(
         SettingError,
-        match=r"^--set on=maybe: control\.on must be a bool \(true or false\), got 'maybe'$",
+        match=(
+            r"^--set on=maybe: refused: control\.on must be a bool \(true or false\), "
+            r"got 'maybe'$"
+        ),
     ):
         typed_settings(doc, ["on=maybe"])
     with pytest.raises(
-        SettingError, match=r"^--set vae=3: control\.vae must be JSON \(an object\), got '3'$"
+        SettingError,
+        match=r"^--set vae=3: refused: control\.vae must be JSON \(an object\), got '3'$",
     ):
         typed_settings(doc, ["vae=3"])
     with pytest.raises(
-        SettingError, match=r"^--set vae\.m\.x=1: vae\.m was set to a value already"
+        SettingError,
+        match=r"^--set vae\.m\.x=1: refused: control\.vae\.m was set to a value already",
     ):
         typed_settings(doc, ["vae.m=b", "vae.m.x=1"])
     for malformed in ("steps", "=3", "a..b=1", " a=1"):
@@ -211,15 +219,20 @@ def test_run_set_reaches_the_app_typed(tmp_path: Path, capsys: pytest.CaptureFix
             "rxstream run: --set size.height=7: refused: control.size: height and width must "
             "be even and >= 2, got 7x48",
         ),
-        ("fps=fast", "rxstream run: --set fps=fast: control.fps must be a number, got 'fast'"),
+        (
+            "fps=fast",
+            "rxstream run: --set fps=fast: refused: control.fps must be a number, got 'fast'",
+        ),
         (
             "mode=zigzag",
-            "rxstream run: --set mode=zigzag: control.mode must be one of 'ramp', 'flat', "
+            "rxstream run: --set mode=zigzag: refused: control.mode must be one of 'ramp', 'flat', "
             "got 'zigzag'",
         ),
         (
             "nope=1",
-            "rxstream run: --set nope=1: refused: control.nope is not a field of Control",
+            "rxstream run: --set nope=1: refused: control.nope is not a field of the doc "
+            "(fields there: fps, gain, limit, mode, pids, report, size, split, steer_every, "
+            "tags), got 1\n",
         ),
         ("=1", "rxstream run: --set takes KEY=VALUE with a dotted KEY"),
     ],

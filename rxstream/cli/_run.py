@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:
     from rxstream.pipeline import Pipeline
-    from rxstream.ranks._app import App
+    from rxstream.ranks._app import App, AppContext
     from rxstream.runtime import StageStatistics
 
 __all__ = [
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
-    from rxstream._exceptions import ArgumentTypeError, SettingError
+    from rxstream._exceptions import ArgumentTypeError, RxStreamError, SettingError
     from rxstream._settings import split_setting
     from rxstream.cli._failure import (
         app_failure,
@@ -121,14 +121,22 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
     except ValueError as exc:
         return fail(str(exc), 2)
     try:
-        problem = _check_app(app, args)
-    except (ArgumentTypeError, SettingError) as exc:
+        built = _build_app(app, args)
+    except (ArgumentTypeError, SettingError) as exc:  # no Pipeline returned; a --set refused
         return fail(str(exc), 2)
     except Exception as exc:  # the app's build failed: name the app, what it raised, where
         show_traceback(args, exc)
         where = app_frame(exc, files)
         said = typed(exc) if where is None else f"{typed(exc)} ({where})"
         return fail(f"app {app.entry!r}: build(ctx) raised {said}", 1)
+    try:
+        problem = None if built is None else _check_app(app, *built, args)
+    except SettingError as exc:
+        return fail(str(exc), 2)
+    except Exception as exc:  # build returned; the pipeline it returned breaks a rule
+        show_traceback(args, exc)
+        said = str(exc) if isinstance(exc, RxStreamError) else typed(exc)
+        return fail(f"app {app.entry!r}: {said}", 1)
     if problem is not None:
         return fail(problem, 2)
     if signals.signum is not None:  # Ctrl-C while the app loaded: no self test, no run
@@ -311,15 +319,13 @@ def _say(text: str) -> None:
         os.write(sys.stderr.fileno(), text.encode())
 
 
-def _check_app(app: App, args: argparse.Namespace) -> str | None:
-    """What the command line asks of the app that it cannot do, found before anything runs
-    (no self test, no rank, no file): ``None`` when nothing.
-
-    A ``build(ctx)`` app is built once in a scratch context, as ``rxstream topology`` builds
+def _build_app(app: App, args: argparse.Namespace) -> tuple[Pipeline, AppContext] | None:
+    """A ``build(ctx)`` app built once in a scratch context, as ``rxstream topology`` builds
     it (a build is cheap: stages are made, nothing runs — but a ``ctx.self_test()`` block
-    inside ``build`` runs here too), to see the ranks it places stages on and the streams
-    ``--out`` may write. An ``async def main(ctx)`` app without a build
-    builds its pipeline in ``main``: its problems are found when its run opens."""
+    inside ``build`` runs here too), for :func:`_check_app`; ``None`` for an
+    ``async def main(ctx)`` app without a build (it builds its pipeline in ``main``: its
+    problems are found when its run opens). What this raises, ``build`` raised (or it
+    returned no Pipeline: :class:`ArgumentTypeError`)."""
     from rxstream.ranks._app import AppContext
     from rxstream.ranks._torchrun import torchrun_env
     from rxstream.timing._emit import configure_quiet_logging
@@ -330,7 +336,20 @@ def _check_app(app: App, args: argparse.Namespace) -> str | None:
     job = torchrun_env()
     world = args.ranks if job is None else job.world
     ctx = AppContext(settings=args.set, rank=0, world=world)
-    pipeline = app(ctx)  # refuses a non-Pipeline
+    return app(ctx), ctx  # refuses a non-Pipeline
+
+
+def _check_app(
+    app: App, pipeline: Pipeline, ctx: AppContext, args: argparse.Namespace
+) -> str | None:
+    """What the command line asks of the app that it cannot do, found before anything runs
+    (no self test, no rank, no file): ``None`` when nothing. ``pipeline`` is what the app's
+    build returned in ``ctx`` (:func:`_build_app`); the rules its graph breaks raise here
+    (:class:`StageBuildError`: it is compiled here, after the build returned), and a ``--set``
+    with no control doc to write to (:class:`SettingError`)."""
+    from rxstream.ranks._torchrun import torchrun_env
+
+    job = torchrun_env()
     if app.main is None:  # (a main may make the control doc itself)
         ctx.check_settings()  # --set with no control doc to write to
     placed = pipeline.plan.world

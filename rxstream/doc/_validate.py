@@ -161,8 +161,8 @@ def _check_dataclass(
     for key in state:
         if key not in fields:
             raise DocValidationError(
-                f"{_dotted(name, (*path, key))} is not a field of {schema.__name__} "
-                f"(fields: {', '.join(sorted(fields))}), got {shown(state[key])}"
+                f"{_dotted(name, (*path, key))} is not a field of the doc "
+                f"(fields there: {', '.join(sorted(fields))}), got {shown(state[key])}"
             )
     kwargs = {}
     for key, value in state.items():

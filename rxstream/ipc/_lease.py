@@ -176,9 +176,11 @@ class Lessor:
 
     def _handed_back(self, seconds: float) -> bool:
         """Wait up to ``seconds`` for slot indices in the free pipe; read them (whether any
-        came; not when the ring closed)."""
+        came; not when the ring closed). The wait is the producer's, as a full ring's
+        (``on_wait`` marks it, ``_put_wait_ns`` counts it)."""
         ring = self._ring
         started = time.perf_counter()
+        resume = None if ring.on_wait is None else ring.on_wait()
         try:
             if not readable(ring._free_poll, started, seconds):
                 return False
@@ -186,6 +188,8 @@ class Lessor:
         finally:
             ring._put_wait_ns += int((time.perf_counter() - started) * 1e9)
             ring._words[W_PUT_WAIT_NS] = ring._put_wait_ns
+            if resume is not None:
+                resume()
 
     def vet(self, slot: int, timeout: float | None) -> int:
         """``slot``, taken from the free ones, or the next: not one whose lease lives here.

@@ -136,9 +136,10 @@ class ShmRing:
         self._lessor: _lease.Lessor | None = None  # the producer's leases, from its first lease
         self._zero_copy = self._copies = 0  # the producer's: items put in place, copied in
         self.on_wait: Callable[[], Callable[[], None]] | None = None
-        """Called as a put starts to wait for a free slot (the ring is full), on the
-        producer's thread; what it returns is called once the wait is over (a boundary marks
-        its upstream stage stalled, not busy, meanwhile)."""
+        """Called as a put or a lease starts to wait for a free slot (the ring is full, or
+        the lease waits for the consumer's hand-back), on the producer's thread; what it
+        returns is called once the wait is over (a boundary marks its upstream stage stalled,
+        not busy, meanwhile)."""
         self._free_poll = select.poll()
         self._free_poll.register(self._free_r, select.POLLIN)
         self._ready_poll = select.poll()

@@ -6,7 +6,9 @@ source's); at its first item it offers that thread its ring (:func:`offer`). Fro
 the ring, and the writer sends the stage's output without copying it (``ShmRing.lease``). A
 CUDA tensor lease is the slot pool's (:mod:`rxstream.ranks._cudaxing`); anywhere else, or when
 the ring has no slot to lease, the stage gets a new array or tensor, so the same code runs
-everywhere.
+everywhere. A lease that waits for a slot (the consumer is behind) is the stage's stall, as a
+put on the full ring is: marked for the watchdog (the ring's ``on_wait``) and charged as its
+``stalled_s``, not its ``work_s``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
 from rxstream.ipc import RingConflict, ShmRing
+from rxstream.runtime._thread import charge_stall
 
 __all__ = ["lease", "offer", "withdraw"]
 
@@ -111,7 +114,11 @@ def _ring_lease(
     thread is not the ring's producer (a thread id reused after a boundary's thread ended)."""
     if ring is None:
         return None
+    waited = ring._put_wait_ns
     try:
         return ring.lease(size, kind)
     except RingConflict:
         return None
+    finally:  # a wait for a slot is the stage's stall, not its work (a put charges its own)
+        if ring._put_wait_ns > waited:
+            charge_stall((ring._put_wait_ns - waited) / 1e9)
