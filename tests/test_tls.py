@@ -7,19 +7,23 @@ on a host that is not loopback is warned about, and the page says why it is on J
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
+import numpy as np
 import pytest
-from _serving import texts_until
+from _serving import Served, texts_until
 
+import rxstream
 from rxstream import cli
-from rxstream.cli._run import not_secure_line
 from rxstream.transport import WebTransport
 from rxstream.transport._tls import SelfSigned, _make, fingerprints, server_context
 
@@ -234,8 +238,7 @@ def test_plain_http_on_a_remote_host_warns_once_at_start(
     argv = ["--serve", "--port", "0", "--timeout", "0.3", "--set", "fps=20"]
     status, err = _err(capsys, [*argv, "--host", "0.0.0.0", "--allow-remote"])
     assert status == 0
-    warning = f"rxstream run: warning: {not_secure_line('0.0.0.0')}"
-    assert warning == (
+    warning = (
         "rxstream run: warning: serving http:// on 0.0.0.0, not loopback, without TLS: a remote "
         "visitor's page is not a secure context (no WebCodecs: JPEG at several times the bytes; "
         "no pointer raw updates); give --tls-cert/--tls-key or --tls-self-signed, or put a TLS "
@@ -247,3 +250,66 @@ def test_plain_http_on_a_remote_host_warns_once_at_start(
         status, err = _err(capsys, [*argv, *more])
         assert status == 0
         assert "secure context" not in err, more
+
+
+# --- a real browser -------------------------------------------------------------------------
+
+
+def _served(web: WebTransport) -> Served:
+    """Paced h264 frames behind ``web``, in a thread while in ``with``."""
+    ctx = rxstream.Context(transport=web)
+
+    def frames() -> Iterator[np.ndarray]:
+        for index in itertools.count():
+            yield np.full((64, 64, 3), index * 7 % 256, dtype=np.uint8)
+
+    return Served(web, ctx.source(frames) | ctx.pace(fps=30) | ctx.stream("video", codec="h264"))
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+def test_in_chromium_https_is_a_secure_context_and_plain_http_says_why_it_is_on_jpeg() -> None:
+    """Chromium given the SPKI pin: the https page is a secure context on the WebCodecs path;
+    the http page under a name that is not loopback (mapped to 127.0.0.1) is not, and its
+    label says why it is on JPEG."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    with (
+        SelfSigned("127.0.0.1") as made,
+        _served(WebTransport(port=0, grace_s=0.3, tls=made.context)) as secure,
+        _served(WebTransport(port=0, grace_s=0.3, allowed_hosts=("rxstream.test",))) as plain,
+        sync_api.sync_playwright() as playwright,
+    ):
+        args = [
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--ignore-certificate-errors-spki-list={made.spki}",
+            "--host-resolver-rules=MAP rxstream.test 127.0.0.1",
+        ]
+        browser = playwright.chromium.launch(executable_path=chromium, args=args)
+        try:
+            page = browser.new_page()
+            page.goto(secure.web.url)
+            page.wait_for_function("window.rxstream.frames > 10", timeout=20_000)
+            assert page.evaluate("window.isSecureContext") is True
+            assert page.evaluate("window.rxstream.video") == "webcodecs"
+            assert page.locator("#video-path").text_content() == "video: WebCodecs h264"
+            assert page.evaluate("window.rxstream.errors") == []
+
+            page = browser.new_page()
+            port = plain.web._bound_port
+            page.goto(f"http://rxstream.test:{port}/?token={plain.web.token}")
+            page.wait_for_function("window.rxstream.frames > 10", timeout=20_000)
+            assert page.evaluate("window.isSecureContext") is False
+            assert page.evaluate("window.rxstream.lastHeader.codec") == "jpeg"
+            label = page.locator("#video-path").text_content()
+            assert label == "video: JPEG (not a secure context: serve over HTTPS)"
+        finally:
+            browser.close()
