@@ -131,6 +131,19 @@ def test_web_transport_over_tls_says_https_and_checks_the_https_origin() -> None
         WebTransport(tls="x")  # type: ignore[arg-type]
 
 
+def test_what_a_tls_proxy_or_an_ssh_tunnel_forwards_passes_the_checks() -> None:
+    """The headers session.md has a TLS proxy send to a loopback rxstream pass, another
+    site's Origin through it is refused; so is a tunnel's other local port."""
+    gate = WebTransport(port=8765, token="T" * 20)._gate
+    token = "T" * 20
+    proxied = {"host": "127.0.0.1:8765", "token": token}
+    assert gate.refuse(origin="http://127.0.0.1:8765", **proxied) is None
+    assert gate.refuse(origin="https://evil.example", **proxied) is not None
+    assert gate.refuse(origin="https://stream.example.com", **proxied) is not None  # not rewritten
+    tunnel = {"host": "127.0.0.1:9000", "token": token}
+    assert gate.refuse(origin="http://127.0.0.1:9000", **tunnel) is None
+
+
 # --- bad flags: one line, exit 2, before anything runs ----------------------------------------
 
 
