@@ -30,7 +30,10 @@ from rxstream.transport._tls import SelfSigned, _make, fingerprints, server_cont
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_APP = str(Path(__file__).resolve().parent / "apps" / "frames_app.py")
 SHA256 = re.compile(r"SHA-256 fingerprint ((?:[0-9A-F]{2}:){31}[0-9A-F]{2})$")
-SPKI = re.compile(r"^rxstream run: TLS: its SPKI pin .* the certificate is (\S+) while .* (\S+=)$")
+SPKI = re.compile(
+    r"^rxstream run: TLS: the certificate is (\S+) \(removed at exit\); its SPKI pin, for "
+    r"chromium --ignore-certificate-errors-spki-list=PIN: ([A-Za-z0-9+/]{43}=)$"
+)
 
 
 @pytest.fixture
@@ -196,8 +199,10 @@ def _bad_files(tmp: Path, cert: Path, key: Path) -> list[tuple[list[str], str]]:
         )
     )
     missing = tmp / "missing.pem"
+    beneath = garbage / "cert.pem"  # under a file: cannot be read
     return [
         ([str(missing), str(key)], f"--tls-cert {missing}: no such file"),
+        ([str(beneath), str(key)], f"--tls-cert {beneath}: cannot read it: Not a directory"),
         ([str(cert), str(missing)], f"--tls-key {missing}: no such file"),
         ([str(tmp), str(key)], f"--tls-cert {tmp} is a folder; give a PEM file"),
         (

@@ -145,8 +145,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
                 flush=True,
             )
             print(
-                "rxstream run: TLS: its SPKI pin (chromium --ignore-certificate-errors-spki-list"
-                f"=PIN; the certificate is {made.cert} while this run lasts) {made.spki}",
+                f"rxstream run: TLS: the certificate is {made.cert} (removed at exit); its "
+                f"SPKI pin, for chromium --ignore-certificate-errors-spki-list=PIN: {made.spki}",
                 file=sys.stderr,
                 flush=True,
             )
