@@ -145,7 +145,8 @@ def _make(host: str, cert: Path, key: Path) -> None:
     try:
         address = ipaddress.ip_address(bare)
     except ValueError:
-        names.append(x509.DNSName(bare))
+        if bare.lower() != "localhost":
+            names.append(x509.DNSName(bare))
     else:
         if address.is_unspecified:  # every interface: visitors use this machine's name
             machine = socket.gethostname()
