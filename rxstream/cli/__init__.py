@@ -117,6 +117,18 @@ def _parser() -> argparse.ArgumentParser:
         "--allow-remote", action="store_true", help="let --host be a non-loopback address"
     )
     run.add_argument(
+        "--tls-cert",
+        metavar="PEM",
+        help="serve the page over https with this certificate (chain); needs --tls-key",
+    )
+    run.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert (unencrypted)")
+    run.add_argument(
+        "--tls-self-signed",
+        action="store_true",
+        help="serve over https with a fresh self-signed certificate (development; its "
+        "fingerprint is printed)",
+    )
+    run.add_argument(
         "--no-token",
         action="store_true",
         help="serve without the per-run token (needs --insecure: anyone who reaches the port "

@@ -25,6 +25,7 @@ __all__ = [
     "INTERRUPTED",
     "SIGPIPE_STATUS",
     "idle_ranks",
+    "not_secure_line",
     "opened_line",
     "run",
 ]
@@ -48,14 +49,17 @@ def run(args: argparse.Namespace) -> int:
     guard = StdoutGuard(sys.stdout)
     sys.stdout = cast(TextIO, guard)
     try:
-        with _StopSignals(enabled=torchrun_env() is None) as signals:
-            status = _run_app(args, signals)
+        with (
+            _StopSignals(enabled=torchrun_env() is None) as signals,
+            contextlib.ExitStack() as cleanup,
+        ):
+            status = _run_app(args, signals, cleanup)
     finally:
         sys.stdout = guard.stream
     return SIGPIPE_STATUS if guard.broken and status == 0 else status
 
 
-def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
+def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextlib.ExitStack) -> int:
     from rxstream._exceptions import ArgumentTypeError, RxStreamError, SettingError
     from rxstream._settings import split_setting
     from rxstream.cli._failure import (
@@ -83,6 +87,22 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         return fail(str(exc), 2)
     if not args.serve and (args.host is not None or args.port is not None or args.allow_remote):
         return fail("--host, --port and --allow-remote go with --serve", 2)
+    tls_flags = args.tls_cert is not None or args.tls_key is not None or args.tls_self_signed
+    if tls_flags and not args.serve:
+        return fail("--tls-cert, --tls-key and --tls-self-signed go with --serve", 2)
+    if (args.tls_cert is None) != (args.tls_key is None):
+        given, missing = ("--tls-cert", "--tls-key")[:: 1 if args.tls_key is None else -1]
+        return fail(
+            f"--tls-cert and --tls-key go together: {given} was given without {missing} "
+            "(the certificate and its private key)",
+            2,
+        )
+    if args.tls_self_signed and args.tls_cert is not None:
+        return fail(
+            "--tls-self-signed makes its own certificate: give it or --tls-cert/--tls-key, "
+            "not both",
+            2,
+        )
     if args.no_token != args.insecure:
         return fail(
             "--no-token and --insecure go together: without the token any process that reaches "
@@ -110,6 +130,33 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         problem = _port_taken(args.host or "127.0.0.1", args.port)
         if problem is not None:
             return fail(problem, 2)
+    tls: Any = None
+    if args.serve and tls_flags:
+        from rxstream.transport._tls import SelfSigned, server_context
+
+        if args.tls_self_signed:  # made here, before the app loads: its key never outlives us
+            made = SelfSigned(args.host or "127.0.0.1")
+            cleanup.callback(made.close)
+            tls = made.context
+            print(
+                "rxstream run: TLS: a fresh self-signed certificate (development only; browsers "
+                f"warn until told to trust it), SHA-256 fingerprint {made.sha256}",
+                file=sys.stderr,
+                flush=True,
+            )
+            print(
+                f"rxstream run: TLS: the certificate is {made.cert} (removed at exit); its "
+                f"SPKI pin, for chromium --ignore-certificate-errors-spki-list=PIN: {made.spki}",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            try:
+                tls = server_context(
+                    args.tls_cert, args.tls_key, cert_name="--tls-cert", key_name="--tls-key"
+                )
+            except ValueError as exc:
+                return fail(str(exc), 2)
     try:
         app = load_app(args.app)
     except Exception as exc:  # a missing file, a syntax error: as they read; the app's raise named
@@ -154,10 +201,16 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         port = 8765 if args.port is None else args.port
         try:
             transport = WebTransport(
-                host=host, port=port, allow_remote=args.allow_remote, token=not args.no_token
+                host=host,
+                port=port,
+                allow_remote=args.allow_remote,
+                token=not args.no_token,
+                tls=tls,
             )
         except ValueError as exc:
             return fail(str(exc), 2)
+        if not transport.secure_context:
+            print(f"rxstream run: warning: {not_secure_line(host)}", file=sys.stderr, flush=True)
         if args.no_token:
             print(
                 "rxstream run: warning: serving without a token (--no-token --insecure): any "
@@ -248,6 +301,17 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals) -> int:
         sys.stdout.flush()
         return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
     return 0
+
+
+def not_secure_line(host: str) -> str:
+    """Why a page served over plain http on ``host`` (not loopback) is worse for a remote
+    visitor, and what to do."""
+    return (
+        f"serving http:// on {host}, not loopback, without TLS: a remote visitor's page is not "
+        "a secure context (no WebCodecs: JPEG at several times the bytes; no pointer raw "
+        "updates); give --tls-cert/--tls-key or --tls-self-signed, or put a TLS proxy or an "
+        'SSH tunnel in front (docs/session.md, "Serving to remote visitors")'
+    )
 
 
 def opened_line(app: str, ranks: str, url: str | None) -> str:

@@ -64,9 +64,10 @@ def configure_logging(
     _configure(path, json=json, level=level)
 
 
-REPORTED_EVENTS = frozenset({"self_test_failed", "app_task_failed"})
-"""Error events whose failure is raised to the caller, which says it: a launcher's quiet
-logs leave them out, so that a failure is one line."""
+REPORTED_EVENTS = frozenset({"self_test_failed", "app_task_failed", "web_not_secure"})
+"""Error events whose failure is raised to the caller, which says it, and warnings
+``rxstream run`` says on a line of its own (``web_not_secure``): a launcher's quiet logs
+leave them out, so that each is said once."""
 
 
 def configure_quiet_logging() -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -86,7 +87,10 @@ flight this long to end); a page that does not read by then has its connection c
 
 
 class WebTransport(DocStates, PageMessages, Transport):
-    """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``).
+    """Serve the session page on ``http://host:port/`` (loopback unless ``allow_remote``),
+    or on ``https://host:port/`` given ``tls`` (a server ``ssl.SSLContext``, e.g.
+    ``rxstream.transport._tls.server_context(cert, key)``): a remote page is then a secure
+    context and gets the WebCodecs path.
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
     how long ``connected`` stays true after the last page left; ``max_message_bytes`` bounds
@@ -98,6 +102,8 @@ class WebTransport(DocStates, PageMessages, Transport):
     any process that reaches the port may then watch and steer). ``limits`` bounds what each
     connection may send (:class:`SessionLimits`); ``allowed_hosts`` adds names a ``Host``
     header may carry besides the bound address and ``localhost`` (for ``allow_remote``).
+    Without ``tls`` on a host that is not loopback a warning is logged (``web_not_secure``):
+    a remote visitor's page is not a secure context and falls back to JPEG.
     """
 
     def __init__(
@@ -114,6 +120,7 @@ class WebTransport(DocStates, PageMessages, Transport):
         token: str | bool = True,
         limits: SessionLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
@@ -128,6 +135,8 @@ class WebTransport(DocStates, PageMessages, Transport):
             raise ArgumentError(f"max_message_bytes must be >= 256, got {max_message_bytes}")
         if client_frames < 1:
             raise ArgumentError(f"client_frames must be >= 1, got {client_frames}")
+        if tls is not None and not isinstance(tls, ssl.SSLContext):
+            raise ArgumentError(f"tls must be an ssl.SSLContext, got {shown(tls)}")
         if limits is not None and not isinstance(limits, SessionLimits):
             raise ArgumentError(f"limits must be a SessionLimits, got {shown(limits)}")
         self.token: str | None = (
@@ -149,6 +158,8 @@ class WebTransport(DocStates, PageMessages, Transport):
             "shown": self._on_shown,
         }
         """The message types a page may send, each to its handler (add a type here)."""
+        self.tls = tls
+        """The server's TLS context (None: plain http)."""
         self.host = host
         self.port = port
         self.grace_s = grace_s
@@ -186,12 +197,26 @@ class WebTransport(DocStates, PageMessages, Transport):
     @property
     def url(self) -> str:
         """The page's address with its token (the bound port once the server runs)."""
-        return f"http://{self._address}/" + ("" if self.token is None else f"?token={self.token}")
+        return f"{self.scheme}://{self._address}/" + (
+            "" if self.token is None else f"?token={self.token}"
+        )
 
     @property
     def ws_url(self) -> str:
         """The WebSocket's address with the token, for a client that is not the page."""
-        return f"ws://{self._address}/ws" + ("" if self.token is None else f"?token={self.token}")
+        ws = "wss" if self.tls is not None else "ws"
+        return f"{ws}://{self._address}/ws" + ("" if self.token is None else f"?token={self.token}")
+
+    @property
+    def scheme(self) -> str:
+        """``https`` with ``tls``, else ``http``: the page's origin starts with it."""
+        return "http" if self.tls is None else "https"
+
+    @property
+    def secure_context(self) -> bool:
+        """Whether a page of this server is a secure context for every visitor: served over
+        TLS, or bound to loopback (which only this machine reaches)."""
+        return self.tls is not None or is_loopback(self.host)
 
     @property
     def _address(self) -> str:
@@ -400,13 +425,20 @@ class WebTransport(DocStates, PageMessages, Transport):
             keepalive_timeout=self.limits.idle_connection_s,
         )
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
+        site = web.TCPSite(runner, self.host, self.port, ssl_context=self.tls)
         await site.start()
         self._runner = runner
         server = site._server
         sockets = getattr(server, "sockets", None) or ()
         self._bound_port = sockets[0].getsockname()[1] if sockets else self.port
-        _log.info("web_session_serving", url=f"http://{self._address}/")
+        _log.info("web_session_serving", url=f"{self.scheme}://{self._address}/")
+        if not self.secure_context:
+            _log.warning(
+                "web_not_secure",
+                url=f"{self.scheme}://{self._address}/",
+                risk="a remote visitor's page is not a secure context: no WebCodecs (JPEG at "
+                "several times the bytes), no pointer raw updates; serve it over TLS",
+            )
         if self.token is None:
             _log.warning(
                 "web_session_without_token",
@@ -441,6 +473,7 @@ class WebTransport(DocStates, PageMessages, Transport):
             host=request.headers.get("Host"),
             origin=request.headers.get("Origin"),
             token=request.query.get("token"),
+            scheme=self.scheme,
         )
         if reason is not None:
             self._handshakes.warning(
