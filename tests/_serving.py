@@ -4,8 +4,12 @@ that talk to a live session over its socket (web, security, fuzz, input schemas)
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
+import sys
 import threading
+from pathlib import Path
+from types import ModuleType
 from typing import Any, Self
 
 import aiohttp
@@ -64,3 +68,20 @@ async def texts_until(ws: Any, kind: str, timeout: float = 10.0) -> dict[str, An
                     return data  # type: ignore[no-any-return]
             elif message.type != aiohttp.WSMsgType.BINARY:
                 raise AssertionError(f"socket ended: {message}")
+
+
+def photon_bench() -> ModuleType:
+    """bench/photon.py as a module (loaded once): its on-screen probe, pointer jumps, harness
+    helpers and the Chromium flags every browser test starts with (``CHROMIUM_ARGS``)."""
+    name = "rxstream_photon_bench"
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        return loaded
+    path = Path(__file__).resolve().parent.parent / "bench" / "photon.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -8,10 +8,8 @@ elsewhere. A screenshot of the page is kept in ``out/test-artifacts/web_session.
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import shutil
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,6 +18,7 @@ from typing import Any
 
 import pytest
 import structlog
+from _serving import photon_bench
 
 import rxstream
 from rxstream.testing import capture_timing
@@ -31,33 +30,14 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = ROOT / "out" / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 if CHROMIUM is None:
     pytest.skip("no chromium on PATH (apt-get install chromium)", allow_module_level=True)
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
 
 
-def _load_bench() -> ModuleType:
-    """bench/photon.py as a module: its on-screen probe, pointer jumps and harness helpers."""
-    spec = importlib.util.spec_from_file_location("rxstream_photon_bench", ROOT / "bench/photon.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = _load_bench()
+BENCH = photon_bench()
+CHROMIUM_ARGS: list[str] = BENCH.CHROMIUM_ARGS
 load_demo: Callable[[], ModuleType] = BENCH.load_demo
 """examples/demo.py as a module (the bench's loader: one copy)."""
 wait_for: Callable[..., Any] = BENCH.wait_for

@@ -21,7 +21,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-from _serving import Served, texts_until
+from _serving import Served, photon_bench, texts_until
 
 import rxstream
 from rxstream import cli
@@ -307,13 +307,7 @@ def test_in_chromium_https_is_a_secure_context_and_plain_http_says_why_it_is_on_
         sync_api.sync_playwright() as playwright,
     ):
         args = [
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *photon_bench().CHROMIUM_ARGS,
             f"--ignore-certificate-errors-spki-list={made.spki}",
             "--host-resolver-rules=MAP rxstream.test 127.0.0.1",
         ]
