@@ -378,8 +378,13 @@ def test_a_hung_stage_on_rank_1_is_named_live_and_in_the_summary() -> None:
         "mode=hang",
         env={BUSY_ENV: "0.3"},
     )
-    assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if "busy on one item" in line]
+    assert done.returncode == 1, done.stderr
+    assert re.match(
+        r"^rxstream run: stage 'decode' \(rank 1\) hung: still busy on one item \(pts=4, "
+        r"input_seq=0\) when the run stopped, for \d\.\d s, past its bound of 300 ms$",
+        done.stderr.splitlines()[-1],
+    )
+    warned = [line for line in done.stderr.splitlines() if "has been busy on one item" in line]
     assert len(warned) == 1, done.stderr
     assert re.match(
         r"^\S+ \[warning\s*\] stage 'decode' \(rank 1\) has been busy on one item "
@@ -413,8 +418,8 @@ def test_a_hung_stage_is_said_live_on_stderr_with_a_timing_log_too(tmp_path: Pat
         *("--log", str(log)),
         env={BUSY_ENV: "0.3"},
     )
-    assert done.returncode == 0, done.stderr
-    warned = [line for line in done.stderr.splitlines() if "busy on one item" in line]
+    assert done.returncode == 1, done.stderr  # the run stopped with the stage still hung
+    warned = [line for line in done.stderr.splitlines() if "has been busy on one item" in line]
     assert len(warned) == 1, done.stderr
     assert "stage 'decode' (rank 1) has been busy on one item (pts=4, input_seq=0)" in warned[0]
     logged = [json.loads(line)["event"] for line in log.read_text().splitlines()]

@@ -293,6 +293,23 @@ def duration_text(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
+def hung(statistics: Mapping[int, Mapping[str, StageStatistics]]) -> str | None:
+    """The failure of a run (statistics by rank) that stopped with a stage still busy on one
+    item past its bound, a line: the output is then not what the app asked for (its last
+    frames are a ``pace``'s repeats of the frame before, or missing). ``None`` when none was."""
+    ranked = len(statistics) > 1
+    for rank, stages in sorted(statistics.items()):
+        for name, s in stages.items():
+            if s.overdue_now:
+                where = f" (rank {rank})" if ranked else ""
+                return (
+                    f"stage {name!r}{where} hung: still busy on one item ({s.busy_on}) when "
+                    f"the run stopped, for {duration_text(s.busy_s)}, past its bound of "
+                    f"{duration_text(s.longest_limit_s)}"
+                )
+    return None
+
+
 def summarize(statistics: Mapping[int, Mapping[str, StageStatistics]]) -> list[str]:
     """What the statistics of a run (by rank) say about it, a line each, for the end of
     ``rxstream run``: every stage that was busy on one item past its bound (the longest such

@@ -273,7 +273,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
     job = torchrun_env()
     if job is not None and job.rank != 0:
         return 0  # under torchrun, rank 0 alone prints the summary of every rank
-    from rxstream._kernel._stats import summarize
+    from rxstream._kernel._stats import hung, summarize
     from rxstream.runtime import format_statistics
 
     refused = f" ({result.refused} of them past --frames, refused)" if result.refused else ""
@@ -300,6 +300,10 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
     if signals.signum is not None:
         sys.stdout.flush()
         return fail(f"interrupted, stopped ({signals.name})", 128 + signals.signum)
+    stuck = hung(result.statistics)
+    if stuck is not None:  # exit 0 means the output is what the app asked for: not here
+        sys.stdout.flush()
+        return fail(stuck, 1)
     return 0
 
 
