@@ -112,6 +112,13 @@ def test_live_page_pointer_slider_prompt_and_close(browser: Any) -> None:
         assert all(word in legend for word in ("wait", "hold", "compute", "client"))
         assert page.locator("#timing-hint").is_visible()
 
+        # each slider shows its default exactly: its step puts the value on its grid (a range
+        # input snaps its value to min + k * step: spot's 0.1 in [0.02, 1] read 0.0984 before)
+        assert page.evaluate(
+            "['speed', 'spot'].map((p) => document.querySelector(`input[data-path=\"${p}\"]`)"
+            ".value)"
+        ) == ["1", "0.1"]
+
         # doc changes made elsewhere show on the page: a slider and its label, the prompt box
         session.ctx.control.set(speed=2.0, prompt="a quiet forest")
         page.wait_for_function(
