@@ -70,9 +70,9 @@ def main() -> None:
     print("way       loads  launch to first frame, s: median (min-max)")
     for way in WAYS:
         runs = seconds[way]
-        made = "/".join(str(n) for n in sorted(loads[way]))
+        counts = "/".join(str(n) for n in sorted(loads[way]))
         print(
-            f"{way:<9} {made:>5}  {statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})"
+            f"{way:<9} {counts:>5}  {statistics.median(runs):.2f} ({min(runs):.2f}-{max(runs):.2f})"
         )
     ratio = statistics.median(seconds["build"]) / statistics.median(seconds["resource"])
     print(f"build / resource: {ratio:.2f}x")
