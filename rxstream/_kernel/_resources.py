@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 import time
 import types
@@ -90,7 +91,8 @@ class Resource(Generic[T]):
                 self.load_s = time.monotonic() - started
                 self.loads += 1
                 self._value = made
-                _log.info("resource_loaded", resource=self.name, seconds=round(self.load_s, 3))
+                seconds = round(self.load_s, 3)
+                _log.info("resource_loaded", resource=self.name, seconds=seconds, pid=os.getpid())
             return self._value  # type: ignore[no-any-return]
 
     __call__ = get
