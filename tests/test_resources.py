@@ -364,3 +364,20 @@ def test_a_rank_whose_loader_fails_ends_the_run_naming_it(tmp_path: Path) -> Non
     )
     assert "raised OSError: no weights at /nowhere/model.pt" in result.stderr
     assert loads_by_process(tmp_path) == {}
+
+
+def test_the_app_module_imported_again_declares_the_same_resource(
+    made: list[Resource[object]],
+) -> None:
+    """A loader from the same place in the same file (the app's module imported anew, as a
+    worker may for its next session) is the same loader: the value loaded first is kept."""
+    source = "def load():\n    return object()\n"
+    loaders: list[Callable[[], object]] = []
+    for _ in range(2):
+        scope: dict[str, Callable[[], object]] = {}
+        exec(compile(source, "/apps/app.py", "exec"), scope)
+        loaders.append(scope["load"])
+    first = declared(rxstream.Context(), made, "resources.reimported", loaders[0])
+    again = rxstream.Context().resource("resources.reimported", loaders[1])
+    assert loaders[0] is not loaders[1]
+    assert again is first

@@ -117,9 +117,9 @@ _UNSET: Any = object()
 def declare(name: str, loader: Callable[[], T]) -> Resource[T]:
     """The process's resource ``name``, made by ``loader``: the handle already registered
     under the name when the same loader made it (a build run again, in any context), else a
-    new one. The same loader is the same function (its code: each build's fresh closure over
-    it counts as the same), a ``functools.partial`` of it with equal arguments, or the same
-    object; another loader under a taken name is refused (:class:`~rxstream.ArgumentError`)."""
+    new one. The same loader is the same function (the same place in the source: each build's
+    fresh closure over it, or the app's module imported again, count as the same), a
+    ``functools.partial`` of it with equal arguments, or an equal object; another loader under a taken name is refused (:class:`~rxstream.ArgumentError`)."""
     if not isinstance(name, str) or not name:
         raise ArgumentTypeError(f"resource name must be a non-empty str, got {name!r}")
     if not callable(loader):
@@ -145,12 +145,19 @@ def _same_loader(a: object, b: object) -> bool:
     if a is b:
         return True
     if isinstance(a, types.FunctionType) and isinstance(b, types.FunctionType):
-        return a.__code__ is b.__code__
+        return _where(a) == _where(b)
     if isinstance(a, types.MethodType) and isinstance(b, types.MethodType):
         return _same_loader(a.__func__, b.__func__) and a.__self__ is b.__self__
     if isinstance(a, functools.partial) and isinstance(b, functools.partial):
         return _same_loader(a.func, b.func) and _equal((a.args, a.keywords), (b.args, b.keywords))
     return _equal(a, b)
+
+
+def _where(function: types.FunctionType) -> tuple[str, str, int]:
+    """A function's place in the source: the same for each build's fresh closure over it and
+    for the app's module imported again."""
+    code = function.__code__
+    return function.__qualname__, code.co_filename, code.co_firstlineno
 
 
 def _equal(a: object, b: object) -> bool:
