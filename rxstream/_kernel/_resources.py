@@ -168,12 +168,13 @@ def _equal(a: object, b: object) -> bool:
 
 
 def _label(loader: object) -> str:
-    """``load_vae (app.py:12)``, or the loader's repr."""
+    """``load_vae (app.py:12)`` (a lambda in ``build``: ``build.<lambda> (app.py:3)``), or
+    the loader's repr."""
     target = loader.func if isinstance(loader, functools.partial) else loader
     code = getattr(target, "__code__", None)
-    name = getattr(target, "__qualname__", None) or repr(target)
+    name = str(getattr(target, "__qualname__", None) or repr(target)).replace(".<locals>", "")
     if code is None:
-        return str(name)
+        return name
     return f"{name} ({code.co_filename.rsplit('/', 1)[-1]}:{code.co_firstlineno})"
 
 
