@@ -3,6 +3,7 @@ the process whose stages read it, before their first item; kept across contexts.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import threading
@@ -201,10 +202,14 @@ def test_a_stage_reading_a_resource_declares_it(
         def __call__(self, x: int) -> int:
             return x
 
+    def scale(model: Resource[object], x: int) -> object:
+        return model.get()
+
     bound = doc.bind(lambda d: ctx.pipe(decode), [doc.desired.scale], name="bound")
     assert ctx.pipe(decode).uses == (vae,)
     assert bound.uses == (vae,)
     assert ctx.pipe(Decoder(), name="obj").uses == (vae,)
+    assert ctx.pipe(functools.partial(scale, vae), name="partial").uses == (vae,)
     assert ctx.pipe(lambda x: x, name="plain").uses == ()
 
 

@@ -12,14 +12,15 @@ loads its model once.
 Which stages read a resource is found in what a stage is made from (:func:`resources_in`): the
 stage's function or object, what its closure, defaults and the globals its code names hold,
 a ``functools.partial``'s arguments, a callable object's attributes, a ``doc.bind``
-construct's, a few levels deep. A resource reached in another way is still loaded, at its
-first ``get()``, on the stage's thread.
+construct's, a few levels deep (the first 256 items of a container). A resource reached in
+another way is still loaded, at its first ``get()``, on the stage's thread.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 import threading
 import time
@@ -39,6 +40,9 @@ _registry: dict[str, Resource[Any]] = {}
 _registry_lock = threading.Lock()
 _DEPTH = 4
 """How many levels deep :func:`resources_in` looks (a stage's function, what it calls, …)."""
+_ITEMS = 256
+"""How many items of a container (a list, a dict's values) it looks at: a stage's lookup table
+of a million numbers is no place for a model's handle."""
 
 
 class Resource(Generic[T]):
@@ -119,7 +123,8 @@ def declare(name: str, loader: Callable[[], T]) -> Resource[T]:
     under the name when the same loader made it (a build run again, in any context), else a
     new one. The same loader is the same function (the same place in the source: each build's
     fresh closure over it, or the app's module imported again, count as the same), a
-    ``functools.partial`` of it with equal arguments, or an equal object; another loader under a taken name is refused (:class:`~rxstream.ArgumentError`)."""
+    ``functools.partial`` of it with equal arguments, or an equal object; another loader
+    under a taken name is refused (:class:`~rxstream.ArgumentError`)."""
     if not isinstance(name, str) or not name:
         raise ArgumentTypeError(f"resource name must be a non-empty str, got {name!r}")
     if not callable(loader):
@@ -234,9 +239,9 @@ def _reached(value: object) -> Iterable[object]:
         yield from value.args
         yield from value.keywords.values()
     elif isinstance(value, list | tuple | set | frozenset):
-        yield from value
+        yield from itertools.islice(value, _ITEMS)
     elif isinstance(value, Mapping):
-        yield from value.values()
+        yield from itertools.islice(value.values(), _ITEMS)
     else:
         attributes = getattr(value, "__dict__", None)
         if isinstance(attributes, dict):
