@@ -68,7 +68,7 @@ class ThreadedRun(Run):
         local = [node for node in plan.nodes if rank is None or plan.ranks[node] == rank]
         self._loading = load_for((plan.name_of(node), node.stage.uses) for node in local)
         """The loads of the resources this rank's stages read, begun here (as the run is made,
-        while the other ranks start): sources pull once they are done, and a rank with none
+        while the other ranks start): the sources pull once they are done, and a spawned rank
         says it is ready only then (:meth:`wait_loaded`)."""
         super().__init__(
             plan,
