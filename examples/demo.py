@@ -100,18 +100,26 @@ def render(
     return out.add_(torch.randn(3, HEIGHT, WIDTH), alpha=0.03)
 
 
+def load_kernels() -> dict[str, torch.Tensor]:
+    """The decoder's weights, one 3x3 kernel a model: what the app declares expensive to make
+    (``ctx.resource``), so it is made once per process, where ``decode`` runs (rank 1 on two
+    ranks), before the first frame, and never by a build that only composes."""
+    kernels = {
+        "smooth": torch.full((3, 3), 1 / 9),
+        "sharp": torch.tensor([[0.0, -0.5, 0.0], [-0.5, 3.0, -0.5], [0.0, -0.5, 0.0]]),
+    }
+    return {name: kernel.expand(3, 1, 3, 3).contiguous() for name, kernel in kernels.items()}
+
+
 class Decoder:
     """CHW float in [0, 1] to an HWC uint8 image, smoothed (3x3 box) or sharpened."""
 
-    def __init__(self, model: str) -> None:
-        if model == "smooth":
-            kernel = torch.full((3, 3), 1 / 9)
-        elif model == "sharp":
-            kernel = torch.tensor([[0.0, -0.5, 0.0], [-0.5, 3.0, -0.5], [0.0, -0.5, 0.0]])
-        else:
-            raise ValueError(f"vae.model must be 'smooth' or 'sharp', got {model!r}")
+    def __init__(self, model: str, kernels: dict[str, torch.Tensor]) -> None:
+        if model not in kernels:
+            known = " or ".join(repr(name) for name in kernels)
+            raise ValueError(f"vae.model must be {known}, got {model!r}")
         self.model = model
-        self.kernel = kernel.expand(3, 1, 3, 3).contiguous()
+        self.kernel = kernels[model]
 
     def __call__(self, frame: torch.Tensor) -> np.ndarray:
         out = torch.nn.functional.conv2d(frame.unsqueeze(0), self.kernel, padding=1, groups=3)[0]
@@ -183,8 +191,10 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
         out = ctx.lease((3, HEIGHT, WIDTH), torch.float32, device="cpu")
         return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value, out)
 
+    kernels = ctx.resource("demo.kernels", load_kernels)  # loaded where decode runs
+
     def make_decoder(d: Snapshot) -> rxstream.Stage:
-        return ctx.pipe(Decoder(d.vae.model.value), name="decode")
+        return ctx.pipe(Decoder(d.vae.model.value, kernels.get()), name="decode")
 
     return (
         [ctx.source(clock, name="clock"), ctx.input("pointer", schema=POINTER)]

@@ -8,6 +8,7 @@ from rxstream._exceptions import (
     DocValidationError,
     PipelineError,
     PipelineStateError,
+    ResourceError,
     RxStreamError,
     SelfTestError,
     StageBuildError,
@@ -15,6 +16,7 @@ from rxstream._exceptions import (
     TaskError,
     UnknownInputError,
 )
+from rxstream._kernel._resources import Resource
 from rxstream._util import fixup_module_metadata as _fixup_module_metadata
 from rxstream.context import Context
 from rxstream.doc import Doc
@@ -42,6 +44,8 @@ __all__ = [
     "PipelineItem",
     "PipelineMetadata",
     "PipelineStateError",
+    "Resource",
+    "ResourceError",
     "RingSpec",
     "RxStreamError",
     "SelfTestError",

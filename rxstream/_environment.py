@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
+from rxstream._kernel._resources import Resource, declare
 from rxstream._util import library_logger
 from rxstream.doc import Doc, Generations, Snapshot
 from rxstream.ipc import RingSpec
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = ["Environment"]
 
 _log = library_logger("rxstream")
+T = TypeVar("T")
 
 
 class Environment:
@@ -141,6 +143,21 @@ class Environment:
         view of the lease lives. See docs/ranks.md.
         """
         return _crossings.lease(shape, dtype, device)
+
+    def resource(self, name: str, loader: Callable[[], T]) -> Resource[T]:
+        """What is expensive to make (weights, compiled kernels), made by ``loader()`` once per
+        process, in the process whose stages read it; a :class:`~rxstream.Resource` handle.
+
+        Declaring it loads nothing: a stage reads ``handle.get()`` (or calls the handle), and a
+        run loads the resources its stages on this rank read before their first item, in
+        parallel with the other ranks (a build that only composes, as the launcher's check of
+        the app, or a rank that runs none of its readers, never loads it). The value is kept
+        by name for the life of the process: every later context, session and run here reads
+        the same. The same ``name`` with the same loader (a build run again) is the same
+        handle; with another loader it is refused. See docs/ranks.md, "Models: loaded once,
+        where they run".
+        """
+        return declare(name, loader)
 
     def doc(
         self,

@@ -10,6 +10,7 @@
     │                            (also an AttributeError)
     ├── PipelineError            a stage failed while the pipeline ran (run, drive, wait raise it)
     ├── TaskError                a task the app spawned with ``ctx.spawn`` failed (run raises it)
+    ├── ResourceError            a resource's loader raised (``ctx.resource``; also a RuntimeError)
     ├── StageBuildError          a pipeline was composed wrongly (also a ValueError)
     │   └── StageReuseError      one stage object placed at two positions in a graph
     ├── PipelineStateError       a lifecycle call out of order (start twice, wait before start;
@@ -74,6 +75,7 @@ __all__ = [
     "PipelineError",
     "PipelineStateError",
     "RankLost",
+    "ResourceError",
     "RingClosed",
     "RingConflict",
     "RxStreamError",
@@ -159,6 +161,24 @@ class TaskError(RxStreamError):
 
     def __reduce__(self) -> tuple[object, ...]:
         return (TaskError, (self.task, self.cause))
+
+
+class ResourceError(RxStreamError, RuntimeError):
+    """The loader of a resource (``ctx.resource(name, loader)``) raised; names the resource,
+    its loader and the cause. In a run it is the cause of the :class:`PipelineError` naming
+    the stage that needed the resource."""
+
+    def __init__(self, resource: str, loader: str, cause: BaseException) -> None:
+        self.resource = resource
+        self.loader = loader
+        self.cause = cause
+        super().__init__(
+            f"resource {resource!r}: its loader {loader} raised {type(cause).__name__}: {cause}"
+        )
+        self.__cause__ = cause
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ResourceError, (self.resource, self.loader, self.cause))
 
 
 class StageBuildError(RxStreamError, ValueError):

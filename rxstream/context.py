@@ -19,6 +19,7 @@ from reactivex import Observable
 from rxstream._environment import Environment
 from rxstream._exceptions import StageBuildError, shown
 from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
+from rxstream._kernel._resources import resources_in
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
     check_source,
@@ -97,14 +98,19 @@ class Context(Environment):
         name: str | None,
         default_name: str,
         build: Any,
+        made_from: object = None,
         **declaration: Any,
     ) -> Stage:
+        """A stage; ``made_from`` (besides its target or source) is what else it is made
+        from that may read a resource (a bind's construct)."""
+        made = (declaration.get("target"), declaration.get("source"), made_from)
         return Stage(
             kind=kind,
             name=default_name if name is None else name,
             explicit_name=name is not None,
             build=build,
             context=self,
+            uses=resources_in(*made),
             **declaration,
         )
 
@@ -457,7 +463,15 @@ class Context(Environment):
         """``doc.bind(construct, deps)``: a stage rebuilt from ``doc`` when a dep changes."""
         label, paths = bind_declaration(doc, construct, deps)
         build = bind_operator(doc, self.pipe, construct, paths)
-        return self._stage("bind", name, label, build=build, rank=rank, options={"deps": paths})
+        return self._stage(
+            "bind",
+            name,
+            label,
+            build=build,
+            made_from=construct,
+            rank=rank,
+            options={"deps": paths},
+        )
 
     def walks(
         self,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._resources import Resource
 from rxstream._kernel._shell import StageShell
 from rxstream.typing import OnError, Operator
 
@@ -34,6 +35,7 @@ class Stage:
     ``build(shell)`` returns the stage's Rx operator for one run. ``inputs`` is the range of
     input counts it accepts. ``target`` is the user's object behind it (the function or the
     source): its ``reset()`` runs on a flush, its ``close()`` when ``doc.bind`` replaces it.
+    ``uses`` are the resources it reads (``ctx.resource``), which a run loads on its rank.
     ``device`` (``None``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``) is where the stage declares
     its tensors live; it chooses the boundaries at the stage's ends (a ``"cpu"`` end: the
     shared-memory ring alone, no CUDA crossing). Stages are made by the builders of
@@ -55,6 +57,7 @@ class Stage:
         "rank",
         "source",
         "target",
+        "uses",
     )
 
     def __init__(
@@ -73,6 +76,7 @@ class Stage:
         source: object = None,
         target: object = None,
         options: Mapping[str, Any] | None = None,
+        uses: tuple[Resource[Any], ...] = (),
     ) -> None:
         if not isinstance(name, str) or not name or "." in name:
             raise StageBuildError(
@@ -105,6 +109,9 @@ class Stage:
         self.source = source
         self.target = target if target is not None else source
         self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
+        self.uses = uses
+        """The resources (``ctx.resource``) the stage reads, as found in what it is made
+        from: a run loads them on the stage's rank before its first item."""
 
     @property
     def is_source(self) -> bool:

@@ -173,7 +173,8 @@ def rank_main(
         )
         listener.start()
         run.start()
-        sender.send(("ready", rank))
+        if run.wait_loaded():  # its stages' resources (ctx.resource) loaded: ready for items
+            sender.send(("ready", rank))
         reported = time.monotonic()
         while not run.done.wait(WATCH_S):
             stats = run.statistics()

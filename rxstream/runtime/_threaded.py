@@ -11,7 +11,9 @@ from functools import partial
 
 from reactivex import Observable, abc
 
+from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Generations
+from rxstream._kernel._resources import load_for
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem
 from rxstream.operators._core import attach
@@ -63,6 +65,11 @@ class ThreadedRun(Run):
         self._source_threads: dict[Node, threading.Thread] = {}
         self._lifecycle = threading.RLock()
         """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
+        local = [node for node in plan.nodes if rank is None or plan.ranks[node] == rank]
+        self._loading = load_for((plan.name_of(node), node.stage.uses) for node in local)
+        """The loads of the resources this rank's stages read, begun here (as the run is made,
+        while the other ranks start): the sources pull once they are done, and a spawned rank
+        says it is ready only then (:meth:`wait_loaded`)."""
         super().__init__(
             plan,
             bridge=bridge,
@@ -112,6 +119,21 @@ class ThreadedRun(Run):
         return 0 if thread is None else thread.depth
 
     # --- start and stop ---------------------------------------------------------------------
+
+    def wait_loaded(self) -> bool:
+        """Wait until the resources this rank's stages read are loaded (``ctx.resource``),
+        or the run halted; whether they were. A load that failed fails the run with a
+        :class:`PipelineError` naming the stage that needed it (its cause the
+        :class:`~rxstream.ResourceError`)."""
+        while not self._loading.wait(0.1):
+            if self._halted:
+                return False
+        failure = self._loading.failure
+        if failure is not None:
+            stage, error = failure
+            self.fail(PipelineError(stage, error))
+            return False
+        return not self._halted
 
     def start(self) -> None:
         """Start every stage thread, then every source thread; nothing once halted.
@@ -170,6 +192,8 @@ class ThreadedRun(Run):
         waits = puller.waits  # only a client input's pulls wait (for samples)
         pulling = None if waits else puller  # what the watchdog sees a pull on (not a wait)
         try:
+            if not self.wait_loaded():  # the resources of this rank's stages first
+                return
             puller.open()
             pull = puller.pull
             started = perf()  # one clock read a turn: a turn's end starts the next
@@ -234,6 +258,8 @@ class ThreadedRun(Run):
                 stuck.append(f"rxstream:{name}")
         if self._watchdog is not None:
             self._watchdog.join(max(0.0, deadline - time.monotonic()))
+        if not self._loading.join(max(0.0, deadline - time.monotonic())):
+            stuck.append("rxstream:load")  # a loader still at work (it cannot be interrupted)
         self._subscriptions.dispose()
         if self._make_boundary is not None:
             self._make_boundary.close()
