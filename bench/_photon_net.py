@@ -65,7 +65,12 @@ def serve_demo(
 
 
 def row(
-    name: str, link: Link | None, moves: int, settle_s: float, percentile: Percentile
+    name: str,
+    link: Link | None,
+    moves: int,
+    settle_s: float,
+    max_s: float,
+    percentile: Percentile,
 ) -> dict[str, Any]:
     """One visit through ``link`` (None: loopback) with its spec already set; the row."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -74,7 +79,7 @@ def row(
         assert pin is not None
         before = link.stats() if link else None
         argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
-        argv += ["--moves", str(moves), "--settle-s", str(settle_s)]
+        argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
         way = link.spec.down if link else None
         if way is not None and way.blackout_every_s:  # jump for a whole period: one blackout
             argv += ["--min-s", str(way.blackout_every_s + way.blackout_s)]
@@ -110,7 +115,11 @@ def row(
         result[f"p{q}"] = percentile(screen, q) if screen else float("nan")
     if before is not None and after is not None:
         result["drops"] = {
-            way: {k: v - before[way]["drops"][k] for k, v in after[way]["drops"].items() if v}
+            way: {
+                k: v - before[way]["drops"][k]
+                for k, v in after[way]["drops"].items()
+                if v - before[way]["drops"][k]
+            }
             for way in ("up", "down")
         }
     return result
@@ -125,8 +134,9 @@ def _delta(row: dict[str, Any], clean: dict[str, Any]) -> str:
     )
 
 
-def table(rows: list[dict[str, Any]]) -> list[str]:
-    """The rows as a markdown table, deltas against the clean row."""
+def table(rows: list[dict[str, Any]], moves: int) -> list[str]:
+    """The rows as a markdown table, deltas against the clean row (``moves``: the jumps asked
+    for; a row with fewer or more says how many)."""
     clean = next((r for r in rows if r["name"] == "clean"), rows[0])
     lines = [
         "| link (each way) | page | on screen p50 / p95 / max (ms) | longest stall (ms) | fps "
@@ -137,7 +147,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
         if "p50" not in r:
             lines.append(f"| {r['name']} | {r['error']} | | | | | | |")
             continue
-        note = f" ({r['moves']} moves; {r['error']})" if r["error"] else ""
+        short = f"{r['moves']} moves" if r["moves"] != moves else ""
+        note = "; ".join(part for part in (short, r["error"] or "") if part)
+        note = f" ({note})" if note else ""
         lines.append(
             f"| {r['name']} | {r['path']}{note} | {r['p50']:.0f} / {r['p95']:.0f} / "
             f"{r['p100']:.0f} | {r['stall_ms']:.0f} | {r['fps']:.1f} | {r['total_p50']:.0f} | "
@@ -147,22 +159,28 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def main(
-    specs: list[str], moves: int, settle_s: float, percentile: Percentile, revision: str
+    specs: list[str],
+    moves: int,
+    settle_s: float,
+    max_s: float,
+    percentile: Percentile,
+    revision: str,
 ) -> None:
     """Every row, then the table."""
     command = shlex.join(["python", "bench/photon.py", *sys.argv[1:]])
     names = ["clean"] + [s for s in specs if s != "clean"]
-    rows = [row("loopback", None, moves, settle_s, percentile)]
+    rows = [row("loopback", None, moves, settle_s, max_s, percentile)]
     with open_link("clean") as link:
         for name in names:
             link.set(name)
-            rows.append(row(name, link, moves, settle_s, percentile))
+            rows.append(row(name, link, moves, settle_s, max_s, percentile))
             print(f"{name}: done", file=sys.stderr, flush=True)
     print(
         f"mouse-to-photon for a remote visitor, {moves} pointer jumps per link, the default "
-        f"page over HTTPS (--tls-self-signed), {settle_s:g} s settle; command: {command}"
+        f"page over HTTPS (--tls-self-signed), {settle_s:g} s settle, at most {max_s:g} s of "
+        f"jumps a link; command: {command}"
     )
-    print("\n".join(table(rows)))
+    print("\n".join(table(rows, moves)))
     for r in rows:
         if "frames" in r:
             print(

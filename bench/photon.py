@@ -253,12 +253,13 @@ def measure_moves(
 
 
 def visit(
-    url: str, pin: str | None, moves: int, settle_s: float, min_s: float = 0.0
+    url: str, pin: str | None, moves: int, settle_s: float, min_s: float = 0.0, max_s: float = 90.0
 ) -> dict[str, Any]:
     """One page at ``url`` (``--client``: run where the visitor is, e.g. in the emulator's
-    client namespace): its path, ``moves`` pointer jumps (``measure_moves``; more, four at a
-    time, until ``min_s`` seconds have passed), and over the jumps the displayed frames'
-    cadence (longest stall, fps) and the bytes its socket got."""
+    client namespace): its path, ``moves`` pointer jumps (``measure_moves``, four at a time:
+    more until ``min_s`` seconds have passed, fewer once ``max_s`` have, at least four), and
+    over the jumps the displayed frames' cadence (longest stall, fps) and the bytes its
+    socket got."""
     from playwright.sync_api import Error, sync_playwright
 
     executable = chromium()
@@ -275,16 +276,15 @@ def visit(
         page.wait_for_timeout(settle_s * 1000)
         out["path"] = page.evaluate("window.rxstream.showing")
         out["secure"] = page.evaluate("window.isSecureContext")
-        start = page.evaluate(
-            "(() => { __net.on = true; return [performance.now(), __net.bytes]; })()"
-        )
-        began = time.monotonic()
+        start = page.evaluate("[(__net.on = true) && performance.now(), __net.bytes]")
+        began, done = time.monotonic(), out["moves"]
         try:
-            out["moves"] = measure_moves(page, moves, timeout_ms=30_000)
-            while time.monotonic() - began < min_s:
-                more = measure_moves(page, 4, timeout_ms=30_000, seed=len(out["moves"]))
-                out["moves"].extend(more)
-            last = f"window.rxstream.photon['video#{out['moves'][-1]['input_seq']}']"
+            while True:
+                elapsed = time.monotonic() - began
+                if (len(done) >= moves and elapsed >= min_s) or (done and elapsed >= max_s):
+                    break
+                done.extend(measure_moves(page, 4, timeout_ms=30_000, seed=len(done)))
+            last = f"window.rxstream.photon['video#{done[-1]['input_seq']}']"
             page.wait_for_function(f"{last} !== undefined", timeout=10_000)
         except Error as exc:
             out["error"] = str(exc).splitlines()[0]
@@ -511,18 +511,28 @@ def main() -> None:
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # one --net visit
     parser.add_argument("--pin", help=argparse.SUPPRESS)
     parser.add_argument("--min-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-s",
+        type=float,
+        default=90.0,
+        help="with --net: stop jumping on a link after this many seconds (at least 4 jumps)",
+    )
     args = parser.parse_args()
     if args.moves is None:
         args.moves = 20 if args.net or args.client else 30
     if args.client:
-        print(json.dumps(visit(args.client, args.pin, args.moves, args.settle_s, args.min_s)))
+        print(
+            json.dumps(
+                visit(args.client, args.pin, args.moves, args.settle_s, args.min_s, args.max_s)
+            )
+        )
         return
     from _report import revision  # the bench folder is the script's, first on sys.path
 
     if args.net:
         import _photon_net
 
-        _photon_net.main(args.net, args.moves, args.settle_s, percentile, revision())
+        _photon_net.main(args.net, args.moves, args.settle_s, args.max_s, percentile, revision())
         return
 
     with tempfile.TemporaryDirectory() as tmp:

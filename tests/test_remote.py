@@ -62,7 +62,8 @@ def remote_page(link: Link, tmp_path: Path, url: str, pin: str | None) -> dict[s
 
 
 def test_a_remote_page_over_https_is_on_webcodecs(link: Link, tmp_path: Path) -> None:
-    """HTTPS on the server's address, across the emulated link: a secure context on WebCodecs."""
+    """HTTPS on the server's address, across the emulated link (its frames forwarded by it):
+    a secure context on WebCodecs."""
     server, url, pin, _ = serve_demo(link, tmp_path / "timing.jsonl")
     assert url.startswith(f"https://{link.server_addr}:")
     shown = remote_page(link, tmp_path, url, pin)
@@ -73,6 +74,7 @@ def test_a_remote_page_over_https_is_on_webcodecs(link: Link, tmp_path: Path) ->
         "label": "video: WebCodecs h264",
     }
     assert server.poll() is None
+    assert link.stats()["down"]["sent_bytes"] > 50_000  # the page's frames crossed the link
 
 
 def test_a_remote_page_over_plain_http_is_on_jpeg_and_says_why(link: Link, tmp_path: Path) -> None:
