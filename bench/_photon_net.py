@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _net import Link, open_link
+from _net import Link, missing, open_link
 
 from rxstream.timing import load
 
@@ -167,6 +167,9 @@ def main(
     revision: str,
 ) -> None:
     """Every row, then the table."""
+    reason = missing()
+    if reason is not None:
+        raise SystemExit(f"bench/photon.py --net: {reason}: run it as root (sudo)")
     command = shlex.join(["python", "bench/photon.py", *sys.argv[1:]])
     names = ["clean"] + [s for s in specs if s != "clean"]
     rows = [row("loopback", None, moves, settle_s, max_s, percentile)]
