@@ -108,6 +108,26 @@ def test_a_blackout_stops_traffic_for_its_length(link: Link) -> None:
 
 @pytest.mark.slow
 @needs_root
+def test_a_single_blackout_starts_at_once(link: Link) -> None:
+    """blackout=300ms (no period): UDP echoes sent from right after set() come back only after
+    about 300 ms (a gap of 200..800 ms), then steadily."""
+    peer = link.popen(
+        "client",
+        [sys.executable, PEERS, "udp", link.server_addr, PORT, "200", "5"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    link.set("blackout=300ms")  # before the peer (a process starting) sends, or just after
+    assert peer.stdout is not None
+    result = json.loads(peer.stdout.read())
+    assert peer.wait(30) == 0
+    assert 200 <= result["longest_gap_ms"] < 800, result
+    assert result["echoed"] < 200
+
+
+@pytest.mark.slow
+@needs_root
 def test_udp_drop_drops_udp_but_not_tcp(link: Link) -> None:
     """udp=drop: no UDP echo comes back, all its datagrams counted as dropped; TCP still echoes."""
     link.set("udp=drop")

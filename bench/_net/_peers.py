@@ -6,7 +6,7 @@ in one of its namespaces (``python _peers.py MODE HOST PORT ...``):
 - ``rtt HOST PORT N [K]``: N one-line TCP echoes, one at a time, each round trip's ms on a line
   of its own; after K of them it waits for a line on stdin (the test changes the link).
 - ``udp HOST PORT N GAP_MS``: N datagrams GAP_MS apart, then prints JSON: how many came back
-  and the longest gap between two echoes (ms).
+  and the longest gap between two echoes, or the first datagram and the first echo (ms).
 - ``blast HOST PORT S``: asks for S seconds of zeros; prints JSON: bytes and the seconds from
   the first byte to the last.
 - ``stream HOST PORT RATE SIZE``: SIZE-byte UDP datagrams to HOST:PORT, RATE a second, until
@@ -73,7 +73,7 @@ def udp(host: str, port: int, count: int, gap_ms: float) -> None:
     sock.setblocking(False)
     arrived: list[float] = []
     end = time.monotonic() + count * gap_ms / 1000 + 1.0  # the last echoes' time to come back
-    sent = 0
+    sent, began = 0, time.monotonic()
     while time.monotonic() < end:
         if sent < count:
             sock.send(b"x" * 100)
@@ -85,7 +85,7 @@ def udp(host: str, port: int, count: int, gap_ms: float) -> None:
                 arrived.append(time.monotonic())
             except BlockingIOError:
                 time.sleep(0.0005)
-    gaps = [b - a for a, b in itertools.pairwise(arrived)]
+    gaps = [b - a for a, b in itertools.pairwise([began, *arrived])]  # a late first echo too
     print(json.dumps({"echoed": len(arrived), "longest_gap_ms": max(gaps, default=0) * 1000}))
 
 
