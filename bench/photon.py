@@ -25,6 +25,11 @@ Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, 
 the MSE path's on-screen p50 (``mse-legacy``'s; today's ``mse`` beside it).
 
 Run ``python bench/photon.py`` (about two minutes; needs chromium and playwright).
+
+``--net SPEC`` (repeatable; root) measures a remote visitor instead: the demo over HTTPS in the
+network emulator's server namespace, the default page in the client's, one row per link beside
+loopback and a clean link (bench/_photon_net.py; SPEC: bench/_net/_spec.py), e.g.
+``sudo python bench/photon.py --net rtt=40ms --net rtt=40ms,loss=3%`` (about a minute a link).
 """
 
 from __future__ import annotations

@@ -39,9 +39,8 @@ def remote_page(link: Link, tmp_path: Path, url: str, pin: str | None) -> dict[s
     """Open ``url`` in Chromium run in the client's namespace; what its page shows."""
     from playwright.sync_api import sync_playwright
 
-    wrapper = tmp_path / "chromium-in-client-namespace"
-    wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {link.client_ns} {CHROMIUM} "$@"\n')
-    wrapper.chmod(0o755)
+    assert CHROMIUM is not None
+    wrapper = link.wrapper("client", CHROMIUM, tmp_path)
     args = [*photon_bench().CHROMIUM_ARGS]
     args += [f"--ignore-certificate-errors-spki-list={pin}"] if pin else []
     with sync_playwright() as playwright:

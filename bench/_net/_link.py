@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import struct
@@ -179,6 +180,15 @@ class Link:
     def argv(self, side: Side, argv: Sequence[str]) -> list[str]:
         """``argv`` run in ``side``'s namespace (``ip netns exec``)."""
         return ["ip", "netns", "exec", self._namespace(side), *argv]
+
+    def wrapper(self, side: Side, program: str, folder: Path) -> Path:
+        """An executable in ``folder`` that runs ``program`` (with its arguments) in ``side``'s
+        namespace: for a launcher that takes a path, e.g. Playwright's
+        ``chromium.launch(executable_path=…)``, which then drives the browser over its pipe."""
+        path = folder / f"{Path(program).name}-in-{side}-namespace"
+        path.write_text(f'#!/bin/sh\nexec {shlex.join(self.argv(side, [program]))} "$@"\n')
+        path.chmod(0o755)
+        return path
 
     def popen(self, side: Side, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         """Start ``argv`` in ``side``'s namespace; it is killed when the link closes."""
