@@ -25,6 +25,11 @@ Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, 
 the MSE path's on-screen p50 (``mse-legacy``'s; today's ``mse`` beside it).
 
 Run ``python bench/photon.py`` (about two minutes; needs chromium and playwright).
+
+``--net SPEC`` (repeatable; root) measures a remote visitor instead: the demo over HTTPS in the
+network emulator's server namespace, the default page in the client's, one row per link beside
+loopback and a clean link (bench/_photon_net.py; SPEC: bench/_net/_spec.py), e.g.
+``sudo python bench/photon.py --net rtt=40ms --net rtt=40ms,loss=3%`` (about a minute a link).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import itertools
 import json
 import math
 import random
@@ -129,6 +135,35 @@ COUNTS_JS = """({
 """What a page did with the frames it received, over its whole visit (load and settle too)."""
 
 
+CADENCE_JS = """
+(() => {
+  const net = window.__net = { bytes: 0, on: false, shown: [] };
+  const Native = window.WebSocket;  // count what the page's socket receives
+  window.WebSocket = class extends Native {
+    constructor(...args) {
+      super(...args);
+      this.addEventListener("message", (e) => {
+        const d = e.data;
+        net.bytes += typeof d === "string" ? d.length : (d.byteLength ?? d.size ?? 0);
+      });
+    }
+  };
+  let last = null;
+  function tick() {  // a rendering update that shows a newly drawn frame
+    const rx = window.rxstream;
+    if (rx && net.on && rx.drawn !== last) {
+      if (last !== null) net.shown.push(performance.now());
+      last = rx.drawn;
+    }
+    requestAnimationFrame(tick);
+  }
+  requestAnimationFrame(tick);
+})();
+"""
+"""Added before the page's own script (``--client``): the bytes its socket receives and the
+rendering updates that show a new frame, once ``__net.on`` (the displayed frames' cadence)."""
+
+
 def chromium() -> str | None:
     """Debian's chromium, if installed."""
     return shutil.which("chromium") or shutil.which("chromium-browser")
@@ -219,6 +254,54 @@ def measure_moves(
         # let the frame after settle, then this jump's part of a frame period (a fixed wait
         # after the last jump showed put each path's jumps at one phase of the tick, its own)
         page.wait_for_timeout(60 + spread[index])
+    return out
+
+
+def visit(
+    url: str, pin: str | None, moves: int, settle_s: float, min_s: float = 0.0, max_s: float = 90.0
+) -> dict[str, Any]:
+    """One page at ``url`` (``--client``: run where the visitor is, e.g. in the emulator's
+    client namespace): its path, ``moves`` pointer jumps (``measure_moves``, four at a time:
+    more until ``min_s`` seconds have passed, fewer once ``max_s`` have, at least four), and
+    over the jumps the displayed frames' cadence (longest stall, fps) and the bytes its
+    socket got."""
+    from playwright.sync_api import Error, sync_playwright
+
+    executable = chromium()
+    if executable is None:
+        raise SystemExit("bench/photon.py needs chromium on PATH (apt-get install chromium)")
+    args = [*CHROMIUM_ARGS] + ([f"--ignore-certificate-errors-spki-list={pin}"] if pin else [])
+    out: dict[str, Any] = {"moves": [], "error": None}
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=args)
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.add_init_script(CADENCE_JS)
+        page.goto(url)
+        page.wait_for_function("window.rxstream.frames > 30", timeout=60_000)
+        page.wait_for_timeout(settle_s * 1000)
+        out["path"] = page.evaluate("window.rxstream.showing")
+        out["secure"] = page.evaluate("window.isSecureContext")
+        start = page.evaluate("[(__net.on = true) && performance.now(), __net.bytes]")
+        began, done = time.monotonic(), out["moves"]
+        try:
+            while True:
+                elapsed = time.monotonic() - began
+                if (len(done) >= moves and elapsed >= min_s) or (done and elapsed >= max_s):
+                    break
+                done.extend(measure_moves(page, 4, timeout_ms=30_000, seed=len(done)))
+            last = f"window.rxstream.photon['video#{done[-1]['input_seq']}']"
+            page.wait_for_function(f"{last} !== undefined", timeout=10_000)
+        except Error as exc:
+            out["error"] = str(exc).splitlines()[0]
+        end = page.evaluate("[performance.now(), __net.bytes, __net.shown]")
+        out["frames"] = page.evaluate(COUNTS_JS)
+        page.close()
+        browser.close()
+    shown = [start[0], *end[2], end[0]]
+    out["seconds"] = (end[0] - start[0]) / 1000
+    out["stall_ms"] = max(b - a for a, b in itertools.pairwise(shown))
+    out["fps"] = len(end[2]) / out["seconds"]
+    out["bytes_per_s"] = (end[1] - start[1]) / out["seconds"]
     return out
 
 
@@ -415,14 +498,47 @@ def per_path(title: str, rows: dict[str, dict[str, float]], fields: list[tuple[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--moves", type=int, default=30, help="pointer jumps per path")
+    parser.add_argument(
+        "--moves", type=int, help="pointer jumps per path (default 30; with --net, 20 per link)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="visits of every path, rotated")
     parser.add_argument(
         "--settle-s", type=float, default=3.0, help="seconds after a page loads before it jumps"
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--net",
+        action="append",
+        metavar="SPEC",
+        help="a remote visitor through the network emulator with this link (repeatable; "
+        "bench/_net/_spec.py), beside loopback and a clean link: needs root",
+    )
+    parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # one --net visit
+    parser.add_argument("--pin", help=argparse.SUPPRESS)
+    parser.add_argument("--min-s", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--max-s",
+        type=float,
+        default=90.0,
+        help="with --net: stop jumping on a link after this many seconds (at least 4 jumps)",
+    )
     args = parser.parse_args()
+    if args.moves is None:
+        args.moves = 20 if args.net or args.client else 30
+    if args.client:
+        print(
+            json.dumps(
+                visit(args.client, args.pin, args.moves, args.settle_s, args.min_s, args.max_s)
+            )
+        )
+        return
     from _report import revision  # the bench folder is the script's, first on sys.path
+
+    if args.net:
+        import _photon_net
+
+        _photon_net.main(args.net, args.moves, args.settle_s, args.max_s, percentile, revision())
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         result = run(args.moves, Path(tmp) / "timing.jsonl", args.rounds, args.settle_s)
