@@ -126,7 +126,7 @@ def egress_ns_of(record: TimingRecord) -> int:
     sink's clock when it folded the record) when it has both, else now (a steer's cutover,
     which has no client time: the record is handed on as it is folded)."""
     if record.input_at_ms and record.from_client_ms is not None:
-        return _ns(record.input_at_ms + record.from_client_ms)
+        return record.input_at_ms * _NS_PER_MS + _ns(record.from_client_ms)
     return time.time_ns()
 
 

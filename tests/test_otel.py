@@ -1,0 +1,332 @@
+"""OpenTelemetry traces of timing records: structure, attributes, times, ranks, the wire."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
+
+from aiohttp import web  # noqa: E402
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+    ExportTraceServiceRequest,
+)
+from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+    InMemorySpanExporter,
+)
+
+import rxstream  # noqa: E402
+from rxstream.timing import ClientTiming, HopTiming, TimingRecord, TraceExport, load  # noqa: E402
+from rxstream.timing import _otel  # noqa: E402
+from rxstream.timing._otel import otel_from_env  # noqa: E402
+from rxstream.transport._photon import PhotonJoin, Shown  # noqa: E402
+from tests.test_photon import synced  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
+EGRESS_NS = 1_800_000_000_123_456_789
+US = 1_000  # ns
+
+
+def a_record(**changes: Any) -> TimingRecord:
+    """A record of three hops, the pace one holding, as a sink folds one."""
+    record = TimingRecord(
+        stream="video",
+        input_seq=7,
+        input_at_ms=0,
+        cutover=False,
+        prompt_generation=2,
+        pts=30,
+        origin="input.recv",
+        total_ms=41.25,
+        from_client_ms=None,
+        hops=(
+            HopTiming("mouse", 0.5, 0.25),
+            HopTiming("pace", 1.5, 2.0, 30.0),
+            HopTiming("video", 0.75, 6.25),
+        ),
+        run="r1",
+    )
+    return replace(record, **changes)
+
+
+def spans_of(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
+    """The finished spans, roots first, each trace's in start order."""
+    spans = list(exporter.get_finished_spans())
+    return sorted(spans, key=lambda s: (s.parent is not None, s.start_time or 0))
+
+
+def duration_ms(span: ReadableSpan) -> float:
+    assert span.start_time is not None and span.end_time is not None
+    return (span.end_time - span.start_time) / 1e6
+
+
+def test_a_record_is_one_trace_a_root_and_a_span_per_hop() -> None:
+    """One root span (input to egress) whose children are the hops, tiling it in order, each
+    lasting its wait + hold + compute with those as attributes, to the microsecond."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, session="s1")
+    traces.record(a_record(), egress_ns=EGRESS_NS)
+    traces.close()
+    root, *hops = spans_of(exporter)
+    assert root.parent is None
+    assert root.name == "video input"
+    assert dict(root.attributes or {}) == {
+        "rxstream.stream": "video",
+        "rxstream.input_seq": 7,
+        "rxstream.run": "r1",
+        "rxstream.generation": 2,
+        "rxstream.cutover": False,
+        "rxstream.pts": 30,
+        "rxstream.origin": "input.recv",
+        "rxstream.total_ms": 41.25,
+        "rxstream.session": "s1",
+    }
+    assert root.end_time == EGRESS_NS
+    assert root.start_time == EGRESS_NS - 41_250 * US
+    assert [span.name for span in hops] == ["mouse", "pace", "video"]
+    assert {span.context.trace_id for span in hops} == {root.context.trace_id}
+    assert all(
+        span.parent is not None and span.parent.span_id == root.context.span_id for span in hops
+    )
+    assert hops[0].start_time == root.start_time
+    assert [a.end_time for a in hops[:-1]] == [b.start_time for b in hops[1:]]
+    assert hops[-1].end_time == root.end_time
+    for span, hop in zip(hops, a_record().hops, strict=True):
+        assert duration_ms(span) == pytest.approx(
+            hop.wait_ms + hop.hold_ms + hop.compute_ms, abs=1e-3
+        )
+        attributes = dict(span.attributes or {})
+        assert attributes["rxstream.wait_ms"] == hop.wait_ms
+        assert attributes["rxstream.hold_ms"] == hop.hold_ms
+        assert attributes["rxstream.compute_ms"] == hop.compute_ms
+
+
+def test_a_record_with_input_time_ends_at_its_egress_on_the_wall_clock() -> None:
+    """Without an explicit egress, a record's egress is its input_at_ms + from_client_ms."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter)
+    traces.record(a_record(input_at_ms=1_800_000_000_000, from_client_ms=52.5))
+    traces.close()
+    root = spans_of(exporter)[0]
+    assert root.end_time == 1_800_000_000_052_500_000
+
+
+def joined_record() -> TimingRecord:
+    """A record the photon join gave its page's part: 3 ms up, then net 2, decode 3, present 5."""
+    join = PhotonJoin()
+    join.sent("video", 12, (("input.recv", 10.0), ("mouse.in", 10.0005)))
+    record = a_record()
+    join.record(record)
+    shown = Shown("video", 12, 7, 15_043.25, 15_046.25, 15_051.25, event=14_997.0, video="jpeg")
+    joined = join.shown(shown, synced(5000.0), page=1)
+    assert joined is not None
+    return replace(joined[0], client=joined[1])
+
+
+def test_a_photon_joined_record_runs_from_the_input_event_to_the_pixels() -> None:
+    """With the page's report the root spans up + server + net + decode + present: its length
+    is the record's photon_ms, and the page's hops follow egress as children."""
+    record = joined_record()
+    client = record.client
+    assert isinstance(client, ClientTiming) and client.up_ms is not None
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter)
+    traces.record(record, egress_ns=EGRESS_NS)
+    traces.close()
+    root, *children = spans_of(exporter)
+    assert [s.name for s in children] == [
+        "up",
+        "mouse",
+        "pace",
+        "video",
+        "net",
+        "decode",
+        "present",
+    ]
+    assert duration_ms(root) == pytest.approx(client.photon_ms, abs=1e-3)
+    assert dict(root.attributes or {})["rxstream.photon_ms"] == client.photon_ms
+    up, *_, net, decode, present = children
+    assert up.start_time == root.start_time and up.end_time == EGRESS_NS - 41_250 * US
+    assert net.start_time == EGRESS_NS
+    assert duration_ms(net) == pytest.approx(client.net_ms, abs=1e-3)
+    assert duration_ms(decode) == pytest.approx(client.decode_ms, abs=1e-3)
+    assert duration_ms(present) == pytest.approx(client.present_ms, abs=1e-3)
+    assert present.end_time == root.end_time
+
+
+@pytest.fixture
+def in_memory(monkeypatch: pytest.MonkeyPatch) -> InMemorySpanExporter:
+    """The exporter a launch's traces use, in place of the environment's OTLP one."""
+    exporter = InMemorySpanExporter()
+    monkeypatch.setattr(_otel, "_exporter_from_env", lambda: exporter)
+    return exporter
+
+
+@pytest.mark.slow
+def test_a_two_rank_launch_traces_each_record_rank_1_logged(
+    in_memory: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """Rank 1's sink folds the records; rank 0 traces each: one root per logged record, its
+    hops' spans lasting what the log says, to the microsecond."""
+    log = tmp_path / "timing.jsonl"
+    result = rxstream.launch(
+        FRAMES_APP, ranks=2, frames=40, timeout=60, settings=("split=true",), log=log, otel=True
+    )
+    records = [r for r in load(log).records if not r.self_test]
+    assert records and result.statistics[1]["video"].items_out == 40
+    spans = spans_of(in_memory)
+    roots = [s for s in spans if s.parent is None]
+    assert len(roots) == len(records)
+    for root, record in zip(roots, records, strict=True):
+        attributes = dict(root.attributes or {})
+        assert attributes["rxstream.run"] == result.run_id
+        assert attributes["rxstream.input_seq"] == record.input_seq
+        assert attributes["rxstream.cutover"] is record.cutover
+        assert attributes["rxstream.generation"] == record.prompt_generation
+        assert duration_ms(root) == pytest.approx(record.total_ms, abs=1e-3)
+        children = [
+            s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id
+        ]
+        assert [s.name for s in children] == [hop.name for hop in record.hops]
+        for span, hop in zip(children, record.hops, strict=True):
+            total = hop.wait_ms + hop.hold_ms + hop.compute_ms
+            assert duration_ms(span) == pytest.approx(total, abs=2e-3)  # 3 fields rounded to 1 µs
+            assert dict(span.attributes or {})["rxstream.compute_ms"] == pytest.approx(
+                hop.compute_ms, abs=1e-3
+            )
+    assert {"paint", "video"} <= {s.name for s in spans}  # rank 1's stages
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[str, list[bytes]]]:
+    """A local OTLP/HTTP receiver (``/v1/traces``) keeping each request's body."""
+    bodies: list[bytes] = []
+    ready = threading.Event()
+    loop_box: list[Any] = []
+    port_box: list[int] = []
+
+    async def traces(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.Response(body=b"", content_type="application/x-protobuf")
+
+    def serve() -> None:
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        loop_box.append(loop)
+        app = web.Application()
+        app.router.add_post("/v1/traces", traces)
+        runner = web.AppRunner(app)
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        port_box.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        ready.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{port_box[0]}/v1/traces", bodies
+    finally:
+        loop_box[0].call_soon_threadsafe(loop_box[0].stop)
+        thread.join(10)
+
+
+def test_the_otlp_exporter_sends_what_a_collector_decodes(
+    collector: tuple[str, list[bytes]],
+) -> None:
+    """Over OTLP/HTTP the receiver decodes one resource (service rxstream) with the root and
+    its hops, their times and attributes as the record has them."""
+    url, bodies = collector
+    traces = TraceExport(OTLPSpanExporter(endpoint=url))
+    traces.record(a_record(), egress_ns=EGRESS_NS)
+    traces.close()
+    assert len(bodies) == 1
+    request = ExportTraceServiceRequest.FromString(bodies[0])
+    (resource,) = request.resource_spans
+    service = {a.key: a.value.string_value for a in resource.resource.attributes}
+    assert service["service.name"] == "rxstream"
+    spans = [span for scope in resource.scope_spans for span in scope.spans]
+    by_name = {span.name: span for span in spans}
+    assert set(by_name) == {"video input", "mouse", "pace", "video"}
+    root = by_name["video input"]
+    assert root.end_time_unix_nano == EGRESS_NS
+    assert root.start_time_unix_nano == EGRESS_NS - 41_250 * US
+    assert all(by_name[n].parent_span_id == root.span_id for n in ("mouse", "pace", "video"))
+    pace = by_name["pace"]
+    assert pace.end_time_unix_nano - pace.start_time_unix_nano == 33_500 * US
+    held = {a.key: a.value.double_value for a in pace.attributes if a.key.endswith("_ms")}
+    assert held == {"rxstream.wait_ms": 1.5, "rxstream.hold_ms": 30.0, "rxstream.compute_ms": 2.0}
+    seq = {a.key: a.value.int_value for a in root.attributes}["rxstream.input_seq"]
+    assert seq == 7
+
+
+def test_without_the_extra_the_error_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Traces asked for without the OpenTelemetry SDK: one ImportError naming the extra."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    with pytest.raises(
+        ImportError,
+        match=r"^OpenTelemetry traces need the OpenTelemetry SDK, which rxstream does not install "
+        r"by default: install the otel extra with pip install 'rxstream\[otel\]' \(missing: ",
+    ):
+        TraceExport(InMemorySpanExporter())
+
+
+@pytest.mark.parametrize(
+    ("environ", "enabled"),
+    [
+        ({}, False),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, True),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, False),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://h:4318"}, True),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://h:4318/v1/traces"}, True),
+        ({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SDK_DISABLED": "true"}, False),
+    ],
+)
+def test_the_standard_environment_turns_traces_on(environ: dict[str, str], enabled: bool) -> None:
+    """OTEL_TRACES_EXPORTER or an OTLP endpoint asks for traces; none or OTEL_SDK_DISABLED not."""
+    assert otel_from_env(environ) is enabled
+
+
+def test_an_unknown_exporter_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """OTEL_TRACES_EXPORTER naming an exporter rxstream does not make: refused, named."""
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "zipkin")
+    with pytest.raises(
+        rxstream.ArgumentError,
+        match=r"^OTEL_TRACES_EXPORTER must be otlp or console for rxstream's traces, got 'zipkin'$",
+    ):
+        TraceExport()
+
+
+@pytest.mark.slow
+def test_a_run_without_exports_never_imports_them() -> None:
+    """Off costs nothing: a launch without otel or metrics loads neither package."""
+    code = (
+        "import sys, rxstream\n"
+        f"rxstream.launch({FRAMES_APP!r}, ranks=1, frames=5, timeout=60)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('opentelemetry', 'prometheus_client')))\n"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OTEL_")}
+    env["PYTHONPATH"] = str(ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
