@@ -14,22 +14,28 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk", reason="the otel extra is not installed")
 
-from aiohttp import web  # noqa: E402
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # noqa: E402
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (  # noqa: E402
+from aiohttp import web
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
 )
-from opentelemetry.sdk.trace import ReadableSpan  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
 
-import rxstream  # noqa: E402
-from rxstream.timing import ClientTiming, HopTiming, TimingRecord, TraceExport, load  # noqa: E402
-from rxstream.timing import _otel  # noqa: E402
-from rxstream.timing._otel import otel_from_env  # noqa: E402
-from rxstream.transport._photon import PhotonJoin, Shown  # noqa: E402
-from tests.test_photon import synced  # noqa: E402
+import rxstream
+from rxstream.timing import (
+    ClientTiming,
+    HopTiming,
+    TimingRecord,
+    TraceExport,
+    _otel,
+    load,
+)
+from rxstream.timing._client import ClockOffset
+from rxstream.timing._otel import otel_from_env
+from rxstream.transport._photon import PhotonJoin, Shown
 
 ROOT = Path(__file__).resolve().parent.parent
 FRAMES_APP = str(ROOT / "tests" / "apps" / "frames_app.py")
@@ -66,7 +72,8 @@ def spans_of(exporter: InMemorySpanExporter) -> list[ReadableSpan]:
 
 
 def duration_ms(span: ReadableSpan) -> float:
-    assert span.start_time is not None and span.end_time is not None
+    assert span.start_time is not None
+    assert span.end_time is not None
     return (span.end_time - span.start_time) / 1e6
 
 
@@ -121,6 +128,13 @@ def test_a_record_with_input_time_ends_at_its_egress_on_the_wall_clock() -> None
     assert root.end_time == 1_800_000_000_052_500_000
 
 
+def synced(offset_ms: float, rtt_ms: float = 0.5) -> ClockOffset:
+    """A page clock ``offset_ms`` ahead of the server's, known to ``rtt_ms``."""
+    clock = ClockOffset()
+    clock.add(0.0, offset_ms + rtt_ms / 2, rtt_ms)
+    return clock
+
+
 def joined_record() -> TimingRecord:
     """A record the photon join gave its page's part: 3 ms up, then net 2, decode 3, present 5."""
     join = PhotonJoin()
@@ -138,7 +152,8 @@ def test_a_photon_joined_record_runs_from_the_input_event_to_the_pixels() -> Non
     is the record's photon_ms, and the page's hops follow egress as children."""
     record = joined_record()
     client = record.client
-    assert isinstance(client, ClientTiming) and client.up_ms is not None
+    assert isinstance(client, ClientTiming)
+    assert client.up_ms is not None
     exporter = InMemorySpanExporter()
     traces = TraceExport(exporter)
     traces.record(record, egress_ns=EGRESS_NS)
@@ -156,7 +171,8 @@ def test_a_photon_joined_record_runs_from_the_input_event_to_the_pixels() -> Non
     assert duration_ms(root) == pytest.approx(client.photon_ms, abs=1e-3)
     assert dict(root.attributes or {})["rxstream.photon_ms"] == client.photon_ms
     up, *_, net, decode, present = children
-    assert up.start_time == root.start_time and up.end_time == EGRESS_NS - 41_250 * US
+    assert up.start_time == root.start_time
+    assert up.end_time == EGRESS_NS - 41_250 * US
     assert net.start_time == EGRESS_NS
     assert duration_ms(net) == pytest.approx(client.net_ms, abs=1e-3)
     assert duration_ms(decode) == pytest.approx(client.decode_ms, abs=1e-3)
@@ -183,7 +199,8 @@ def test_a_two_rank_launch_traces_each_record_rank_1_logged(
         FRAMES_APP, ranks=2, frames=40, timeout=60, settings=("split=true",), log=log, otel=True
     )
     records = [r for r in load(log).records if not r.self_test]
-    assert records and result.statistics[1]["video"].items_out == 40
+    assert records
+    assert result.statistics[1]["video"].items_out == 40
     spans = spans_of(in_memory)
     roots = [s for s in spans if s.parent is None]
     assert len(roots) == len(records)
