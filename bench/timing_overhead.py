@@ -34,6 +34,16 @@ The pipelines, the same on both sides:
    The difference per item is the cost of one record (fold, structlog, the write), plus the
    item's own stamps (row 3: a small part of it).
 
+5. exports (a second table): ``ctx.input("mouse", capacity=N) | 4 pipes | ctx.stream("out")``,
+   threaded, every inbox of capacity 256, fed N samples before it starts, timed from
+   ``start()`` until the sink's transport has the last item; every item is a new input, so
+   the sink folds a record per item (the worst case: a live session folds one per frame at
+   most), logged to a file on both sides as ``rxstream run --log`` does. **on**: each record
+   also made a trace (``TraceExport`` over the SDK's ``InMemorySpanExporter``, batched off the
+   sink's thread) and counted in a ``RunMetrics`` (the hop, end-to-end histograms); **off**:
+   neither made, so neither package is imported (``tests/test_otel.py`` checks a run without
+   exports never imports them). Target: on/off ≥ 0.95x (at most 5% of the throughput).
+
 The target: timing adds under 10% to the per-hop cost of a threaded pipeline. Two rows carry
 it: the median hop latency (on/off ≤ 1.10x) and the throughput with the collector on (on/off
 ≥ 0.91x, i.e. at most 10% more time per item). The others are information.
@@ -45,6 +55,7 @@ Run ``python bench/timing_overhead.py`` (about a minute) or ``python bench/timin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -231,6 +242,52 @@ def records_s(timing: bool, items: int) -> float:
     return elapsed
 
 
+# --- 5. the exports: traces and metrics of every record --------------------------------------
+
+
+def exports_tput(exports: bool, items: int) -> float:
+    """Items per second of ``input | 4 pipes | stream``, threaded, a record per item, with the
+    OpenTelemetry and Prometheus exports of every record on or off."""
+    finished = threading.Event()
+    left = [items]
+
+    def count(_payload: Any) -> None:
+        left[0] -= 1
+        if not left[0]:
+            finished.set()
+
+    ctx = rxstream.Context(transport=Egress(count))
+    pipeline = chain(ctx, ctx.input("mouse", capacity=items), len(STAGES), BIG)
+    for sample in range(items):
+        pipeline.feed("mouse", sample)
+    pipeline.plan  # noqa: B018
+    with contextlib.ExitStack() as exported:
+        traces: Any = None
+        if exports:
+            from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
+                InMemorySpanExporter,
+            )
+
+            from rxstream.timing import RunMetrics, TraceExport
+            from rxstream.timing._emit import listen
+
+            traces = TraceExport(InMemorySpanExporter())
+            exported.enter_context(listen(traces))
+            exported.enter_context(listen(RunMetrics()))
+        started = _perf()
+        pipeline.start()
+        if not finished.wait(JOIN_S * 6):
+            pipeline.stop()
+            raise RuntimeError("exports run did not finish")
+        elapsed = _perf() - started
+        pipeline.stop()
+        if traces is not None:
+            traces.close()
+            if traces.traces != items:
+                raise RuntimeError(f"{traces.traces} traces made, wanted {items}")
+    return items / elapsed
+
+
 def logged(path: Path, run: Callable[[], float]) -> float:
     """``run()`` with rxstream's logs going to ``path`` as JSON lines; structlog restored after."""
     configure_logging(path)
@@ -281,7 +338,9 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
-def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> list[Row]:
+def measure(
+    reps: int, trips: int, items: int, drive_items: int, log: Path
+) -> tuple[list[Row], list[Row]]:
     """Every variant on both sides once per repetition, interleaved, then the table's rows."""
     got: dict[str, list[float]] = {}
 
@@ -311,9 +370,14 @@ def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> l
             seconds = logged(log, partial(records_s, timing, drive_items))
             add(f"{side} record", seconds / drive_items * 1e6)
 
+        for side, on in sides:
+            gc.collect()
+            add(f"{side} exports", logged(log, partial(exports_tput, on, drive_items)) / 1e3)
+
     logged_lines = timing_lines(log)
-    if logged_lines != reps * drive_items:
-        raise RuntimeError(f"the log has {logged_lines} records, wanted {reps * drive_items}")
+    wanted = reps * drive_items * 3  # the record row's, and both exports sides'
+    if logged_lines != wanted:
+        raise RuntimeError(f"the log has {logged_lines} records, wanted {wanted}")
 
     def diff(key: str) -> list[float]:
         return [a - b for a, b in zip(got[f"on {key}"], got[f"off {key}"], strict=True)]
@@ -343,6 +407,11 @@ def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> l
         Row(f"drive(frames={drive_items}), input + 4 pipes + sink, a record per item, "
             "logged to a file", "µs/item", got["on record"], got["off record"],
             diff("record"), "µs/record", "—", None),
+    ], [
+        Row(f"throughput, input + 4 pipes + sink, threaded, {drive_items} items, a record per "
+            "item logged, its trace (in-memory exporter) and metrics", "k items/s",
+            got["on exports"], got["off exports"], per_item_us("exports"),
+            "µs/record", "≥ 0.95x", lambda r: r >= 0.95),
     ]  # fmt: skip
 
 
@@ -359,7 +428,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     began = _perf()
     with tempfile.TemporaryDirectory(prefix="rxstream-timing-") as scratch:
-        rows = measure(reps, trips, items, drive_items, Path(scratch) / "timing.jsonl")
+        rows, exports = measure(reps, trips, items, drive_items, Path(scratch) / "timing.jsonl")
     took = _perf() - began
     command = " ".join(
         ["python bench/timing_overhead.py", *(sys.argv[1:] if argv is None else argv)]
@@ -376,6 +445,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     print()
     print(table(rows))
+    print()
+    print(table(exports).replace("timing on", "exports on").replace("timing off", "exports off")
+          .replace("added by timing", "added by the exports"))  # fmt: skip
 
 
 if __name__ == "__main__":

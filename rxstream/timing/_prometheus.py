@@ -70,6 +70,8 @@ class RunMetrics:
         self._stats: dict[int, dict[str, StageStatistics]] = {}
         self._fps: dict[tuple[int, str], float] = {}
         self._seen: dict[int, tuple[float, dict[str, int]]] = {}
+        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
+        """Each hop's wait, hold and compute series (``labels()`` once, not per record)."""
         hop = ("stream", "stage")
 
         def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Any) -> Any:
@@ -113,10 +115,18 @@ class RunMetrics:
         if record.self_test:
             return
         stream = record.stream
+        children = self._children
         for hop in record.hops:
-            self._wait.labels(stream, hop.name).observe(hop.wait_ms / 1e3)
-            self._hold.labels(stream, hop.name).observe(hop.hold_ms / 1e3)
-            self._compute.labels(stream, hop.name).observe(hop.compute_ms / 1e3)
+            key = (stream, hop.name)
+            series = children.get(key)
+            if series is None:  # the first record of this hop: its series, kept
+                series = children[key] = tuple(
+                    h.labels(stream, hop.name) for h in (self._wait, self._hold, self._compute)
+                )
+            wait, hold, compute = series
+            wait.observe(hop.wait_ms / 1e3)
+            hold.observe(hop.hold_ms / 1e3)
+            compute.observe(hop.compute_ms / 1e3)
         self._total.labels(stream).observe(record.total_ms / 1e3)
         if record.client is not None:
             self._photon.labels(stream).observe(record.client.photon_ms / 1e3)
