@@ -28,6 +28,7 @@ import rxstream
 from rxstream.timing import (
     ClientTiming,
     HopTiming,
+    RunMetrics,
     TimingRecord,
     TraceExport,
     _otel,
@@ -347,3 +348,106 @@ def test_a_run_without_exports_never_imports_them() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_served_trace_waits_for_its_page_and_runs_to_the_pixels() -> None:
+    """With photon_wait_s the trace of a record goes once a page's report joins it, to the
+    pixels; a record no page reported goes without, when closed (never twice)."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, photon_wait_s=30)
+    seen = joined_record()
+    assert seen.client is not None
+    traces.record(replace(seen, client=None), egress_ns=EGRESS_NS)
+    traces.record(a_record(input_seq=8), egress_ns=EGRESS_NS + 1_000_000)
+    assert exporter.get_finished_spans() == ()
+    traces.photon(seen, seen.client)
+    traces.photon(seen, seen.client)  # a second page's report of it: its trace went
+    traces.close()
+    roots = [s for s in spans_of(exporter) if s.parent is None]
+    assert [dict(r.attributes or {})["rxstream.input_seq"] for r in roots] == [7, 8]
+    assert traces.traces == 2
+    assert traces.joined == 1
+    assert duration_ms(roots[0]) == pytest.approx(seen.client.photon_ms, abs=1e-3)
+    assert "rxstream.photon_ms" not in dict(roots[1].attributes or {})
+
+
+def test_photon_wait_is_refused_out_of_range() -> None:
+    """photon_wait_s is seconds from 0 to 60: its rule and value said."""
+    with pytest.raises(
+        rxstream.ArgumentError, match=r"^photon_wait_s must be from 0 to 60 \(seconds\), got -1$"
+    ):
+        TraceExport(InMemorySpanExporter(), photon_wait_s=-1)
+
+
+def test_a_launch_s_exports_get_the_page_s_report_as_the_session_logs_it(
+    in_memory: InMemorySpanExporter,
+) -> None:
+    """A photon line logged on rank 0 (log_photon, as the session server does) reaches the
+    launch's traces, which then run to the pixels, and its photon histogram."""
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.transport._photon import log_photon
+
+    seen = joined_record()
+    assert seen.client is not None
+    telemetry = Telemetry(otel=True, metrics_port=None, served=True)
+    telemetry.metrics = RunMetrics()  # counted, not served
+    try:
+        telemetry.on_record(replace(seen, client=None))
+        log_photon(replace(seen, client=None), seen.client, page=1)
+    finally:
+        telemetry.close()
+    log_photon(replace(seen, client=None), seen.client, page=2)  # closed: nothing more
+    roots = [s for s in in_memory.get_finished_spans() if s.parent is None]
+    assert len(roots) == 1
+    assert dict(roots[0].attributes or {})["rxstream.photon_ms"] == seen.client.photon_ms
+    text = telemetry.metrics.text().decode()
+    assert 'rxstream_photon_seconds_count{stream="video"} 1.0' in text
+
+
+@pytest.mark.slow
+def test_rxstream_run_sends_traces_where_the_otel_environment_says(
+    collector: tuple[str, list[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OTEL_EXPORTER_OTLP_ENDPOINT alone (no --otel) turns traces on; the collector gets the
+    run's records, named by its run id."""
+    from rxstream import cli
+
+    url, bodies = collector
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", url.removesuffix("/v1/traces"))
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "demo")
+    assert cli.main(["run", FRAMES_APP, "--frames", "40", "--timeout", "60"]) == 0
+    assert bodies
+    requests = [ExportTraceServiceRequest.FromString(body) for body in bodies]
+    services = {
+        a.value.string_value
+        for r in requests
+        for rs in r.resource_spans
+        for a in rs.resource.attributes
+        if a.key == "service.name"
+    }
+    assert services == {"demo"}
+    roots = [
+        span
+        for r in requests
+        for rs in r.resource_spans
+        for scope in rs.scope_spans
+        for span in scope.spans
+        if not span.parent_span_id
+    ]
+    assert roots
+    runs = {a.value.string_value for s in roots for a in s.attributes if a.key == "rxstream.run"}
+    assert len(runs) == 1
+    assert next(iter(runs))
+
+
+def test_rxstream_run_without_the_extra_says_which_to_install(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--otel without the OpenTelemetry SDK: exit 1, one line naming the extra."""
+    from rxstream import cli
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    assert cli.main(["run", FRAMES_APP, "--otel", "--frames", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "install the otel extra with pip install 'rxstream[otel]'" in err
+    assert len([line for line in err.splitlines() if "otel extra" in line]) == 1

@@ -157,7 +157,11 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
     app.check_ranks(ranks)
     telemetry: Telemetry | None = None
     if options.otel or options.metrics_port is not None:
-        telemetry = Telemetry(otel=options.otel, metrics_port=options.metrics_port)
+        telemetry = Telemetry(
+            otel=options.otel,
+            metrics_port=options.metrics_port,
+            served=options.transport is not None,
+        )
         options = replace(options, on_status=telemetry.on_status(options.on_status))
     try:
         result = _launch_exported(app, ranks, options, telemetry)

@@ -8,15 +8,21 @@ run has one trace stream and one ``/metrics`` endpoint, whatever its ranks.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 from rxstream._exceptions import ArgumentError
 from rxstream.ranks._common import Statistics
-from rxstream.timing import TimingRecord
+from rxstream.timing import ClientTiming, TimingRecord
+from rxstream.timing._emit import listen_photon
 from rxstream.timing._otel import TraceExport
 from rxstream.timing._prometheus import MetricsServer, RunMetrics
 
-__all__ = ["Telemetry", "check_metrics_port"]
+__all__ = ["PHOTON_WAIT_S", "Telemetry", "check_metrics_port"]
+
+PHOTON_WAIT_S = 2.0
+"""How long a served run's trace waits for the page's report of its frame (the page reports
+within a frame or two of showing it; a report later than this joins no trace)."""
 
 
 def check_metrics_port(port: int | None) -> None:
@@ -31,11 +37,12 @@ class Telemetry:
     """The traces (``otel``) and the metrics endpoint (``metrics_port``, on 127.0.0.1) of one
     launch; :meth:`close` sends the traces left and stops serving."""
 
-    def __init__(self, *, otel: bool, metrics_port: int | None) -> None:
+    def __init__(self, *, otel: bool, metrics_port: int | None, served: bool = False) -> None:
         check_metrics_port(metrics_port)
-        self.traces = TraceExport() if otel else None
+        self.traces = TraceExport(photon_wait_s=PHOTON_WAIT_S if served else 0.0) if otel else None
         self.metrics = RunMetrics() if metrics_port is not None else None
         self.server: MetricsServer | None = None
+        self._photon: contextlib.AbstractContextManager[None] | None = None
         if self.metrics is not None and metrics_port is not None:
             try:
                 self.server = self.metrics.serve(metrics_port)
@@ -45,6 +52,8 @@ class Telemetry:
                     f"metrics_port {metrics_port}: cannot listen on 127.0.0.1:{metrics_port} "
                     f"({exc.strerror or exc})"
                 ) from exc
+        self._photon = listen_photon(self.on_photon)
+        self._photon.__enter__()
 
     @property
     def active(self) -> bool:
@@ -57,6 +66,13 @@ class Telemetry:
             self.traces.record(record)
         if self.metrics is not None:
             self.metrics.record(record)
+
+    def on_photon(self, record: TimingRecord, client: ClientTiming) -> None:
+        """A page's report joined a record (a served session, on rank 0)."""
+        if self.traces is not None:
+            self.traces.photon(record, client)
+        if self.metrics is not None:
+            self.metrics.photon(record, client)
 
     def on_status(
         self, then: Callable[[Statistics], None] | None
@@ -75,6 +91,9 @@ class Telemetry:
 
     def close(self) -> None:
         """Send the traces left, stop serving (idempotent)."""
+        if self._photon is not None:
+            self._photon.__exit__(None, None, None)
+            self._photon = None
         if self.traces is not None:
             self.traces.close()
         if self.server is not None:

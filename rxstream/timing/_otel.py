@@ -18,10 +18,12 @@ import os
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from rxstream._exceptions import ArgumentError
+from rxstream._exceptions import ArgumentError, ArgumentTypeError
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 
@@ -143,10 +145,28 @@ class TraceExport:
     ``http://localhost:4318`` unless they say otherwise; ``console`` prints the spans). The
     service is ``OTEL_SERVICE_NAME`` (default ``rxstream``). Spans are exported in batches off
     the caller's thread; :meth:`close` sends what is left. ``session`` is set on every root
-    span when given. An ``ImportError`` naming the ``otel`` extra when it is not installed.
+    span when given. ``photon_wait_s`` (a served session's: a page reports a frame it showed
+    some ms after egress) holds each record's trace that long for :meth:`photon` to bring the
+    page's part, so that the trace runs to the pixels; 0 (a headless run's) exports at once.
+    An ``ImportError`` naming the ``otel`` extra when it is not installed.
     """
 
-    def __init__(self, exporter: Any = None, *, session: str = "") -> None:
+    def __init__(
+        self,
+        exporter: Any = None,
+        *,
+        session: str = "",
+        photon_wait_s: float = 0.0,
+        keep: int = 256,
+    ) -> None:
+        if isinstance(photon_wait_s, bool) or not isinstance(photon_wait_s, int | float):
+            raise ArgumentTypeError(
+                f"photon_wait_s must be a number of seconds, got {type(photon_wait_s).__name__}"
+            )
+        if not 0 <= photon_wait_s <= 60:
+            raise ArgumentError(
+                f"photon_wait_s must be from 0 to 60 (seconds), got {photon_wait_s!r}"
+            )
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import ReadableSpan
@@ -171,15 +191,62 @@ class TraceExport:
         self._lock = threading.Lock()
         self._closed = False
         self.session = session
+        self.photon_wait_s = float(photon_wait_s)
+        self.keep = keep
+        self._waiting: OrderedDict[tuple[str, str, int], tuple[TimingRecord, int, float]] = (
+            OrderedDict()
+        )
+        """(run, stream, input_seq) of a record held for its page's report: the record, its
+        egress (ns) and until when it waits (monotonic s)."""
         self.traces = 0
         """Records turned into traces so far."""
+        self.joined = 0
+        """Of them, traces that reach the pixels (a page's report joined their record)."""
 
     def record(self, record: TimingRecord, *, egress_ns: int | None = None) -> None:
         """Export ``record``'s trace (``egress_ns``: its egress on the wall clock in ns, by
-        default :func:`egress_ns_of`'s). Any thread; after :meth:`close`, nothing."""
+        default :func:`egress_ns_of`'s); with ``photon_wait_s``, first wait that long for a
+        page's report (:meth:`photon`), at most ``keep`` records at a time (the oldest goes
+        on without). Any thread; after :meth:`close`, nothing."""
         if self._closed:
             return
-        spans = span_times(record, egress_ns_of(record) if egress_ns is None else egress_ns)
+        egress = egress_ns_of(record) if egress_ns is None else egress_ns
+        if not self.photon_wait_s or record.client is not None:
+            self._export(record, egress)
+            return
+        now = time.monotonic()
+        with self._lock:
+            key = (record.run, record.stream, record.input_seq)
+            self._waiting[key] = (record, egress, now + self.photon_wait_s)
+            due = self._due(now)
+        for late, late_egress in due:
+            self._export(late, late_egress)
+
+    def photon(self, record: TimingRecord, client: ClientTiming) -> None:
+        """A page's report joined ``record``: its trace, waiting, goes on to the pixels (a
+        record no longer waiting, or never given, is left: its trace went, or goes, without)."""
+        with self._lock:
+            held = self._waiting.pop((record.run, record.stream, record.input_seq), None)
+            due = self._due(time.monotonic())
+        if held is not None:
+            self._export(replace(held[0], client=client), held[1])
+        for late, late_egress in due:
+            self._export(late, late_egress)
+
+    def _due(self, now: float) -> list[tuple[TimingRecord, int]]:
+        """The records whose wait is over, or past ``keep``, taken out (under the lock)."""
+        due: list[tuple[TimingRecord, int]] = []
+        waiting = self._waiting
+        while waiting:
+            key, (record, egress, until) = next(iter(waiting.items()))
+            if until > now and len(waiting) <= self.keep:
+                break
+            del waiting[key]
+            due.append((record, egress))
+        return due
+
+    def _export(self, record: TimingRecord, egress_ns: int) -> None:
+        spans = span_times(record, egress_ns)
         if self.session:
             spans[0][3]["rxstream.session"] = self.session
         bits = self._random.getrandbits
@@ -205,6 +272,7 @@ class TraceExport:
             )
         with self._lock:
             self.traces += 1
+            self.joined += record.client is not None
 
     __call__ = record
 
@@ -213,8 +281,14 @@ class TraceExport:
         return bool(self._processor.force_flush(int(timeout_s * 1000)))
 
     def close(self) -> None:
-        """Export what is left and stop (idempotent)."""
+        """Export what is left (the records still waiting, without a page's part) and stop
+        (idempotent)."""
         if not self._closed:
+            with self._lock:
+                left = [(record, egress) for record, egress, _ in self._waiting.values()]
+                self._waiting.clear()
+            for record, egress in left:
+                self._export(record, egress)
             self._closed = True
             self._processor.shutdown()  # type: ignore[no-untyped-call]
 

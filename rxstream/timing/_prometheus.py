@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from rxstream._kernel._stats import StageStatistics
+from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 
 __all__ = ["CONTENT_TYPE", "HOP_BUCKETS_S", "TOTAL_BUCKETS_S", "MetricsServer", "RunMetrics"]
@@ -132,6 +133,11 @@ class RunMetrics:
             self._photon.labels(stream).observe(record.client.photon_ms / 1e3)
 
     __call__ = record
+
+    def photon(self, record: TimingRecord, client: ClientTiming) -> None:
+        """A page's report joined ``record``: its input-to-pixels time in the photon histogram."""
+        if not record.self_test:
+            self._photon.labels(record.stream).observe(client.photon_ms / 1e3)
 
     def stats(self, statistics: Statistics) -> None:
         """Take every rank's latest stage statistics (``{rank: {stage: statistics}}``, as
