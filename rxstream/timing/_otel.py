@@ -26,6 +26,7 @@ from typing import Any
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
+from rxstream.timing._spanbatch import SpanBatcher
 
 __all__ = ["EXTRA_HINT", "TraceExport", "otel_from_env", "span_times"]
 
@@ -137,7 +138,8 @@ class TraceExport:
     """Turns each record it is given into one trace, exported by ``exporter``.
 
     The spans are made finished (the SDK's ``ReadableSpan``, what every exporter takes) and
-    handed to a batch processor: no live span, no tracer, so a record costs a few µs a span.
+    handed to a :class:`~rxstream.timing._spanbatch.SpanBatcher` together: no live span, no
+    tracer, no per-span processor, so a record costs a few µs a span.
 
     ``exporter`` is an OpenTelemetry ``SpanExporter`` (the SDK's ``InMemorySpanExporter`` in
     tests); ``None`` picks one from the standard environment: ``OTEL_TRACES_EXPORTER``
@@ -170,7 +172,6 @@ class TraceExport:
         try:
             from opentelemetry.sdk.resources import Resource
             from opentelemetry.sdk.trace import ReadableSpan
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor
             from opentelemetry.sdk.util.instrumentation import InstrumentationScope
             from opentelemetry.trace import SpanContext, TraceFlags
         except ImportError as exc:
@@ -183,7 +184,7 @@ class TraceExport:
         service = os.environ.get("OTEL_SERVICE_NAME") or "rxstream"
         self._resource = Resource.create({"service.name": service})
         self._scope = InstrumentationScope("rxstream.timing")
-        self._processor = BatchSpanProcessor(exporter)
+        self._batcher = SpanBatcher(exporter)
         self._span = ReadableSpan
         self._context = SpanContext
         self._sampled = TraceFlags(TraceFlags.SAMPLED)
@@ -256,10 +257,10 @@ class TraceExport:
             for _ in spans
         ]
         root = contexts[0]
-        on_end = self._processor.on_end
-        for index, (name, start, end, attributes) in enumerate(spans):
-            on_end(
-                self._span(
+        made = self._span
+        self._batcher.add(
+            [
+                made(
                     f"{record.stream} {name}" if index == 0 else name,
                     context=contexts[index],
                     parent=None if index == 0 else root,
@@ -269,16 +270,23 @@ class TraceExport:
                     start_time=start,
                     end_time=end,
                 )
-            )
+                for index, (name, start, end, attributes) in enumerate(spans)
+            ]
+        )
         with self._lock:
             self.traces += 1
             self.joined += record.client is not None
 
     __call__ = record
 
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        """Export every finished trace now; whether it was done within ``timeout_s``."""
-        return bool(self._processor.force_flush(int(timeout_s * 1000)))
+    def flush(self) -> None:
+        """Export every trace made so far, now (in the caller's thread)."""
+        self._batcher.flush()
+
+    @property
+    def dropped(self) -> int:
+        """Spans dropped because the exporter fell behind (16,384 waiting)."""
+        return self._batcher.dropped
 
     def close(self) -> None:
         """Export what is left (the records still waiting, without a page's part) and stop
@@ -290,7 +298,7 @@ class TraceExport:
             for record, egress in left:
                 self._export(record, egress)
             self._closed = True
-            self._processor.shutdown()  # type: ignore[no-untyped-call]
+            self._batcher.close()
 
 
 def _exporter_from_env() -> Any:

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 from rxstream._kernel._stats import StageStatistics
 from rxstream.timing._client import ClientTiming
+from rxstream.timing._histograms import Histogram
 from rxstream.timing._record import TimingRecord
 
 __all__ = ["CONTENT_TYPE", "HOP_BUCKETS_S", "TOTAL_BUCKETS_S", "MetricsServer", "RunMetrics"]
@@ -63,7 +65,7 @@ class RunMetrics:
     """
 
     def __init__(self, *, run: str = "") -> None:
-        from prometheus_client import CollectorRegistry, Histogram
+        from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry(auto_describe=True)
         self.run = run
@@ -71,44 +73,41 @@ class RunMetrics:
         self._stats: dict[int, dict[str, StageStatistics]] = {}
         self._fps: dict[tuple[int, str], float] = {}
         self._seen: dict[int, tuple[float, dict[str, int]]] = {}
-        self._children: dict[tuple[str, str], tuple[Any, ...]] = {}
-        """Each hop's wait, hold and compute series (``labels()`` once, not per record)."""
         hop = ("stream", "stage")
-
-        def histogram(name: str, doc: str, labels: tuple[str, ...], buckets: Any) -> Any:
-            return Histogram(name, doc, labels, registry=self.registry, buckets=buckets)
-
-        self._wait = histogram(
+        self._wait = Histogram(
             "rxstream_hop_wait_seconds",
             "Queue-wait of a hop: from the previous stamp to the stage's .in",
             hop,
             HOP_BUCKETS_S,
         )
-        self._hold = histogram(
+        self._hold = Histogram(
             "rxstream_hop_hold_seconds",
             "Hold of a hop: a pace or window keeping the item for its tick or window",
             hop,
             HOP_BUCKETS_S,
         )
-        self._compute = histogram(
+        self._compute = Histogram(
             "rxstream_hop_compute_seconds",
             "Compute of a hop: from the stage's .in (or .hold) to its .out",
             hop,
             HOP_BUCKETS_S,
         )
-        self._total = histogram(
+        self._total = Histogram(
             "rxstream_end_to_end_seconds",
             "Input to egress of a timing record (its total_ms)",
             ("stream",),
             TOTAL_BUCKETS_S,
         )
-        self._photon = histogram(
+        self._photon = Histogram(
             "rxstream_photon_seconds",
             "Input to pixels of a timing record a page reported (its photon_ms)",
             ("stream",),
             TOTAL_BUCKETS_S,
         )
-        self.registry.register(_StageCollector(self))
+        self.histograms = (self._wait, self._hold, self._compute, self._total, self._photon)
+        self._hops: dict[tuple[str, str], tuple[list[Any], list[Any], list[Any]]] = {}
+        """Each hop's wait, hold and compute series, found once."""
+        self.registry.register(_Collector(self))
 
     def record(self, record: TimingRecord) -> None:
         """Count one timing record in the hop, end-to-end and photon histograms (any
@@ -116,28 +115,43 @@ class RunMetrics:
         if record.self_test:
             return
         stream = record.stream
-        children = self._children
-        for hop in record.hops:
-            key = (stream, hop.name)
-            series = children.get(key)
-            if series is None:  # the first record of this hop: its series, kept
-                series = children[key] = tuple(
-                    h.labels(stream, hop.name) for h in (self._wait, self._hold, self._compute)
-                )
-            wait, hold, compute = series
-            wait.observe(hop.wait_ms / 1e3)
-            hold.observe(hop.hold_ms / 1e3)
-            compute.observe(hop.compute_ms / 1e3)
-        self._total.labels(stream).observe(record.total_ms / 1e3)
+        hop_bounds, total_bounds = self._wait.bounds_ms, self._total.bounds_ms
+        hops = self._hops
+        with self._lock:
+            for hop in record.hops:
+                rows = hops.get((stream, hop.name))
+                if rows is None:
+                    key = (stream, hop.name)
+                    rows = hops[key] = (
+                        self._wait.series(key),
+                        self._hold.series(key),
+                        self._compute.series(key),
+                    )
+                for row, ms in zip(rows, (hop.wait_ms, hop.hold_ms, hop.compute_ms), strict=True):
+                    row[0][bisect_left(hop_bounds, ms)] += 1
+                    row[1] += ms
+            row = self._total.series((stream,))
+            row[0][bisect_left(total_bounds, record.total_ms)] += 1
+            row[1] += record.total_ms
         if record.client is not None:
-            self._photon.labels(stream).observe(record.client.photon_ms / 1e3)
+            self.photon(record, record.client)
 
     __call__ = record
 
     def photon(self, record: TimingRecord, client: ClientTiming) -> None:
         """A page's report joined ``record``: its input-to-pixels time in the photon histogram."""
-        if not record.self_test:
-            self._photon.labels(record.stream).observe(client.photon_ms / 1e3)
+        if record.self_test:
+            return
+        with self._lock:
+            row = self._photon.series((record.stream,))
+            row[0][bisect_left(self._photon.bounds_ms, client.photon_ms)] += 1
+            row[1] += client.photon_ms
+
+    def families(self) -> list[Any]:
+        """The histogram families now (copied under the lock, made outside it)."""
+        with self._lock:
+            copies = [(h, h.copy()) for h in self.histograms]
+        return [h.family(copied) for h, copied in copies]
 
     def stats(self, statistics: Statistics) -> None:
         """Take every rank's latest stage statistics (``{rank: {stage: statistics}}``, as
@@ -206,8 +220,8 @@ class MetricsServer:
         self._thread.join(2.0)
 
 
-class _StageCollector:
-    """The stage series of the latest snapshot, made when scraped."""
+class _Collector:
+    """The stage series of the latest snapshot and the histograms, made when scraped."""
 
     def __init__(self, metrics: RunMetrics) -> None:
         self._metrics = metrics
@@ -253,3 +267,4 @@ class _StageCollector:
                 depth.add_metric(values, s.inbox_depth)
                 rate.add_metric(values, fps.get((rank, name), 0.0))
         yield from (items_in, items_out, cutovers, dropped, depth, rate)
+        yield from self._metrics.families()
