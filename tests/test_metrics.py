@@ -272,3 +272,16 @@ def test_a_real_prometheus_scrapes_a_headless_run(tmp_path: Path) -> None:
         prometheus.wait(20)
         _, err = run.communicate(timeout=30)
     assert f"Prometheus metrics at http://127.0.0.1:{metrics_port}/metrics" in err
+
+
+def test_exports_asked_for_under_torchrun_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun the exports are not made yet: asking for them is refused, named."""
+    from rxstream.ranks import _torchrun
+
+    monkeypatch.setattr(_torchrun, "torchrun_env", lambda: object())
+    with pytest.raises(
+        rxstream.ArgumentError,
+        match=r"^metrics_port=9464: traces and metrics are exports of a spawned launch, not "
+        r"made under torchrun yet$",
+    ):
+        rxstream.launch(FRAMES_APP, ranks=1, frames=1, metrics_port=9464)

@@ -451,3 +451,65 @@ def test_rxstream_run_without_the_extra_says_which_to_install(
     err = capsys.readouterr().err
     assert "install the otel extra with pip install 'rxstream[otel]'" in err
     assert len([line for line in err.splitlines() if "otel extra" in line]) == 1
+
+
+class Held:
+    """A span exporter that takes nothing until released (a collector that hangs), or raises."""
+
+    def __init__(self, *, raises: bool = False) -> None:
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        self.raises = raises
+        self.spans: list[Any] = []
+        self.shut = False
+
+    def export(self, spans: Any) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.entered.set()
+        if self.raises:
+            raise ConnectionError("collector refused")
+        self.release.wait(30)
+        self.spans.extend(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self.shut = True
+
+
+def test_a_hung_collector_never_holds_the_end_of_a_run() -> None:
+    """close() waits a bounded time for the exporter, says so in one warning, shuts it down."""
+    import structlog
+
+    from rxstream.timing._spanbatch import SpanBatcher
+
+    exporter = Held()
+    batcher = SpanBatcher(exporter, delay_s=30)
+    batcher.add(["a", "b"])
+    with structlog.testing.capture_logs() as logs:
+        batcher.close(timeout_s=0.2)
+    assert exporter.entered.is_set()
+    assert exporter.shut
+    assert [log["event"] for log in logs] == ["otel_export_unfinished"]
+    assert logs[0]["reason"] == "the exporter did not take the last spans within 0.2 s"
+    exporter.release.set()
+    batcher.add(["c"])  # closed: dropped, counted
+    assert batcher.dropped == 1
+
+
+def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> None:
+    """An exporter that raises is warned about and counted; past keep, spans are dropped."""
+    import structlog
+
+    from rxstream.timing._spanbatch import SpanBatcher
+
+    exporter = Held(raises=True)
+    batcher = SpanBatcher(exporter, delay_s=30, batch=100, keep=3)
+    batcher.add(["a", "b"])
+    batcher.add(["c", "d"])  # 4 > keep: the whole trace dropped
+    with structlog.testing.capture_logs() as logs:
+        batcher.close()
+    assert batcher.dropped == 2
+    assert batcher.failed == 1
+    assert logs[0]["event"] == "otel_export_failed"
+    assert logs[0]["error"] == "ConnectionError: collector refused"

@@ -144,6 +144,12 @@ def launch(
     from rxstream.ranks._torchrun import run_torchrun, torchrun_env
 
     if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
+        if otel or metrics_port is not None:
+            asked = "otel=True" if otel else f"metrics_port={metrics_port}"
+            raise ArgumentError(
+                f"{asked}: traces and metrics are exports of a spawned launch, not made under "
+                "torchrun yet"
+            )
         return run_torchrun(entry, ranks, options)
     return launch_spawned(entry, ranks, options)
 

@@ -84,13 +84,19 @@ class SpanBatcher:
         if spans:
             self._export(spans)
 
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Export what is waiting, stop the thread, shut the exporter down (idempotent)."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Export what is waiting (the thread's last round), then shut the exporter down; a
+        collector that does not take it within ``timeout_s`` is left, said in one warning (a
+        run's end never waits on it longer). Idempotent."""
         with self._cond:
             if self._closed:
                 return
             self._closed = True
             self._cond.notify()
         self._thread.join(timeout_s)
-        self.flush()
+        if self._thread.is_alive():
+            _log.warning(
+                "otel_export_unfinished",
+                reason=f"the exporter did not take the last spans within {timeout_s:g} s",
+            )
         self._exporter.shutdown()
