@@ -511,10 +511,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     command = " ".join(
         ["python bench/timing_overhead.py", *(sys.argv[1:] if argv is None else argv)]
     )
+    measured = (
+        ""
+        if args.exports
+        else f"latency {trips} round trips each, throughput {items} items, drive and records "
+        f"{drive_items} items; "
+    )
     print(
-        f"# {command}: {reps} repetitions, interleaved (on/off order alternating); latency "
-        f"{trips} round trips each, throughput {items} items, drive and records {drive_items} "
-        f"items; took {took:.0f} s"
+        f"# {command}: {reps} repetitions, interleaved (on/off order alternating); {measured}"
+        f"exports {frames} frames and {drive_items} items; took {took:.0f} s"
     )
     print(
         f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
