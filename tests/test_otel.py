@@ -513,3 +513,77 @@ def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> Non
     assert batcher.failed == 1
     assert logs[0]["event"] == "otel_export_failed"
     assert logs[0]["error"] == "ConnectionError: collector refused"
+
+
+INPUTS_APP = str(ROOT / "tests" / "apps" / "inputs_app.py")
+PAGE_OFFSET_MS = 5000.0
+
+
+class PageLike(rxstream.transport.Transport):
+    """Rank 0's session transport standing in for a page: for each record, the frame that
+    carried its input is reported shown 2, 3 and 5 ms after egress (on a clock 5 s ahead),
+    through the photon join and the ``[photon:…]`` line, as the web session does."""
+
+    def __init__(self) -> None:
+        self.join = PhotonJoin()
+        self.clock = synced(PAGE_OFFSET_MS)
+        self.frames: dict[int, tuple[int, float]] = {}
+        self.sent = 0
+
+    @property
+    def connected(self) -> bool:
+        return True
+
+    def send(self, stream: str, item: rxstream.PipelineItem) -> None:
+        self.sent += 1
+        timeline = item.metadata.timeline
+        self.join.sent(stream, self.sent, timeline)
+        self.frames[item.metadata.input_seq] = (self.sent, timeline[0][1] * 1e3)
+
+    def on_timing(self, record: TimingRecord) -> None:
+        from rxstream.transport._photon import log_photon
+
+        self.join.record(record)
+        seq, origin_ms = self.frames[record.input_seq]
+        egress = origin_ms + record.total_ms + PAGE_OFFSET_MS
+        shown = Shown(record.stream, seq, record.input_seq, egress + 2, egress + 5, egress + 10)
+        joined = self.join.shown(shown, self.clock, page=1)
+        assert joined is not None
+        log_photon(joined[0], joined[1], page=1)
+
+
+@pytest.mark.slow
+def test_a_served_two_rank_launch_traces_each_record_to_the_pixels(
+    in_memory: InMemorySpanExporter, tmp_path: Path
+) -> None:
+    """Rank 1 folds each record, rank 0's page reports it: each trace has the hops and the
+    page's net, decode and present, its root as long as the logged photon_ms (to the µs)."""
+    log = tmp_path / "timing.jsonl"
+    page = PageLike()
+    result = rxstream.launch(
+        INPUTS_APP, ranks=2, frames=30, timeout=60, log=log, otel=True, transport=page
+    )
+    assert set(result.statistics) == {0, 1}
+    records = [r for r in load(log).records if r.client is not None]
+    assert len(records) >= 25  # a page reported each record the session passed on
+    spans = spans_of(in_memory)
+    roots = {dict(s.attributes or {})["rxstream.input_seq"]: s for s in spans if s.parent is None}
+    assert len(roots) == len(records)
+    for record in records:
+        assert record.client is not None
+        root = roots[record.input_seq]
+        assert dict(root.attributes or {})["rxstream.run"] == result.run_id
+        assert duration_ms(root) == pytest.approx(record.client.photon_ms, abs=2e-3)
+        children = [
+            s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id
+        ]
+        names = [hop.name for hop in record.hops]
+        assert [s.name for s in children] == [*names, "net", "decode", "present"]
+        assert "work" in names  # rank 1's stage
+        net, decode, present = children[-3:]
+        assert duration_ms(net) == pytest.approx(record.client.net_ms, abs=1e-3)
+        assert duration_ms(decode) == pytest.approx(record.client.decode_ms, abs=1e-3)
+        assert duration_ms(present) == pytest.approx(record.client.present_ms, abs=1e-3)
+        for span, hop in zip(children, record.hops, strict=False):
+            total = hop.wait_ms + hop.hold_ms + hop.compute_ms
+            assert duration_ms(span) == pytest.approx(total, abs=2e-3)
