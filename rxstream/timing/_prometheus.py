@@ -64,11 +64,10 @@ class RunMetrics:
     ``rxstream_photon_seconds`` (input to pixels, when a page reported).
     """
 
-    def __init__(self, *, run: str = "") -> None:
+    def __init__(self) -> None:
         from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry(auto_describe=True)
-        self.run = run
         self._lock = threading.Lock()
         self._stats: dict[int, dict[str, StageStatistics]] = {}
         self._fps: dict[tuple[int, str], float] = {}
