@@ -100,20 +100,26 @@ def test_the_exposition_holds_the_run_s_books_and_its_records(ctx: rxstream.Cont
     assert value(found, "rxstream_end_to_end_seconds_count", stream="video") == 12
 
 
-def test_drops_are_counted_by_reason_and_fps_from_two_snapshots() -> None:
+def test_drops_are_counted_by_reason_and_fps_from_two_snapshots(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """dropped carries the reason as a label; fps is items out per second between snapshots."""
-    from rxstream._kernel._stats import StageStatistics
+    from types import SimpleNamespace
 
+    from rxstream._kernel._stats import StageStatistics
+    from rxstream.timing import _prometheus
+
+    clock = iter([10.0, 12.0])  # the two snapshots, 2 s apart on the monotonic clock
+    monkeypatch.setattr(_prometheus, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     metrics = RunMetrics()
     metrics.stats({1: {"work": StageStatistics("work", "pipe", 10, 4, dropped={"latest": 6})}})
-    time.sleep(0.05)  # two snapshots a measurable time apart (fps is only said to be > 0)
     metrics.stats({1: {"work": StageStatistics("work", "pipe", 20, 9, dropped={"latest": 11})}})
     found = samples(metrics.text())
     assert (
         value(found, "rxstream_stage_dropped_total", rank="1", stage="work", reason="latest") == 11
     )
     assert value(found, "rxstream_stage_items_out_total", rank="1", stage="work") == 9
-    assert value(found, "rxstream_stage_fps", rank="1", stage="work") > 0
+    assert value(found, "rxstream_stage_fps", rank="1", stage="work") == 2.5  # (9 - 4) / 2 s
 
 
 def test_two_runs_never_share_a_series() -> None:
