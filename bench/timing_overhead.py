@@ -34,6 +34,19 @@ The pipelines, the same on both sides:
    The difference per item is the cost of one record (fold, structlog, the write), plus the
    item's own stamps (row 3: a small part of it).
 
+5. exports (a second table; ``--exports``: only it): ``ctx.input("mouse", capacity=N) | 4
+   pipes | ctx.stream("out")``, threaded, every inbox of capacity 256, fed N samples before
+   it starts, timed from ``start()`` until the sink's transport has the last item. Every
+   item is a new input, so the sink folds a record per item, logged to a file on both sides
+   as ``rxstream run --log`` does. **on**: each record also becomes a trace (``TraceExport``
+   over a span exporter that counts the spans and sends them nowhere, batched off the sink's
+   thread) and is counted in a ``RunMetrics`` (hop and end-to-end histograms); **off**:
+   neither is made, and a run without exports never imports either package
+   (``tests/test_otel.py``). Two rows: each pipe holding each frame 2 ms with the GIL
+   released (``time.sleep``: a model's stage waiting on its GPU or native kernel), a record
+   per frame (a live session makes one per frame at most), target on/off ≥ 0.95x; and no-op
+   pipes, a record every ~0.1 ms (the worst case: what a record's exports cost, information).
+
 The target: timing adds under 10% to the per-hop cost of a threaded pipeline. Two rows carry
 it: the median hop latency (on/off ≤ 1.10x) and the throughput with the collector on (on/off
 ≥ 0.91x, i.e. at most 10% more time per item). The others are information.
@@ -45,6 +58,7 @@ Run ``python bench/timing_overhead.py`` (about a minute) or ``python bench/timin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -98,12 +112,16 @@ class Egress(Transport):
 
 
 def chain(
-    ctx: rxstream.Context, head: rxstream.Stage, pipes: int, capacity: int = 2
+    ctx: rxstream.Context,
+    head: rxstream.Stage,
+    pipes: int,
+    capacity: int = 2,
+    work: Callable[[Any], Any] = noop,
 ) -> rxstream.Pipeline:
-    """``head | ctx.pipe(noop, name="p1", capacity=c) | ... | ctx.stream("out", capacity=c)``."""
-    pipeline = head | ctx.pipe(noop, name="p1", capacity=capacity)
+    """``head | ctx.pipe(work, name="p1", capacity=c) | ... | ctx.stream("out", capacity=c)``."""
+    pipeline = head | ctx.pipe(work, name="p1", capacity=capacity)
     for index in range(1, pipes):
-        pipeline = pipeline | ctx.pipe(noop, name=f"p{index + 1}", capacity=capacity)
+        pipeline = pipeline | ctx.pipe(work, name=f"p{index + 1}", capacity=capacity)
     return pipeline | ctx.stream("out", capacity=capacity)
 
 
@@ -231,6 +249,83 @@ def records_s(timing: bool, items: int) -> float:
     return elapsed
 
 
+# --- 5. the exports: traces and metrics of every record --------------------------------------
+
+
+def _counting_exporter() -> Any:
+    """A span exporter that counts the spans and sends them nowhere (what an exporter costs
+    past the SDK's batching is the collector's, not rxstream's)."""
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+    class Counting(SpanExporter):
+        spans = 0
+
+        def export(self, spans: Sequence[Any]) -> SpanExportResult:
+            self.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+    return Counting()
+
+
+FRAME_S = 0.002
+"""How long each pipe of the frames row holds a frame, the GIL released (``time.sleep``, as a
+model's GPU or native kernel releases it): 4 such pipes, about 500 frames/s at most."""
+
+
+def frame_work(sample: Any) -> Any:
+    """A frame's work in a model's stage: ``FRAME_S`` with the GIL released."""
+    time.sleep(FRAME_S)
+    return sample
+
+
+def exports_tput(exports: bool, items: int, frames: bool = False) -> float:
+    """Items per second of ``input | 4 pipes | stream``, threaded, a record per item, with the
+    OpenTelemetry and Prometheus exports of every record on or off; ``frames``: each pipe does
+    :func:`frame_work` (else nothing)."""
+    finished = threading.Event()
+    left = [items]
+
+    def count(_payload: Any) -> None:
+        left[0] -= 1
+        if not left[0]:
+            finished.set()
+
+    ctx = rxstream.Context(transport=Egress(count))
+    pipeline = chain(
+        ctx, ctx.input("mouse", capacity=items), len(STAGES), BIG, frame_work if frames else noop
+    )
+    for sample in range(items):
+        pipeline.feed("mouse", sample)
+    pipeline.plan  # noqa: B018
+    with contextlib.ExitStack() as exported:
+        traces: Any = None
+        if exports:
+            from rxstream.timing import RunMetrics, TraceExport
+            from rxstream.timing._emit import listen
+
+            traces = TraceExport(_counting_exporter())
+            exported.enter_context(listen(traces))
+            exported.enter_context(listen(RunMetrics()))
+        started, cpu = _perf(), time.process_time()
+        pipeline.start()
+        if not finished.wait(JOIN_S * 6):
+            pipeline.stop()
+            raise RuntimeError("exports run did not finish")
+        elapsed, cpu = _perf() - started, time.process_time() - cpu
+        pipeline.stop()
+        if traces is not None:
+            traces.close()
+            if traces.traces != items:
+                raise RuntimeError(f"{traces.traces} traces made, wanted {items}")
+    CPU_US.append(cpu / items * 1e6)
+    return items / elapsed
+
+
+CPU_US: list[float] = []
+"""The CPU of the whole process (every thread's) per item of each :func:`exports_tput` run, in
+µs: what a loaded machine disturbs least."""
+
+
 def logged(path: Path, run: Callable[[], float]) -> float:
     """``run()`` with rxstream's logs going to ``path`` as JSON lines; structlog restored after."""
     configure_logging(path)
@@ -346,11 +441,60 @@ def measure(reps: int, trips: int, items: int, drive_items: int, log: Path) -> l
     ]  # fmt: skip
 
 
+def measure_exports(reps: int, frames: int, items: int, log: Path) -> list[Row]:
+    """Row 5, exports on and off once per repetition, interleaved: frames, then no-op pipes."""
+    got: dict[str, list[float]] = {}
+    for rep in range(reps):
+        sides = SIDES if rep % 2 == 0 else SIDES[::-1]
+        for side, on in sides:
+            gc.collect()
+            run = partial(exports_tput, on, frames, frames=True)
+            got.setdefault(f"{side} frames", []).append(logged(log, run) / 1e3)
+            got.setdefault(f"{side} frames cpu", []).append(CPU_US[-1])
+        for side, on in sides:
+            gc.collect()
+            run = partial(exports_tput, on, items)
+            got.setdefault(f"{side} items", []).append(logged(log, run) / 1e3)
+            got.setdefault(f"{side} items cpu", []).append(CPU_US[-1])
+    logged_lines = timing_lines(log)
+    if logged_lines != reps * 2 * (frames + items):
+        raise RuntimeError(
+            f"the log has {logged_lines} records, wanted {reps * 2 * (frames + items)}"
+        )
+
+    def per_item_us(key: str) -> list[float]:
+        pairs = zip(got[f"on {key}"], got[f"off {key}"], strict=True)
+        return [1e3 / a - 1e3 / b for a, b in pairs]
+
+    def diff(key: str) -> list[float]:
+        return [a - b for a, b in zip(got[f"on {key}"], got[f"off {key}"], strict=True)]
+
+    return [
+        Row(f"throughput, input + 4 pipes each holding a frame {FRAME_S * 1e3:g} ms, GIL "
+            f"released + sink, threaded, {frames} frames, each a new input: a record per frame "
+            "logged, its trace (no-op exporter) and metrics", "frames/s",
+            [v * 1e3 for v in got["on frames"]], [v * 1e3 for v in got["off frames"]],
+            per_item_us("frames"), "µs/record", "≥ 0.95x", lambda r: r >= 0.95),
+        Row("the same, CPU of the process per frame (every thread's)", "µs/frame",
+            got["on frames cpu"], got["off frames cpu"], diff("frames cpu"), "µs/record", "—",
+            None),
+        Row(f"the same, no-op pipes, {items} items (a record every ~0.1 ms: the worst case)",
+            "k items/s", got["on items"], got["off items"], per_item_us("items"), "µs/record",
+            "—", None),
+        Row("the same, CPU of the process per item (every thread's)", "µs/item",
+            got["on items cpu"], got["off items cpu"], diff("items cpu"), "µs/record", "—",
+            None),
+    ]  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="What rxstream's per-hop timing costs")
     parser.add_argument("--quick", action="store_true", help="a few-second smoke run")
     parser.add_argument("--reps", type=int, default=None, help="repetitions of every variant")
     parser.add_argument("--items", type=int, default=None, help="backlog size (throughput)")
+    parser.add_argument(
+        "--exports", action="store_true", help="only the exports table (traces and metrics)"
+    )
     args = parser.parse_args(argv)
     reps = args.reps or (3 if args.quick else 15)
     items = args.items or (2_000 if args.quick else 20_000)
@@ -359,23 +503,35 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     began = _perf()
     with tempfile.TemporaryDirectory(prefix="rxstream-timing-") as scratch:
-        rows = measure(reps, trips, items, drive_items, Path(scratch) / "timing.jsonl")
+        log = Path(scratch) / "timing.jsonl"
+        rows = [] if args.exports else measure(reps, trips, items, drive_items, log)
+        frames = 40 if args.quick else 600
+        exports = measure_exports(reps, frames, drive_items, Path(scratch) / "exports.jsonl")
     took = _perf() - began
     command = " ".join(
         ["python bench/timing_overhead.py", *(sys.argv[1:] if argv is None else argv)]
     )
+    measured = (
+        ""
+        if args.exports
+        else f"latency {trips} round trips each, throughput {items} items, drive and records "
+        f"{drive_items} items; "
+    )
     print(
-        f"# {command}: {reps} repetitions, interleaved (on/off order alternating); latency "
-        f"{trips} round trips each, throughput {items} items, drive and records {drive_items} "
-        f"items; took {took:.0f} s"
+        f"# {command}: {reps} repetitions, interleaved (on/off order alternating); {measured}"
+        f"exports {frames} frames and {drive_items} items; took {took:.0f} s"
     )
     print(
         f"# Python {platform.python_version()}, reactivex {version('reactivex')}, "
         f"structlog {version('structlog')}, rxstream {rxstream.__version__} at {revision()}, "
         f"{os.cpu_count()} CPUs"
     )
+    if rows:
+        print()
+        print(table(rows))
     print()
-    print(table(rows))
+    print(table(exports).replace("timing on", "exports on").replace("timing off", "exports off")
+          .replace("added by timing", "added by the exports"))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -147,6 +147,18 @@ def _parser() -> argparse.ArgumentParser:
         help="write the timing log here (started afresh; --timing-log under torchrun, whose "
         "own parser takes --log for its --log-dir)",
     )
+    run.add_argument(
+        "--otel",
+        action="store_true",
+        help="export each timing record as an OpenTelemetry trace (OTLP/HTTP as OTEL_* say; "
+        "the otel extra); also on when OTEL_TRACES_EXPORTER or OTEL_EXPORTER_OTLP_ENDPOINT is set",
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=_tcp_port,
+        metavar="N",
+        help="serve the run's Prometheus metrics at http://127.0.0.1:N/metrics",
+    )
     _traceback_flag(run)
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
@@ -196,6 +208,16 @@ def _traceback_flag(command: argparse.ArgumentParser) -> None:
         help="on a failure, also print its whole traceback (as does the environment variable "
         f"{TRACEBACK_ENV}=1); without it, one line names the error and the app's line",
     )
+
+
+def _tcp_port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port from 1 to 65535, got {text!r}")
+    return value
 
 
 def _count(text: str) -> int:

@@ -227,6 +227,9 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
         url = None if transport is None else transport.url
         print(opened_line(args.app, ranks, url), file=sys.stderr, flush=True)
+        if args.metrics_port is not None:
+            metrics = f"http://127.0.0.1:{args.metrics_port}/metrics"
+            print(f"rxstream run: Prometheus metrics at {metrics}", file=sys.stderr, flush=True)
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
     before = _stamp(args.out)  # an older file there is not what this run kept
@@ -246,6 +249,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
             on_status=status,
             quiet=True,
             stop=signals.event,
+            otel=True if args.otel else None,
+            metrics_port=args.metrics_port,
         )
     except KeyboardInterrupt:
         _clear(status)

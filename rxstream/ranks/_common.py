@@ -123,6 +123,8 @@ class LaunchOptions:
     on_status: Callable[[Statistics], None] | None = None
     quiet: bool = False
     stop: threading.Event | None = None
+    otel: bool = False
+    metrics_port: int | None = None
 
     def for_ranks(self) -> "LaunchOptions":
         """What a spawned rank needs of them (it pickles): no callables, transport or event;

@@ -72,6 +72,9 @@ class Egress(Transport):
         """The pipeline of the first session."""
         self.file: Any = None
         """The ``FileTransport`` writing ``out``, once open."""
+        self.on_record: Callable[[TimingRecord], None] | None = None
+        """Called with every timing record rank 0 sees (its sinks', and those a rank > 0
+        forwards), session or not: the launch's exports (``ranks/_telemetry.py``)."""
 
     @property
     def connected(self) -> bool:
@@ -153,6 +156,8 @@ class Egress(Transport):
         return PipelineError(stream, cause, pts=md.pts, input_seq=md.input_seq)
 
     def on_timing(self, record: TimingRecord) -> None:
+        if self.on_record is not None:
+            self.on_record(record)
         if self._inner is not None:
             self._inner.on_timing(record)
 
@@ -210,11 +215,13 @@ class Sender:
 
 class Forward(Transport):
     """A rank > 0's transport: passes at most ``frames`` items on — to the controller's
-    session when ``sender`` is given, else nowhere — and calls ``gate.on_full`` after the last.
+    session when ``sender`` is given and ``items``, else nowhere — and calls ``gate.on_full``
+    after the last; its sinks' timing records go to the controller whenever ``sender`` is.
     """
 
-    def __init__(self, sender: Sender | None, frames: int | None) -> None:
+    def __init__(self, sender: Sender | None, frames: int | None, *, items: bool = True) -> None:
         self._sender = sender
+        self._items = sender if items else None
         self.gate = _Gate(frames, lambda: None)
 
     @property
@@ -223,8 +230,8 @@ class Forward(Transport):
 
     def send(self, stream: str, item: PipelineItem) -> None:
         self.gate.admit()
-        if self._sender is not None:
-            self._sender.send(("egress", stream, item))
+        if self._items is not None:
+            self._items.send(("egress", stream, item))
 
     def on_timing(self, record: TimingRecord) -> None:
         if self._sender is not None:

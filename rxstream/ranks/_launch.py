@@ -65,10 +65,12 @@ from rxstream.ranks._egress import (
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
 from rxstream.ranks._replicate import replicate
+from rxstream.ranks._telemetry import Telemetry, check_metrics_port
 from rxstream.ranks._watch import Watch, exit_text, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
+from rxstream.timing._otel import otel_from_env
 from rxstream.transport import Transport
 
 __all__ = ["launch"]
@@ -93,6 +95,8 @@ def launch(
     on_status: Callable[[Statistics], None] | None = None,
     quiet: bool = False,
     stop: threading.Event | None = None,
+    otel: bool | None = None,
+    metrics_port: int | None = None,
 ) -> LaunchResult:
     """Run the app ``entry`` on ``ranks`` processes until it ends; its statistics.
 
@@ -110,6 +114,11 @@ def launch(
     (from a signal handler, another thread), ends the run as the ``timeout`` does: the session
     ends, every rank stops and reports, and the statistics come back (set before every rank
     is ready, nothing runs; not under torchrun, which stops its workers with SIGTERM).
+    ``otel`` exports each timing record of the run as an OpenTelemetry trace (the ``otel``
+    extra; ``None``: when the standard ``OTEL_*`` environment asks for traces), and
+    ``metrics_port`` serves the run's Prometheus metrics at
+    ``http://127.0.0.1:<metrics_port>/metrics`` while it runs; both on rank 0, for every rank
+    (docs/timing.md, "In your tools"; not under torchrun).
     A failure on any rank raises
     :class:`PipelineError` naming it; a refused setting :class:`SettingError`; a refused
     serving config :class:`~rxstream.topology.DeploymentError`. A rank that sends nothing for
@@ -129,10 +138,18 @@ def launch(
         on_status=on_status,
         quiet=quiet,
         stop=stop,
+        otel=otel_from_env() if otel is None else otel,
+        metrics_port=metrics_port,
     )
     from rxstream.ranks._torchrun import run_torchrun, torchrun_env
 
     if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
+        if otel or metrics_port is not None:
+            asked = "otel=True" if otel else f"metrics_port={metrics_port}"
+            raise ArgumentError(
+                f"{asked}: traces and metrics are exports of a spawned launch, not made under "
+                "torchrun yet"
+            )
         return run_torchrun(entry, ranks, options)
     return launch_spawned(entry, ranks, options)
 
@@ -141,8 +158,30 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
     """:func:`launch` with ``options``, not under torchrun: ranks 1… are spawned here."""
     if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
         raise ArgumentError(f"ranks must be an int >= 1, got {ranks!r}")
+    check_metrics_port(options.metrics_port)
     app = load_app(entry)
     app.check_ranks(ranks)
+    telemetry: Telemetry | None = None
+    if options.otel or options.metrics_port is not None:
+        telemetry = Telemetry(
+            otel=options.otel,
+            metrics_port=options.metrics_port,
+            served=options.transport is not None,
+        )
+        options = replace(options, on_status=telemetry.on_status(options.on_status))
+    try:
+        result = _launch_exported(app, ranks, options, telemetry)
+        if telemetry is not None and telemetry.metrics is not None:
+            telemetry.metrics.stats(result.statistics)  # the books as the run ended
+        return result
+    finally:
+        if telemetry is not None:
+            telemetry.close()
+
+
+def _launch_exported(
+    app: App, ranks: int, options: LaunchOptions, telemetry: Telemetry | None
+) -> LaunchResult:
     egress = Egress(
         options.transport,
         out=options.out,
@@ -151,7 +190,11 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
         on_open=options.on_open,
         stop=options.stop,
     )
-    spawn = Spawn(app.entry, ranks, egress.forwards, options.for_ranks())
+    if telemetry is not None:
+        egress.on_record = telemetry.on_record
+    spawn = Spawn(
+        app.entry, ranks, egress.forwards, options.for_ranks(), timing=telemetry is not None
+    )
     if options.log is not None:
         start_log(options.log)
     configure_quiet(options.quiet)

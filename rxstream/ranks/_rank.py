@@ -73,6 +73,9 @@ class Spawn:
     forward: bool
     options: LaunchOptions
     """The launch's options a rank uses (:meth:`LaunchOptions.for_ranks`: they pickle)."""
+    timing: bool = False
+    """Whether a rank's sinks send their timing records to the controller even when their
+    items go nowhere (the launch exports traces or metrics)."""
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,11 @@ def rank_main(
         rings = {name: ShmRing.attach(handle) for name, handle in setup.handles.items()}
         sender.send(("attached", rank))
         configure_quiet(spawn.options.quiet)
-        transport = Forward(sender if spawn.forward else None, spawn.options.frames)
+        transport = Forward(
+            sender if spawn.forward or spawn.timing else None,
+            spawn.options.frames,
+            items=spawn.forward,
+        )
         ctx = Context(rank=rank, world=spawn.world, replicas=setup.docs, transport=transport)
         pipeline = load_app(spawn.entry)(ctx)
         if layout_of(pipeline) != setup.layout:

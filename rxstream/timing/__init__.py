@@ -12,6 +12,8 @@ from rxstream.timing._analysis import (
 )
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._emit import configure_logging
+from rxstream.timing._otel import TraceExport
+from rxstream.timing._prometheus import MetricsServer, RunMetrics
 from rxstream.timing._record import HopTiming, TimingRecord
 
 __all__ = [
@@ -19,8 +21,11 @@ __all__ = [
     "HopTiming",
     "LoggedRun",
     "Malformed",
+    "MetricsServer",
+    "RunMetrics",
     "TimingLog",
     "TimingRecord",
+    "TraceExport",
     "configure_logging",
     "format_summary",
     "load",

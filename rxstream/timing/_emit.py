@@ -14,6 +14,7 @@ from typing import Any, TextIO
 import structlog
 
 from rxstream._util import finite_only, library_logger
+from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 
 __all__ = [
@@ -21,7 +22,9 @@ __all__ = [
     "configure_logging",
     "configure_quiet_logging",
     "emit",
+    "joined",
     "listen",
+    "listen_photon",
     "strict_json",
 ]
 
@@ -29,6 +32,7 @@ _log = library_logger("rxstream.timing")
 _listeners: list[Callable[[TimingRecord], None]] = []
 _listeners_lock = threading.Lock()
 _opened: TextIO | None = None
+_photon_listeners: list[Callable[[TimingRecord, ClientTiming], None]] = []
 
 
 def emit(record: TimingRecord, hook: Callable[[TimingRecord], None] | None = None) -> None:
@@ -50,6 +54,26 @@ def listen(listener: Callable[[TimingRecord], None]) -> Iterator[None]:
     finally:
         with _listeners_lock:
             _listeners.remove(listener)
+
+
+def joined(record: TimingRecord, client: ClientTiming) -> None:
+    """A page's report joined ``record`` (its ``[photon:…]`` line was logged): hand both to the
+    photon listeners."""
+    for listener in tuple(_photon_listeners):
+        listener(record, client)
+
+
+@contextlib.contextmanager
+def listen_photon(listener: Callable[[TimingRecord, ClientTiming], None]) -> Iterator[None]:
+    """Call ``listener`` with every record a page's report joins inside the block, and the
+    page's part (any session, any thread)."""
+    with _listeners_lock:
+        _photon_listeners.append(listener)
+    try:
+        yield
+    finally:
+        with _listeners_lock:
+            _photon_listeners.remove(listener)
 
 
 def configure_logging(

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 from rxstream._util import library_logger
 from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.timing._client import ClockOffset
+from rxstream.timing._emit import joined
 
 __all__ = ["MAX_HOP_MS", "PhotonJoin", "Shown", "log_photon", "plausible"]
 
@@ -204,8 +205,9 @@ _log = library_logger("rxstream.timing")
 
 
 def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[str, Any]:
-    """Log the ``[photon:<stream>]`` line of a joined record; the fields it carried (the
-    record's ``run`` among them, so that a log's reader joins it within its run)."""
+    """Log the ``[photon:<stream>]`` line of a joined record, and hand it to the photon
+    listeners (the traces and metrics of a run); the fields it carried (the record's ``run``
+    among them, so that a log's reader joins it within its run)."""
     fields: dict[str, Any] = {
         "run": record.run,
         "stream": record.stream,
@@ -218,4 +220,5 @@ def log_photon(record: TimingRecord, client: ClientTiming, page: int) -> dict[st
         "page": page,
     }
     _log.info(f"[photon:{record.stream}]", **fields)
+    joined(record, client)
     return fields
