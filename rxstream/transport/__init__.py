@@ -17,6 +17,7 @@ from rxstream.transport._codecs import (
 from rxstream.transport._file import FileTransport
 from rxstream.transport._guard import Rate, SessionLimits
 from rxstream.transport._memory import MemoryTransport
+from rxstream.transport._rate import LinkState, RateChanges, RateController, RateDecision
 from rxstream.transport._tee import Tee
 
 if TYPE_CHECKING:
@@ -30,8 +31,12 @@ __all__ = [
     "H264Fragments",
     "ItemRefused",
     "JpegEncoder",
+    "LinkState",
     "MemoryTransport",
     "Rate",
+    "RateChanges",
+    "RateController",
+    "RateDecision",
     "RawEncoder",
     "Session",
     "SessionLimits",
