@@ -10,13 +10,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rxstream._exceptions import ArgumentError
+from rxstream.transport import H264Fragments, JpegEncoder, RawEncoder
 from rxstream.transport._rate import (
     SCALE_UP_AFTER_S,
     SCALES,
     LinkState,
     RateController,
     RateDecision,
+    follow,
     jpeg_quality,
+    rate_message,
 )
 
 MIN_RTT_MS = 40.0
@@ -228,3 +231,22 @@ def test_decisions_keep_their_laws(
         if dropped:
             assert after.bitrate_kbps <= before.bitrate_kbps
             assert after.scale <= before.scale
+
+
+def test_a_decision_is_followed_by_each_encoder_and_told_to_the_page() -> None:
+    """follow() sets an h264 encoder's bitrate and scale and a JPEG encoder's quality and
+    scale; rate_message() is the page-bound ``rate`` message of the decision."""
+    decision = RateDecision(bitrate_kbps=412.34, jpeg_quality=40, scale=0.75, reason="drops")
+    h264, jpeg = H264Fragments(fps=24, stream="video"), JpegEncoder(stream="video")
+    follow(h264, decision)
+    follow(jpeg, decision)
+    follow(RawEncoder(stream="video"), decision)
+    assert (h264.bitrate_kbps, h264.scale) == (412.34, 0.75)
+    assert (jpeg.quality, jpeg.scale) == (40, 0.75)
+    assert rate_message("video", decision) == {
+        "type": "rate",
+        "stream": "video",
+        "kbps": 412.3,
+        "scale": 0.75,
+        "reason": "drops",
+    }

@@ -2,7 +2,8 @@
 
 :class:`RateController` is pure (no I/O, no clock of its own): the web transport hands it a
 :class:`LinkState` (the per-page estimate from the page's own acknowledgements) now and then,
-and applies the :class:`RateDecision` it returns to that page's encoder. The link is congested
+applies the :class:`RateDecision` it returns to that page's encoder (:func:`follow`) and tells
+the page (:func:`rate_message`). The link is congested
 when frames were dropped for it, when the round trip rose more than a frame above its minimum
 (a queue is building) or when the page acknowledges less than was offered; the bitrate then
 falls at once to :data:`BACKOFF` of the rate the page was measured receiving. With room (no
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 
 from rxstream._exceptions import ArgumentError
 from rxstream._util import library_logger
+from rxstream.transport._codecs import Encoder, H264Fragments, JpegEncoder
 
 __all__ = [
     "BACKOFF",
@@ -32,7 +34,9 @@ __all__ = [
     "RateChanges",
     "RateController",
     "RateDecision",
+    "follow",
     "jpeg_quality",
+    "rate_message",
 ]
 
 _log = library_logger("rxstream")
@@ -326,3 +330,27 @@ class RateController:
             reason=reason,
         )
         return self._current
+
+
+def rate_message(stream: str, decision: RateDecision) -> dict[str, object]:
+    """The page-bound ``rate`` message of ``stream``'s decision: ``type``, ``stream``,
+    ``kbps`` (rounded to 0.1), ``scale`` and ``reason``."""
+    return {
+        "type": "rate",
+        "stream": stream,
+        "kbps": round(decision.bitrate_kbps, 1),
+        "scale": decision.scale,
+        "reason": decision.reason,
+    }
+
+
+def follow(encoder: Encoder, decision: RateDecision) -> None:
+    """Apply ``decision`` to ``encoder``: an h264 encoder's bitrate and scale (the bitrate
+    from its next frame, a higher one and the scale from its next IDR frame), a JPEG
+    encoder's quality and scale; a raw encoder has no rate to follow."""
+    if isinstance(encoder, H264Fragments):
+        encoder.set_bitrate(decision.bitrate_kbps)
+        encoder.set_scale(decision.scale)
+    elif isinstance(encoder, JpegEncoder):
+        encoder.quality = decision.jpeg_quality
+        encoder.scale = decision.scale
