@@ -17,7 +17,7 @@ from rxstream.transport._rate import (
     LinkState,
     RateController,
     RateDecision,
-    follow,
+    apply_rate,
     jpeg_quality,
     rate_message,
 )
@@ -234,13 +234,13 @@ def test_decisions_keep_their_laws(
 
 
 def test_a_decision_is_followed_by_each_encoder_and_told_to_the_page() -> None:
-    """follow() sets an h264 encoder's bitrate and scale and a JPEG encoder's quality and
+    """apply_rate() sets an h264 encoder's bitrate and scale and a JPEG encoder's quality and
     scale; rate_message() is the page-bound ``rate`` message of the decision."""
     decision = RateDecision(bitrate_kbps=412.34, jpeg_quality=40, scale=0.75, reason="drops")
     h264, jpeg = H264Fragments(fps=24, stream="video"), JpegEncoder(stream="video")
-    follow(h264, decision)
-    follow(jpeg, decision)
-    follow(RawEncoder(stream="video"), decision)
+    apply_rate(h264, decision)
+    apply_rate(jpeg, decision)
+    apply_rate(RawEncoder(stream="video"), decision)
     assert (h264.bitrate_kbps, h264.scale) == (412.34, 0.75)
     assert (jpeg.quality, jpeg.scale) == (40, 0.75)
     assert rate_message("video", decision) == {

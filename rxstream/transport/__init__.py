@@ -17,7 +17,14 @@ from rxstream.transport._codecs import (
 from rxstream.transport._file import FileTransport
 from rxstream.transport._guard import Rate, SessionLimits
 from rxstream.transport._memory import MemoryTransport
-from rxstream.transport._rate import LinkState, RateChanges, RateController, RateDecision
+from rxstream.transport._rate import (
+    LinkState,
+    RateChanges,
+    RateController,
+    RateDecision,
+    apply_rate,
+    rate_message,
+)
 from rxstream.transport._tee import Tee
 
 if TYPE_CHECKING:
@@ -43,8 +50,10 @@ __all__ = [
     "Tee",
     "Transport",
     "WebTransport",
+    "apply_rate",
     "decode_raw",
     "encoder",
+    "rate_message",
     "to_rgb24",
 ]
 

@@ -2,8 +2,8 @@
 
 :class:`RateController` is pure (no I/O, no clock of its own): the web transport hands it a
 :class:`LinkState` (the per-page estimate from the page's own acknowledgements) now and then,
-applies the :class:`RateDecision` it returns to that page's encoder (:func:`follow`) and tells
-the page (:func:`rate_message`). The link is congested
+applies the :class:`RateDecision` it returns to that page's encoder (:func:`apply_rate`) and
+tells the page (:func:`rate_message`). The link is congested
 when frames were dropped for it, when the round trip rose more than a frame above its minimum
 (a queue is building) or when the page acknowledges less than was offered; the bitrate then
 falls at once to :data:`BACKOFF` of the rate the page was measured receiving. With room (no
@@ -34,7 +34,7 @@ __all__ = [
     "RateChanges",
     "RateController",
     "RateDecision",
-    "follow",
+    "apply_rate",
     "jpeg_quality",
     "rate_message",
 ]
@@ -344,7 +344,7 @@ def rate_message(stream: str, decision: RateDecision) -> dict[str, object]:
     }
 
 
-def follow(encoder: Encoder, decision: RateDecision) -> None:
+def apply_rate(encoder: Encoder, decision: RateDecision) -> None:
     """Apply ``decision`` to ``encoder``: an h264 encoder's bitrate and scale (the bitrate
     from its next frame, a higher one and the scale from its next IDR frame), a JPEG
     encoder's quality and scale; a raw encoder has no rate to follow."""
