@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import pytest
@@ -28,20 +29,27 @@ STEP_S = 0.1  # the transport hands over a link state about every 100 ms
 
 class Link:
     """A link of ``capacity_kbps``: what the sender offers beyond it is dropped at the server
-    and queues a frame's worth (the round trip rises); what fits is delivered."""
+    and queues a frame's worth (the round trip rises); what fits is delivered. ``noise``: the
+    estimate's own noise, as measured windows have it (the delivery rate up to 12 % under
+    what was offered, the round trip up to 40 % of a frame over its minimum)."""
 
-    def __init__(self, capacity_kbps: float) -> None:
+    def __init__(self, capacity_kbps: float, noise: random.Random | None = None) -> None:
         self.capacity_kbps = capacity_kbps
         self.now_s = 0.0
+        self.noise = noise
 
     def state(self, offered_kbps: float) -> LinkState:
         self.now_s += STEP_S
         over = offered_kbps > self.capacity_kbps
         delivered = min(offered_kbps, self.capacity_kbps)
+        jitter = 2.0
+        if self.noise is not None:
+            delivered *= self.noise.uniform(0.88, 1.0)
+            jitter = self.noise.uniform(0.0, 0.4 * 1000 / 24)
         return LinkState(
             now_s=self.now_s,
             delivery_bps=delivered * 1000,
-            rtt_ms=MIN_RTT_MS + (60.0 if over else 2.0),
+            rtt_ms=MIN_RTT_MS + (60.0 if over else 0.0) + jitter,
             min_rtt_ms=MIN_RTT_MS,
             inflight_bytes=int(delivered * 1000 / 8 * MIN_RTT_MS / 1000),
             sent_bps=offered_kbps * 1000,
@@ -95,11 +103,13 @@ def test_a_link_that_recovers_is_probed_back_up_to_max() -> None:
     assert rate.changes.up - ups == len(decisions) >= 5
 
 
-def test_a_steady_link_at_capacity_does_not_flap() -> None:
+@pytest.mark.parametrize("noise", [None, 1, 2], ids=["exact", "noisy-1", "noisy-2"])
+def test_a_steady_link_at_capacity_does_not_flap(noise: int | None) -> None:
     """On a link steadily narrower than the ceiling the bitrate settles under it: over two
     minutes (1,200 updates) it changes at most once every 2 s on average and stays within
-    [0.6, 1.15] of the link's rate."""
-    rate, link = controller(), Link(800)
+    [0.6, 1.15] of the link's rate, also when the estimate is noisy."""
+    rate = controller()
+    link = Link(800, None if noise is None else random.Random(noise))
     run(rate, link, 10)
     before = rate.changes.total
     decisions = run(rate, link, 120)
@@ -108,12 +118,49 @@ def test_a_steady_link_at_capacity_does_not_flap() -> None:
     assert {d.scale for d in decisions} == {1.0} or not decisions
 
 
-def test_a_link_with_room_at_the_ceiling_changes_nothing() -> None:
-    """At its ceiling on a link with room to spare, the controller makes no change at all."""
-    rate, link = controller(start=2000), Link(10_000)
+@pytest.mark.parametrize("noise", [None, 3], ids=["exact", "noisy"])
+def test_a_link_with_room_at_the_ceiling_changes_nothing(noise: int | None) -> None:
+    """At its ceiling on a link with room to spare, the controller makes no change at all,
+    also when the estimate is noisy."""
+    rate = controller(start=2000)
+    link = Link(10_000, None if noise is None else random.Random(noise))
     assert run(rate, link, 60) == []
     assert rate.changes.total == 0
     assert rate.current.reason == "start"
+
+
+def state(now: float, **fields: float) -> LinkState:
+    """A link with room at 1 Mbit/s, but for ``fields``."""
+    base = {"delivery_bps": 1e6, "rtt_ms": 40.0, "min_rtt_ms": 40.0, "sent_bps": 1e6}
+    values = {**base, **fields}
+    return LinkState(
+        now_s=now,
+        delivery_bps=values["delivery_bps"],
+        rtt_ms=values["rtt_ms"],
+        min_rtt_ms=values["min_rtt_ms"],
+        inflight_bytes=5000,
+        sent_bps=values["sent_bps"],
+        dropped=0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason", "to_kbps"),
+    [
+        ({"rtt_ms": 40.0 + 1000 / 24 + 5}, "queue", 850.0),  # a frame and more above its min
+        ({"delivery_bps": 0.7e6}, "delivery", 595.0),  # the page got 70 % of what was sent
+    ],
+)
+def test_a_queue_or_a_short_delivery_is_congestion_without_drops(
+    fields: dict[str, float], reason: str, to_kbps: float
+) -> None:
+    """No drops needed: a round trip a frame above its minimum, or a delivery a fifth short
+    of what was offered, cuts the bitrate to 0.85 of the measured delivery at once."""
+    rate = controller()
+    assert rate.update(state(1.0)) is None
+    decision = rate.update(state(1.1, **fields))
+    assert decision is not None
+    assert (decision.reason, decision.bitrate_kbps) == (reason, pytest.approx(to_kbps))
 
 
 def test_resolution_falls_only_at_the_floor_and_returns_with_room() -> None:

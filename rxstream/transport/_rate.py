@@ -3,15 +3,16 @@
 :class:`RateController` is pure (no I/O, no clock of its own): the web transport hands it a
 :class:`LinkState` (the per-page estimate from the page's own acknowledgements) now and then,
 applies the :class:`RateDecision` it returns to that page's encoder (:func:`apply_rate`) and
-tells the page (:func:`rate_message`). The link is congested
-when frames were dropped for it, when the round trip rose more than a frame above its minimum
-(a queue is building) or when the page acknowledges less than was offered; the bitrate then
-falls at once to :data:`BACKOFF` of the rate the page was measured receiving. With room (no
-drops, the round trip near its minimum, all that was offered delivered) it probes back up by
-:data:`PROBE_STEP`, one step per round trip (at least :data:`PROBE_EVERY_S`), and cautiously
-near the rate where it last found congestion (:data:`NEAR_CEILING`). Only at its floor, frames
-still dropping, it lowers the resolution (:data:`SCALES`), and raises it again after
-:data:`SCALE_UP_AFTER_S` of room.
+tells the page (:func:`rate_message`).
+
+The link is congested when frames were dropped for it, when the round trip rose more than a
+frame above its minimum (a queue is building) or when the page acknowledges a fifth less than
+was offered; the bitrate then falls at once to :data:`BACKOFF` of the rate the page was
+measured receiving. With room (no drops, the round trip near its minimum, about all that was
+offered delivered) it probes back up by :data:`PROBE_STEP`, one step per round trip (at least
+:data:`PROBE_EVERY_S`), and cautiously near the rate where it last found congestion
+(:data:`NEAR_CEILING`). Only at its floor, frames still dropping, it lowers the resolution
+(:data:`SCALES`), and raises it again after :data:`SCALE_UP_AFTER_S` of room.
 """
 
 from __future__ import annotations
@@ -85,8 +86,11 @@ SCALE_UP_AFTER_S = 3.0
 JPEG_QUALITY_RANGE = (20, 85)
 """The JPEG quality at the floor and at the ceiling of the bitrate range."""
 
-_DELIVERY_SHORT = 0.9  # congested: delivered < this fraction of what was offered
-_DELIVERY_FULL = 0.95  # room: delivered >= this fraction of what was offered
+# Delivered against offered is the noisiest signal (the two windows are a round trip apart,
+# and a window's first frame counts for the offered rate only): congestion is a shortfall of
+# a fifth, room within 15 %; a queue (the round trip) and drops are the prompt signals.
+_DELIVERY_SHORT = 0.8  # congested: delivered < this fraction of what was offered
+_DELIVERY_FULL = 0.85  # room: delivered >= this fraction of what was offered
 
 
 def jpeg_quality(kbps: float, min_kbps: float, max_kbps: float) -> int:
