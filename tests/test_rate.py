@@ -160,7 +160,8 @@ def test_a_queue_or_a_short_delivery_is_congestion_without_drops(
     assert rate.update(state(1.0)) is None
     decision = rate.update(state(1.1, **fields))
     assert decision is not None
-    assert (decision.reason, decision.bitrate_kbps) == (reason, pytest.approx(to_kbps))
+    assert decision.reason == reason
+    assert decision.bitrate_kbps == pytest.approx(to_kbps)
 
 
 def test_resolution_falls_only_at_the_floor_and_returns_with_room() -> None:
