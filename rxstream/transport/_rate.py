@@ -192,9 +192,9 @@ class RateController:
     floor and ceiling, ``fps`` the stream's frame rate (the round trip's rise above its
     minimum is judged in frames' time: :data:`QUEUE_FRAMES`, :data:`ROOM_FRAMES`).
     :meth:`update` takes each new :class:`LinkState` and returns a :class:`RateDecision` when
-    it changes, else ``None``; :attr:`current` is the decision in force. Each change is counted (:attr:`changes`) and
-    logged once (``rate_changed``: ``stream``, ``from_kbps``, ``to_kbps``, ``scale``,
-    ``reason``).
+    it changes, else ``None``; :attr:`current` is the decision in force. Each change is
+    counted (:attr:`changes`) and logged once (``rate_changed``: ``stream``, ``from_kbps``,
+    ``to_kbps``, ``scale``, ``reason``).
     """
 
     def __init__(
