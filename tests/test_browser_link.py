@@ -106,23 +106,34 @@ DECODED_SINCE = """(after) => window.rxstream.trace.filter((e) => e.arrived > af
 """Each frame that arrived after ``after``: its seq and whether it was decoded."""
 
 
+REPORTS_SINCE = """(after) => window.rxstream.shown.filter((r) => r.arrived > after)
+  .map((r) => [r.seq, window.rxstream.trace.some(
+    (e) => e.drawn !== undefined && e.decoded === r.decoded && e.seq >= r.seq)])"""
+"""Each ``shown`` report sent for a frame that arrived after ``after``: its seq and whether it
+carries the decode time of a frame drawn (that frame, or a newer one drawn in its place)."""
+
+
 @pytest.mark.parametrize("video", ["webcodecs", "jpeg"])
 def test_a_burst_after_a_hold_is_decoded_whole_and_only_the_newest_drawn(
     browser: Any, video: str
 ) -> None:
-    """The proxy holds the server's bytes ~300 ms, then releases them at once (three times):
-    every frame of each burst is decoded, none skipped, no keyframe asked for, the older ones
-    closed undrawn, and the longest gap between drawn frames is about the hold, far below the
-    keyframe interval a skip would wait for (h264 over WebCodecs, and JPEG alike)."""
+    """The proxy holds the server's bytes ~300 ms after a pointer move, then releases them at
+    once (three times): every frame of each burst is decoded, none skipped, no keyframe asked
+    for, the older ones closed undrawn, the move's report is the drawn frame's, and the longest
+    gap between drawn frames is about the hold, far below the keyframe interval a skip would
+    wait for (h264 over WebCodecs, and JPEG alike)."""
     hold_s = 0.3
     with Demo(grace_s=0.3) as session:
         assert session.proxy is not None
         page = _open(browser, session.url, video)
         skipped, asked, superseded, _ = page.evaluate(COUNTERS)
         start = page.evaluate("performance.now()")
-        for _ in range(3):
+        view = page.locator("#view").bounding_box()
+        assert view is not None
+        for x in (0.3, 0.7, 0.4):
             drawn = page.evaluate("window.rxstream.drawn")
-            session.proxy.hold(hold_s)
+            page.mouse.move(view["x"] + view["width"] * x, view["y"] + view["height"] * 0.5)
+            session.proxy.hold(hold_s)  # the frames that show the move come in the burst
             page.wait_for_function(f"window.rxstream.drawn > {drawn} + 10", timeout=20_000)
         after = page.evaluate(COUNTERS)
         decoded = page.evaluate(DECODED_SINCE, start)
@@ -135,6 +146,14 @@ def test_a_burst_after_a_hold_is_decoded_whole_and_only_the_newest_drawn(
         assert all(done for _, done in settled), decoded
         seqs = [seq for seq, _ in decoded]
         assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "frames went missing"
+        reports = page.evaluate(REPORTS_SINCE, start)
+        assert reports, "no move was reported"
+        assert all(reported for _, reported in reports), reports  # of a drawn frame, its times
+        page.wait_for_function(  # and the server joined each to its input's record
+            f"window.rxstream.shown.filter((r) => r.arrived > {start})"
+            ".every((r) => window.rxstream.photon[`video#${r.input_seq}`])",
+            timeout=20_000,
+        )
         assert hold_s * 1000 * 0.5 < gap < hold_s * 1000 + KEYFRAME_INTERVAL_MS / 2, gap
         assert page.evaluate("window.rxstream.errors") == []
         page.close()
