@@ -98,9 +98,11 @@ class WebTransport(DocStates, PageMessages, Transport):
     context and gets the WebCodecs path.
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
-    how long ``connected`` stays true after the last page left; ``max_message_bytes`` bounds
-    one message from a page; ``client_frames`` how many frames may wait for a slow page;
-    ``fps`` is the frame rate written into h264 fragments; ``jpeg_quality`` 1..95.
+    how long ``connected`` stays true after the last page left (a page that reconnects within
+    it resumes the session; one silent for ``max(grace_s, SILENT_MIN_S)`` is cut);
+    ``max_message_bytes`` bounds one message from a page; ``client_frames`` how many frames
+    may wait for a slow page; ``fps`` is the frame rate written into h264 fragments;
+    ``jpeg_quality`` 1..95.
 
     ``token``: True (default) makes a fresh secret for this transport, a string is used as
     the secret (16..256 URL-safe characters), False serves without one (a warning is logged:
