@@ -84,7 +84,8 @@ def test_a_half_open_link_is_cut_and_the_run_stops() -> None:
         url = web.ws_url.replace(web._address, proxy.url_host)
 
         async def attach() -> dict[str, Any]:
-            async with aiohttp.ClientSession() as http, http.ws_connect(url) as ws:
+            quick = aiohttp.ClientWSTimeout(ws_close=0.5)  # the close frame is never answered
+            async with aiohttp.ClientSession() as http, http.ws_connect(url, timeout=quick) as ws:
                 await ws.send_str(json.dumps({"type": "hello", "accept": ["jpeg"]}))
                 resume = await texts_until(ws, "resume")
                 stalled = proxy.stall()
