@@ -18,8 +18,8 @@ Beside it: the server's ``total_ms`` of the same inputs and the ``photon_ms`` th
 logged for them (the page's report joined to the record, ``[photon:video]``), on screen minus
 ``total_ms`` move by move (the page's part, whatever the server's time did meanwhile), the p50s
 of the page's steps (``rxstream.trace``), on MSE how far the ``<video>`` played behind its
-newest frame, and what each path's pages did with their frames (drawn, skipped late, keyframes
-asked for).
+newest frame, and what each path's pages did with their frames (drawn, superseded, skipped,
+keyframes asked for).
 
 Targets (issue 14): WebCodecs on-screen p50 <= server ``total_ms`` p50 + 15 ms, and <= 0.5x
 the MSE path's on-screen p50 (``mse-legacy``'s; today's ``mse`` beside it).
@@ -129,7 +129,8 @@ PROBE_JS = """
 
 COUNTS_JS = """({
   received: window.rxstream.frames, drawn: window.rxstream.drawn,
-  skipped: window.rxstream.skipped, keyframe_requests: window.rxstream.keyframeRequests,
+  superseded: window.rxstream.superseded || 0, skipped: window.rxstream.skipped,
+  keyframe_requests: window.rxstream.keyframeRequests,
   errors: window.rxstream.errors.length,
 })"""
 """What a page did with the frames it received, over its whole visit (load and settle too)."""
@@ -603,8 +604,8 @@ def main() -> None:
     )
     print(f"paths the page used: {result['paths']}")
     print(
-        "the pages' frames, all visits (received, drawn, skipped late, keyframe requests, "
-        "errors): "
+        "the pages' frames, all visits (received, drawn, superseded by a newer one, skipped "
+        "for a missing reference, keyframe requests, errors): "
         + "; ".join(
             f"{path} " + " ".join(str(count) for count in counts.values())
             for path, counts in result["frames"].items()

@@ -91,7 +91,11 @@ class Watcher:
                 if message.type == aiohttp.WSMsgType.BINARY:
                     self.frames.append(time.monotonic())
                     self.first.set()
-                elif message.type != aiohttp.WSMsgType.TEXT:
+                elif message.type == aiohttp.WSMsgType.TEXT:
+                    ping = json.loads(message.data)
+                    if ping["type"] == "ping":  # as a page does: a silent one is cut
+                        await ws.send_json({"type": "pong", "t": ping["t"], "c": 1.0})
+                else:
                     self.ended = repr(message)
                     return
 

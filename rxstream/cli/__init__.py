@@ -45,7 +45,7 @@ from rxstream.cli._failure import (
     show_traceback,
     wants_traceback,
 )
-from rxstream.cli._run import INTERRUPTED, SIGPIPE_STATUS, run
+from rxstream.cli._run import INTERRUPTED, SERVE_GRACE_S, SIGPIPE_STATUS, run
 from rxstream.timing import TimingLog, TimingRecord, format_summary, load, plot, summarize
 from rxstream.timing._analysis import describe_malformed
 from rxstream.timing._runs import listing, run_label
@@ -115,6 +115,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--port", type=int, help="the page's port (default 8765; 0: any free one)")
     run.add_argument(
         "--allow-remote", action="store_true", help="let --host be a non-loopback address"
+    )
+    run.add_argument(
+        "--grace",
+        type=_seconds,
+        metavar="SECONDS",
+        help=f"how long the session waits for its page after the last one left (a reload, "
+        f"an outage: the page reconnects and resumes) before the run stops (default "
+        f"{SERVE_GRACE_S:g})",
     )
     run.add_argument(
         "--tls-cert",

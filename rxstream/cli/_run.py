@@ -23,12 +23,19 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INTERRUPTED",
+    "SERVE_GRACE_S",
     "SIGPIPE_STATUS",
     "idle_ranks",
     "not_secure_line",
     "opened_line",
     "run",
 ]
+
+SERVE_GRACE_S = 5.0
+"""``--serve``'s default ``--grace``: how long the session waits for its page after the last
+one left. Longer than a typical outage (a Wi-Fi hand-over, a tunnel's restart: the page
+reconnects and resumes the same session), short enough that closing the page ends the run
+soon after."""
 
 INTERRUPTED = 130
 """The exit status after Ctrl-C (128 + SIGINT), as shells report it; SIGTERM gives 143 and
@@ -87,6 +94,8 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         return fail(str(exc), 2)
     if not args.serve and (args.host is not None or args.port is not None or args.allow_remote):
         return fail("--host, --port and --allow-remote go with --serve", 2)
+    if args.grace is not None and not args.serve:
+        return fail("--grace goes with --serve (how long the session waits for its page)", 2)
     tls_flags = args.tls_cert is not None or args.tls_key is not None or args.tls_self_signed
     if tls_flags and not args.serve:
         return fail("--tls-cert, --tls-key and --tls-self-signed go with --serve", 2)
@@ -205,6 +214,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
                 port=port,
                 allow_remote=args.allow_remote,
                 token=not args.no_token,
+                grace_s=SERVE_GRACE_S if args.grace is None else args.grace,
                 tls=tls,
             )
         except ValueError as exc:

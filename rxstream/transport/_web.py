@@ -26,6 +26,10 @@ event loop, so the pipeline's threads never wait on the network:
   controls); then each doc's newest state after it changed (``doc``, DOC_EVERY_S apart at
   most), every timing record (``timing``) and an ``ack`` for each message with an ``id``.
 
+- outages (``_webwatch.py``): a page that sends nothing, not even a ``pong``, for
+  ``max(grace_s, SILENT_MIN_S)`` has its connection cut (a half-open link never closes by
+  itself); each page is told both times on attach (``resume``) and reconnects within them.
+
 ``connected`` is true while a page is attached — and before the first one came, so a
 session waits for its page — and turns false ``grace_s`` after the last page left, so
 ``pipeline.run()`` stops when the page is closed (a reload within the grace keeps it).
@@ -74,6 +78,7 @@ from rxstream.transport._webclient import (
 )
 from rxstream.transport._webdocs import DOC_EVERY_S, DocStates
 from rxstream.transport._webmessages import MESSAGE_TYPES, RATED, PageMessages
+from rxstream.transport._webwatch import Silence, resume_fields, silent_bound
 
 __all__ = ["DOC_EVERY_S", "MESSAGE_TYPES", "WebTransport"]
 
@@ -93,9 +98,11 @@ class WebTransport(DocStates, PageMessages, Transport):
     context and gets the WebCodecs path.
 
     ``port=0`` picks a free port (read :attr:`url` after the run started). ``grace_s`` is
-    how long ``connected`` stays true after the last page left; ``max_message_bytes`` bounds
-    one message from a page; ``client_frames`` how many frames may wait for a slow page;
-    ``fps`` is the frame rate written into h264 fragments; ``jpeg_quality`` 1..95.
+    how long ``connected`` stays true after the last page left (a page that reconnects within
+    it resumes the session; one silent for ``max(grace_s, SILENT_MIN_S)`` is cut);
+    ``max_message_bytes`` bounds one message from a page; ``client_frames`` how many frames
+    may wait for a slow page; ``fps`` is the frame rate written into h264 fragments;
+    ``jpeg_quality`` 1..95.
 
     ``token``: True (default) makes a fresh secret for this transport, a string is used as
     the secret (16..256 URL-safe characters), False serves without one (a warning is logged:
@@ -515,6 +522,8 @@ class WebTransport(DocStates, PageMessages, Transport):
             self._clients.add(client)
         writer: asyncio.Future[None] | None = None
         pinger: asyncio.Future[None] | None = None
+        silence = Silence(silent_bound(self.grace_s))
+        watcher: asyncio.Future[None] | None = None
         try:
             await ws.prepare(request)
             with self._lock:
@@ -522,9 +531,12 @@ class WebTransport(DocStates, PageMessages, Transport):
                 self.attached += 1
                 client.number = self.attached
             client.push_text(self._session_message(), "session")
+            client.push_text(wire({"type": "resume", **resume_fields(self.grace_s)}), "session")
             writer = asyncio.ensure_future(self._write(client))
             pinger = asyncio.ensure_future(self._ping(client))
+            watcher = asyncio.ensure_future(silence.watch(client.transport, guard))
             async for message in ws:
+                silence.hear()
                 if message.type == WSMsgType.TEXT:
                     refused = self._receive(client, message.data)
                 elif message.type == WSMsgType.BINARY:
@@ -539,8 +551,9 @@ class WebTransport(DocStates, PageMessages, Transport):
         finally:
             if writer is not None:
                 writer.cancel()
-            if pinger is not None:
-                pinger.cancel()
+            for task in (pinger, watcher):
+                if task is not None:
+                    task.cancel()
             guard.log.flush()
             with self._lock:
                 self._clients.discard(client)
