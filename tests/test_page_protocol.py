@@ -1,0 +1,258 @@
+"""The page protocol apart from the wire, and latency-first delivery.
+
+A second, in-memory wire drives a whole session through :class:`PageProtocol` (no socket);
+on a fake clock, the link estimate from the page's ``got`` acks decides per frame whether to
+send; on a real socket, a page that stops reading has its frames dropped at the server."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from _pagelink import MemoryLink
+
+import rxstream
+from rxstream.item import PipelineItem, PipelineMetadata
+from rxstream.timing import TimingRecord
+from rxstream.transport import SessionLimits
+from rxstream.transport._base import Session, Transport
+from rxstream.transport._codecs import H264Fragments
+from rxstream.transport._linkestimate import UNSENT_SLACK_BYTES
+from rxstream.transport._page import Page
+from rxstream.transport._pageprotocol import PageProtocol
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` passed; whether it held."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def protocol_of(clock: Callable[[], float] = time.monotonic) -> PageProtocol:
+    return PageProtocol(
+        limits=SessionLimits(),
+        grace_s=0.1,
+        max_message_bytes=4096,
+        fps=24.0,
+        jpeg_quality=80,
+        clock=clock,
+    )
+
+
+def later(delay: float, fn: Callable[[], None]) -> None:
+    """A wire's timer: ``fn`` on a thread of its own, ``delay`` from now."""
+    timer = threading.Timer(delay, fn)
+    timer.daemon = True
+    timer.start()
+
+
+class MemoryWire(Transport):
+    """A second wire: the page protocol over in-memory links, no socket, no event loop."""
+
+    def __init__(self) -> None:
+        self.protocol = protocol_of()
+
+    @property
+    def connected(self) -> bool:
+        return self.protocol.connected
+
+    def open(self, session: Session) -> None:
+        self.protocol.start(later)
+        self.protocol.open(session)
+
+    def send(self, stream: str, item: PipelineItem) -> None:
+        self.protocol.send(stream, item)
+
+    def on_timing(self, record: TimingRecord) -> None:
+        self.protocol.on_timing(record)
+
+    def close(self) -> None:
+        self.protocol.close()
+        self.protocol.start(None)
+        self.protocol.close_encoders()
+
+
+def say(protocol: PageProtocol, page: Page, message: dict[str, Any]) -> bool:
+    """The page sends ``message``; whether it was refused."""
+    return protocol.receive(page, json.dumps(message))
+
+
+def frame_of(sample: tuple[float, float]) -> np.ndarray:
+    return np.full((24, 32, 3), int(sample[0] * 255), dtype=np.uint8)
+
+
+def test_a_whole_session_runs_over_an_in_memory_wire() -> None:
+    """hello, input, set, frames, got, pong and shown: a session needs the protocol, no socket."""
+    wire = MemoryWire()
+    ctx = rxstream.Context(transport=wire)
+    doc = ctx.doc("control", defaults={"gain": 0.5})
+    pipeline = (
+        ctx.input("pointer") | ctx.pipe(frame_of, name="render") | ctx.stream("video", codec="jpeg")
+    )
+    pipeline.start()
+    try:
+        protocol = wire.protocol
+        link = MemoryLink()
+        page = protocol.attach(link)
+        (session,) = link.messages("session")
+        assert (session["streams"], session["inputs"]) == ({"video": "jpeg"}, ["pointer"])
+        assert protocol.connected
+        assert protocol.pages == 1
+        assert not say(protocol, page, {"type": "hello", "accept": ["jpeg"], "id": 1})
+        assert not say(
+            protocol, page, {"type": "input", "stream": "pointer", "sample": [0.8, 0.2], "id": 2}
+        )
+        assert wait_for(lambda: any(h["input_seq"] == 1 for h in link.headers()))
+        header = next(h for h in link.headers() if h["input_seq"] == 1)
+        assert (header["codec"], header["width"], header["height"]) == ("jpeg", 32, 24)
+        now = time.monotonic() * 1e3
+        assert not say(
+            protocol, page, {"type": "got", "stream": "video", "seq": header["seq"], "t": now}
+        )
+        assert page.estimate.acks == 1
+        assert page.estimate.inflight_bytes == 0
+        assert not say(protocol, page, {"type": "set", "changes": {"gain": 0.75}, "id": 3})
+        assert wait_for(lambda: link.messages("doc"))
+        assert link.messages("doc")[-1]["desired"]["gain"] == 0.75 == doc.snapshot()["gain"]
+        ping = json.loads(protocol.ping(page))
+        assert not say(
+            protocol, page, {"type": "pong", "t": ping["t"], "c": time.monotonic() * 1e3}
+        )
+        now = time.monotonic() * 1e3
+        shown = {"type": "shown", "stream": "video", "seq": header["seq"], "input_seq": 1}
+        times = {"arrived": now - 3.0, "decoded": now - 2.0, "presented": now - 1.0}
+        assert not say(protocol, page, {**shown, **times, "video": "jpeg", "id": 4})
+        assert wait_for(lambda: link.messages("photon"))
+        (photon,) = link.messages("photon")
+        assert photon["input_seq"] == 1
+        acks = {m["id"]: m for m in link.messages("ack")}
+        assert sorted(acks) == [1, 2, 3, 4]
+        assert acks[2]["input_seq"] == 1
+        assert link.messages("error") == []
+        protocol.leave(page)
+        assert protocol.pages == 0
+    finally:
+        pipeline.stop()
+
+
+class Clock:
+    """A fake monotonic clock (seconds)."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frame() -> PipelineItem:
+    return PipelineItem(np.zeros((24, 32, 3), np.uint8), PipelineMetadata())
+
+
+def test_a_page_that_stops_acking_gets_no_more_than_the_link_carries_then_the_newest() -> None:
+    """Frames past delivery rate x min RTT + a frame in flight are dropped (``link``); acks
+    again: the very next frame goes, the newest, no backlog."""
+    clock = Clock()
+    protocol = protocol_of(clock)
+    protocol.open(Session(streams={"video": "jpeg"}))
+    link = MemoryLink()
+    page = protocol.attach(link)
+    say(protocol, page, {"type": "hello", "accept": ["jpeg"]})
+
+    def ack_all() -> None:
+        for header in link.headers()[acked:]:
+            say(protocol, page, {"type": "got", "stream": "video", "seq": header["seq"], "t": 1.0})
+
+    acked = 0
+    for _ in range(24):  # 24 fps, each frame acked 20 ms after it was sent
+        protocol.send("video", frame())
+        clock.now += 0.02
+        ack_all()
+        acked = len(link.frames)
+        clock.now += 1 / 24 - 0.02
+    assert len(link.frames) == 24
+    assert protocol.drops == {"link": 0, "queue": 0}
+    state = page.link_state()
+    assert state.min_rtt_ms == pytest.approx(20.0)
+    assert state.rtt_ms == pytest.approx(20.0)
+    assert state.delivery_bps is not None
+    assert state.inflight_bytes == 0
+    size = len(link.frames[-1])
+    carried = state.delivery_bps / 8 * state.min_rtt_ms / 1e3
+    for _ in range(12):  # the page reads nothing more: no ack comes
+        protocol.send("video", frame())
+        assert page.estimate.inflight_bytes <= carried + 2 * size
+        clock.now += 1 / 24
+    sent = len(link.frames) - acked
+    assert sent <= 2
+    assert protocol.drops["link"] == 12 - sent
+    assert page.link_state().dropped == 12 - sent  # counted for the rate controller too
+    ack_all()
+    acked = len(link.frames)
+    protocol.send("video", frame())
+    assert len(link.frames) == acked + 1
+    assert link.headers()[-1]["seq"] == 24 + 12 + 1  # the newest frame, at once
+    protocol.close_encoders()
+
+
+def test_a_page_with_unsent_bytes_waiting_is_skipped_and_h264_is_not_encoded_for_nobody() -> None:
+    """A frame that would wait behind unsent bytes is not sent; with no h264 page able to take
+    it, the shared encoder does not encode it (its chain stays whole)."""
+    protocol = protocol_of(Clock())
+    protocol.open(Session(streams={"video": "h264"}))
+    link = MemoryLink()
+    page = protocol.attach(link)
+    say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol.send("video", frame())  # the first frame: a keyframe, the page joins
+    made = protocol.encoders[("video", "h264")]
+    assert isinstance(made, H264Fragments)
+    assert "video" in page.live
+    encoded = made.frames
+    link.unsent = UNSENT_SLACK_BYTES + 1
+    for _ in range(5):
+        protocol.send("video", frame())
+    assert made.frames == encoded  # not one encoded: no page could take it
+    assert protocol.drops["link"] == 5
+    assert "video" in page.live
+    link.unsent = 0
+    protocol.send("video", frame())
+    assert made.frames == encoded + 1
+    assert len(link.frames) == 2
+    protocol.close_encoders()
+
+
+def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
+    """Another page took the frame, so it was encoded: the one that could not has a hole and
+    gets no delta frame until the keyframe it asked for."""
+    protocol = protocol_of(Clock())
+    protocol.open(Session(streams={"video": "h264"}))
+    slow_link, fast_link = MemoryLink("slow:1"), MemoryLink("fast:1")
+    slow, fast = protocol.attach(slow_link), protocol.attach(fast_link)
+    for page in (slow, fast):
+        say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol.send("video", frame())
+    slow_link.unsent = UNSENT_SLACK_BYTES + 1
+    protocol.send("video", frame())
+    made = protocol.encoders[("video", "h264")]
+    assert isinstance(made, H264Fragments)
+    assert "video" not in slow.live
+    assert slow.drops["link"] == 1
+    slow_link.unsent = 0
+    protocol.send("video", frame())  # a delta frame: the slow page waits, and asks for an IDR
+    assert (len(slow_link.frames), len(fast_link.frames)) == (1, 3)
+    assert made.keyframe_requested
+    protocol.send("video", frame())
+    assert made.keyframe
+    assert "video" in slow.live
+    assert len(slow_link.frames) == 2
+    assert slow_link.headers()[-1]["key"] is True
+    protocol.close_encoders()
