@@ -6,11 +6,15 @@ send; on a real socket, a page that stops reading has its frames dropped at the 
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -19,12 +23,15 @@ from _pagelink import MemoryLink
 import rxstream
 from rxstream.item import PipelineItem, PipelineMetadata
 from rxstream.timing import TimingRecord
-from rxstream.transport import SessionLimits
+from rxstream.transport import SessionLimits, WebTransport
 from rxstream.transport._base import Session, Transport
 from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._linkestimate import UNSENT_SLACK_BYTES
 from rxstream.transport._page import Page
 from rxstream.transport._pageprotocol import PageProtocol
+from rxstream.transport._wsserver import NOTSENT_LOWAT_BYTES, WRITE_BUFFER_BYTES, SocketLink
+
+NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
 
 def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> bool:
@@ -182,6 +189,7 @@ def test_a_page_that_stops_acking_gets_no_more_than_the_link_carries_then_the_ne
     assert len(link.frames) == 24
     assert protocol.drops == {"link": 0, "queue": 0}
     state = page.link_state()
+    assert state.min_rtt_ms is not None
     assert state.min_rtt_ms == pytest.approx(20.0)
     assert state.rtt_ms == pytest.approx(20.0)
     assert state.delivery_bps is not None
@@ -256,3 +264,105 @@ def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> Non
     assert len(slow_link.frames) == 2
     assert slow_link.headers()[-1]["key"] is True
     protocol.close_encoders()
+
+
+TOKEN = "t" * 24
+
+
+class SlowPage:
+    """A raw WebSocket page with a small receive buffer that reads only once told to."""
+
+    def __init__(self, web: WebTransport) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8192)
+        self.sock.connect(("127.0.0.1", web.bound_port or 0))
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET /ws?token={web.token} HTTP/1.1\r\nHost: 127.0.0.1:{web.bound_port}\r\n"
+            f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self.sock.recv(4096)
+        head, self.buffer = self.buffer.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101")
+        self.seqs: list[int] = []
+        """The seq of each frame read, in order."""
+        self.stop = threading.Event()
+
+    def send(self, message: dict[str, Any]) -> None:
+        payload = json.dumps(message).encode()
+        mask = os.urandom(4)
+        assert len(payload) < 126
+        head = b"\x81" + bytes([0x80 | len(payload)])
+        self.sock.sendall(head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload)))
+
+    def _take(self, size: int) -> bytes:
+        while len(self.buffer) < size:
+            chunk = self.sock.recv(1 << 16)
+            if not chunk:
+                raise ConnectionError("the server closed the socket")
+            self.buffer += chunk
+        data, self.buffer = self.buffer[:size], self.buffer[size:]
+        return data
+
+    def read(self) -> None:
+        """Read messages until ``stop``, keeping each frame's seq."""
+        self.sock.settimeout(0.05)
+        while not self.stop.is_set():
+            try:
+                opcode, length = self._take(2)
+                size = length & 0x7F
+                if size == 126:
+                    (size,) = struct.unpack(">H", self._take(2))
+                elif size == 127:
+                    (size,) = struct.unpack(">Q", self._take(8))
+                payload = self._take(size)
+            except TimeoutError:
+                continue
+            if opcode & 0x0F == 2:  # binary: a frame
+                (head,) = struct.unpack(">I", payload[1:5])
+                self.seqs.append(json.loads(payload[5 : 5 + head])["seq"])
+
+
+@pytest.mark.slow
+def test_a_page_that_stops_reading_has_frames_dropped_at_the_server_not_queued() -> None:
+    """A page that reads nothing holds about a frame at the server, the rest dropped (``link``);
+    reading again, it gets the few frames sent before it stopped, then the next at once."""
+    web = WebTransport(port=0, token=TOKEN)
+    web.open(Session(streams={"video": "jpeg"}))
+    noise = np.random.default_rng(7).integers(0, 256, (192, 192, 3), dtype=np.uint8)
+    try:
+        page = SlowPage(web)
+        page.send({"type": "hello", "accept": ["jpeg"]})
+        assert wait_for(lambda: web.pages == 1)
+        (state,) = web.pages_now()
+        link = cast(SocketLink, state.link)
+        assert link.transport is not None
+        sock = link.transport.get_extra_info("socket")  # the kernel holds little unsent
+        assert sock.getsockopt(socket.IPPROTO_TCP, NOTSENT_LOWAT) == NOTSENT_LOWAT_BYTES
+        assert link.transport.get_write_buffer_limits()[1] == WRITE_BUFFER_BYTES
+        offered, most_unsent = 200, 0
+        for _ in range(offered):
+            web.send("video", PipelineItem(noise, PipelineMetadata()))
+            most_unsent = max(most_unsent, state.link.unsent_bytes())
+        size = max(state.sizes.values())
+        dropped = web.drops["link"]
+        assert web.dropped == dropped + web.drops["queue"]
+        assert dropped >= offered - 16  # not queued for it: dropped at the server, counted
+        assert most_unsent <= 3 * size + UNSENT_SLACK_BYTES
+        reader = threading.Thread(target=page.read, daemon=True)
+        reader.start()
+        assert wait_for(lambda: state.link.unsent_bytes() == 0)
+        assert wait_for(lambda: len(page.seqs) == offered - web.dropped)  # none lost unsaid
+        backlog = len(page.seqs)
+        web.send("video", PipelineItem(noise, PipelineMetadata()))
+        assert wait_for(lambda: page.seqs[-1:] == [offered + 1])  # the newest, at once
+        assert web.dropped == offered - backlog
+        print(f"frame {size} B, most unsent {most_unsent} B, backlog {backlog}, dropped {dropped}")
+        page.stop.set()
+        reader.join(5)
+        page.sock.close()
+    finally:
+        web.close()
