@@ -61,7 +61,7 @@ server's wall clock."""
 
 MAX_RTT_MS = 10_000.0
 """A ``pong`` whose round trip was longer sets no clock (it would loosen every bound): it is
-acked, not used, counted in ``Client.pongs_unused``."""
+acked, not used, counted in ``Page.pongs_unused``."""
 
 MAX_PAGE_CLOCK_MS = 2.0**53
 """A page clock (``performance.now()``) is in 0..2^53 ms."""
@@ -71,7 +71,7 @@ CLOCK_JUMPS = 3
 estimate starts over (a clock that jumped)."""
 
 _CLOCK_SLACK_MS = 1.0
-"""Rounding; a page's clock step (``Client.clock_step``, twice) is allowed on top of it."""
+"""Rounding; a page's clock step (``Page.clock_step``, twice) is allowed on top of it."""
 
 _FRAME_SLACK_MS = 20.0
 """A presentation may be stamped up to about a display frame ahead (a vsync time)."""
