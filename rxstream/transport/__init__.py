@@ -17,6 +17,14 @@ from rxstream.transport._codecs import (
 from rxstream.transport._file import FileTransport
 from rxstream.transport._guard import Rate, SessionLimits
 from rxstream.transport._memory import MemoryTransport
+from rxstream.transport._rate import (
+    LinkState,
+    RateChanges,
+    RateController,
+    RateDecision,
+    apply_rate,
+    rate_message,
+)
 from rxstream.transport._tee import Tee
 
 if TYPE_CHECKING:
@@ -30,16 +38,22 @@ __all__ = [
     "H264Fragments",
     "ItemRefused",
     "JpegEncoder",
+    "LinkState",
     "MemoryTransport",
     "Rate",
+    "RateChanges",
+    "RateController",
+    "RateDecision",
     "RawEncoder",
     "Session",
     "SessionLimits",
     "Tee",
     "Transport",
     "WebTransport",
+    "apply_rate",
     "decode_raw",
     "encoder",
+    "rate_message",
     "to_rgb24",
 ]
 

@@ -16,6 +16,7 @@ for that codec:
 from __future__ import annotations
 
 import io
+import math
 import struct
 import sys
 from collections.abc import Iterator
@@ -36,8 +37,10 @@ __all__ = [
     "JpegEncoder",
     "RawEncoder",
     "decode_raw",
+    "downscale",
     "encoder",
     "preload",
+    "scaled_size",
     "to_rgb24",
 ]
 
@@ -366,25 +369,83 @@ class RawEncoder(Encoder):
 
 
 class JpegEncoder(Encoder):
-    """``jpeg``: one JPEG image per frame, at ``quality`` (1-100, Pillow's scale)."""
+    """``jpeg``: one JPEG image per frame, at ``quality`` (1-100, Pillow's scale), its width
+    and height multiplied by ``scale`` (see :func:`downscale`); both may change between frames
+    (a rate controller lowers them for a narrow link)."""
 
     codec = "jpeg"
 
-    def __init__(self, *, stream: str, quality: int = 85) -> None:
+    def __init__(self, *, stream: str, quality: int = 85, scale: float = 1.0) -> None:
         super().__init__(stream=stream)
-        if not isinstance(quality, int) or not 1 <= quality <= 100:
-            raise CodecError(
-                f"stream {stream!r}: jpeg quality must be an int from 1 to 100, got {quality!r}"
-            )
         self.quality = quality
+        self.scale = scale
+
+    @property
+    def quality(self) -> int:
+        """The JPEG quality of the next frame: an int from 1 to 100 (above 95 Pillow's JPEG
+        grows without looking better)."""
+        return self._quality
+
+    @quality.setter
+    def quality(self, quality: int) -> None:
+        if isinstance(quality, bool) or not isinstance(quality, int) or not 1 <= quality <= 100:
+            raise CodecError(
+                f"stream {self.stream!r}: jpeg quality must be an int from 1 to 100, "
+                f"got {quality!r}"
+            )
+        self._quality = quality
+
+    @property
+    def scale(self) -> float:
+        """The next frame's width and height are multiplied by this (0 < scale <= 1)."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, scale: float) -> None:
+        self._scale = _scale(scale, self.stream)
 
     def encode(self, frame: object) -> bytes:
         from PIL import Image
 
-        image = Image.fromarray(to_rgb24(frame, stream=self.stream))
+        rgb = to_rgb24(frame, stream=self.stream)
+        image = Image.fromarray(rgb if self._scale == 1.0 else downscale(rgb, self._scale))
         out = io.BytesIO()
-        image.save(out, format="JPEG", quality=self.quality)
+        image.save(out, format="JPEG", quality=self._quality)
         return out.getvalue()
+
+
+# --- resolution -------------------------------------------------------------------------------
+
+
+def _scale(scale: object, stream: str) -> float:
+    if (
+        isinstance(scale, bool)
+        or not isinstance(scale, int | float)
+        or not math.isfinite(scale)
+        or not 0 < scale <= 1
+    ):
+        raise CodecError(f"stream {stream!r}: scale must be a number in (0, 1], got {scale!r}")
+    return float(scale)
+
+
+def scaled_size(width: int, height: int, scale: float) -> tuple[int, int]:
+    """``(width, height)`` multiplied by ``scale``, each rounded to an even number of at least
+    2 (yuv420p's rule); ``scale`` 1 keeps the size as it is, odd sides included."""
+    if scale == 1.0:
+        return width, height
+    return max(2, 2 * round(width * scale / 2)), max(2, 2 * round(height * scale / 2))
+
+
+def downscale(rgb: np.ndarray, scale: float) -> np.ndarray:
+    """An ``(H, W, 3)`` uint8 frame resized to :func:`scaled_size` (bilinear, Pillow);
+    ``scale`` 1 returns ``rgb`` itself."""
+    height, width = rgb.shape[:2]
+    size = scaled_size(width, height, scale)
+    if size == (width, height):
+        return rgb
+    from PIL import Image
+
+    return np.asarray(Image.fromarray(rgb).resize(size, Image.Resampling.BILINEAR))
 
 
 # --- h264 -------------------------------------------------------------------------------------
@@ -425,21 +486,71 @@ def _check_size(stream: str, expected: tuple[int, int], rgb: np.ndarray) -> None
         )
 
 
-def _open_h264(container: Any, *, width: int, height: int, rate: Fraction, gop: int) -> Any:
-    """Add a libx264 yuv420p stream of the (even) size to an output container."""
-    video = container.add_stream("libx264", rate=rate, options=dict(_X264_OPTIONS))
+VBV_FRAMES = 2
+"""A bounded h264 stream's VBV buffer (libx264 ``bufsize``) holds this many frames' worth of its
+bitrate: no frame, an IDR frame included, bursts more than about two frames of the link."""
+
+
+def _bitrate(kbps: object, stream: str) -> float:
+    if (
+        isinstance(kbps, bool)
+        or not isinstance(kbps, int | float)
+        or not math.isfinite(kbps)
+        or not 1 <= kbps <= 1_000_000
+    ):
+        raise CodecError(
+            f"stream {stream!r}: bitrate_kbps must be a number from 1 to 1000000 (kbit/s), "
+            f"got {kbps!r}"
+        )
+    return float(kbps)
+
+
+def _open_h264(
+    container: Any,
+    *,
+    width: int,
+    height: int,
+    rate: Fraction,
+    gop: int,
+    kbps: float | None = None,
+) -> Any:
+    """Add a libx264 yuv420p stream of the (even) size to an output container; with ``kbps``,
+    at that bitrate under a VBV of the same rate (x264's CBR, whose bitrate a later lower
+    ``bit_rate`` changes on the fly) and a :data:`VBV_FRAMES` buffer."""
+    options = dict(_X264_OPTIONS)
+    if kbps is not None:
+        options["maxrate"] = f"{round(kbps * 1000)}"
+        options["bufsize"] = f"{round(kbps * 1000 * VBV_FRAMES / rate)}"
+    video = container.add_stream("libx264", rate=rate, options=options)
     video.width = width
     video.height = height
     video.pix_fmt = "yuv420p"
     video.codec_context.gop_size = gop
+    if kbps is not None:
+        video.codec_context.bit_rate = round(kbps * 1000)
     return video
 
 
-def _video_frame(rgb: np.ndarray, index: int, keyframe: bool) -> Any:
+def _encoded_size(width: int, height: int, scale: float) -> tuple[int, int]:
+    """The even size a frame of ``width`` x ``height`` is encoded at, at ``scale``."""
+    if scale == 1.0:
+        return width + width % 2, height + height % 2
+    return scaled_size(width, height, scale)
+
+
+def _video_frame(
+    rgb: np.ndarray, index: int, keyframe: bool, size: tuple[int, int] | None = None
+) -> Any:
     import av
     from av.video.frame import PictureType
 
     frame = av.VideoFrame.from_ndarray(_pad_even(rgb), format="rgb24")
+    if (
+        size is not None and (frame.width, frame.height) != size
+    ):  # a lowered resolution: swscale, then yuv420p
+        frame = frame.reformat(
+            width=size[0], height=size[1], format="yuv420p", interpolation="BILINEAR"
+        )
     frame.pts = index
     if keyframe:
         frame.pict_type = PictureType.I
@@ -504,13 +615,42 @@ class H264Fragments(Encoder):
     :class:`~rxstream.transport.CodecError`. An odd width or height is padded to even with a
     copy of the last column or row (yuv420p needs even sides), so a decoder shows the frame one
     pixel wider or taller.
+
+    Rate: without ``bitrate_kbps`` libx264 encodes at its default quality (CRF 23), whatever
+    the bytes. With it, the stream is bounded: that bitrate under a VBV of the same rate whose
+    buffer holds :data:`VBV_FRAMES` frames. :meth:`set_bitrate` changes it for the next frame
+    when it is lower than the rate the encoder was opened at (libx264 reconfigures on the
+    fly); a higher one (or one under half of it, for a buffer sized to the new rate) takes the
+    opened rate at once and re-opens the encoder at the next IDR frame (the keyframe
+    interval's, or a requested one). :meth:`set_scale` lowers the resolution the same way, at
+    the next IDR frame: the app's frames keep their size (the size rule above still reads
+    theirs); the encoder resizes them (:func:`scaled_size`). A re-opened encoder's first
+    :meth:`encode` returns a new init segment before its fragment, as the first call does;
+    :attr:`new_config` says so, and :attr:`avcc`, :attr:`codec_string`,
+    :attr:`init_segment` and :attr:`encoded_size` describe the new stream.
     """
 
     codec = "h264"
 
-    def __init__(self, *, fps: float, stream: str, keyframe_interval: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        fps: float,
+        stream: str,
+        keyframe_interval: int | None = None,
+        bitrate_kbps: float | None = None,
+    ) -> None:
         super().__init__(stream=stream)
         self._rate = _rate(fps, f"stream {stream!r}")
+        self._want_kbps = None if bitrate_kbps is None else _bitrate(bitrate_kbps, stream)
+        self._opened_kbps: float | None = None  # the rate (VBV) the open encoder was opened at
+        self._applied_kbps: float | None = None  # its bit_rate now
+        self._want_scale = 1.0
+        self._opened_scale = 1.0
+        self._encoded: tuple[int, int] | None = None
+        self._last_key = 0
+        self._new_config = False
+        self._opens = 0
         self.keyframe_interval = _keyframe_interval(
             keyframe_interval, self._rate, f"stream {stream!r}"
         )
@@ -569,6 +709,47 @@ class H264Fragments(Encoder):
         return self._frames
 
     @property
+    def encoded_size(self) -> tuple[int, int] | None:
+        """``(width, height)`` of the stream the decoder sees (padded to even, scaled by
+        :attr:`scale`); ``None`` before the first frame."""
+        return self._encoded
+
+    @property
+    def bitrate_kbps(self) -> float | None:
+        """The bitrate asked for (kbit/s; ``None``: unbounded, libx264's default quality)."""
+        return self._want_kbps
+
+    def set_bitrate(self, kbps: float) -> None:
+        """Bound the stream at ``kbps`` kbit/s from the next frame on (or, above the rate the
+        encoder was opened at, from the next IDR frame); the sink's thread, or any thread
+        between two encodes."""
+        self._want_kbps = _bitrate(kbps, self.stream)
+
+    @property
+    def scale(self) -> float:
+        """The resolution asked for, as a fraction of the frames' width and height; it takes
+        effect at the next IDR frame."""
+        return self._want_scale
+
+    def set_scale(self, scale: float) -> None:
+        """Encode the frames' width and height multiplied by ``scale`` (0 < scale <= 1) from
+        the next IDR frame on (a new decoder config, :attr:`new_config`)."""
+        self._want_scale = _scale(scale, self.stream)
+
+    @property
+    def new_config(self) -> bool:
+        """Whether the last :meth:`encode` began a new stream: the first frame's, or a
+        re-opened encoder's (a new resolution or rate), its bytes an init segment before the
+        fragment and its frame an IDR frame with a new :attr:`avcc`."""
+        return self._new_config
+
+    @property
+    def opens(self) -> int:
+        """How many times the encoder was opened (1 after the first frame; each re-open for a
+        new resolution or rate adds one)."""
+        return self._opens
+
+    @property
     def keyframe(self) -> bool:
         """Whether the fragment the last :meth:`encode` returned holds an IDR frame."""
         return self._keyframe
@@ -591,10 +772,46 @@ class H264Fragments(Encoder):
             head = self._open(rgb)
         else:
             _check_size(self.stream, self._size, rgb)
+            if self._reopen_due():
+                head = self._reopen(rgb)
+            else:
+                self._follow_bitrate()
+        self._new_config = bool(head)
         force, self._force_keyframe = self._force_keyframe, False
-        packets = self._video.encode(_video_frame(rgb, self._frames, force))
+        assert self._encoded is not None
+        packets = self._video.encode(_video_frame(rgb, self._frames, force, self._encoded))
         self._frames += 1
         return head + self._fragments(packets)
+
+    def _reopen_due(self) -> bool:
+        """Whether this frame re-opens the encoder: it is due an IDR frame (the interval's or
+        a requested one) and the resolution changed, or the rate the encoder was opened at
+        cannot serve the bitrate asked for (above it, under half of it, or unbounded)."""
+        want, opened = self._want_kbps, self._opened_kbps
+        rate_off = want is not None and (opened is None or not opened / 2 <= want <= opened)
+        if not rate_off and self._want_scale == self._opened_scale:
+            return False
+        return self._force_keyframe or self._frames - self._last_key >= self.keyframe_interval
+
+    def _follow_bitrate(self) -> None:
+        """A lower bitrate than the encoder was opened at, on the fly (libx264 reconfigures
+        when ``bit_rate`` changes); a higher one is held at the opened rate until the next
+        IDR frame re-opens it."""
+        want, opened = self._want_kbps, self._opened_kbps
+        if want is None or opened is None:
+            return
+        kbps = min(want, opened)
+        if kbps != self._applied_kbps:
+            self._video.codec_context.bit_rate = round(kbps * 1000)
+            self._applied_kbps = kbps
+
+    def _reopen(self, rgb: np.ndarray) -> bytes:
+        """Close the encoder (what it still held goes out first) and open one at the bitrate
+        and resolution asked for; the new init segment, then this frame, come next."""
+        tail = self._fragments(self._video.encode(None))
+        self._container.close()
+        self._container = self._video = None
+        return tail + self._open(rgb)
 
     def close(self) -> bytes:
         """Flush the encoder (its fragments, if any, are returned) and free it; idempotent."""
@@ -619,14 +836,15 @@ class H264Fragments(Encoder):
             format="mp4",
             options={"movflags": "empty_moov+default_base_moof+frag_keyframe"},
         )
+        encoded = _encoded_size(width, height, self._want_scale)
         try:
-            even = _pad_even(rgb).shape
             video = _open_h264(
                 container,
-                width=even[1],
-                height=even[0],
+                width=encoded[0],
+                height=encoded[1],
                 rate=self._rate,
                 gop=self.keyframe_interval,
+                kbps=self._want_kbps,
             )
             video.codec_context.open()  # the muxer's avcC needs libx264's SPS and PPS
             container.start_encoding()
@@ -648,6 +866,11 @@ class H264Fragments(Encoder):
         self._codec_string = _avc1_codec(self._avcc)
         self._container, self._video = container, video
         self._size = (width, height)
+        self._encoded = encoded
+        self._opened_kbps = self._applied_kbps = self._want_kbps
+        self._opened_scale = self._want_scale
+        self._last_key = self._frames
+        self._opens += 1
         self._init = init
         return init
 
@@ -659,6 +882,8 @@ class H264Fragments(Encoder):
         if parts:
             self._keyframe = packets[-1].is_keyframe
             self._access_unit = b"".join(samples)
+            if self._keyframe:
+                self._last_key = self._frames - 1  # encode counted this frame already
         return b"".join(parts)
 
     def _fragment(self, packet: Any, sample: bytes) -> bytes:
@@ -742,18 +967,23 @@ def encoder(
     stream: str,
     quality: int = 85,
     keyframe_interval: int | None = None,
+    bitrate_kbps: float | None = None,
 ) -> Encoder:
     """The encoder of ``codec`` (``None`` is ``raw``) for ``stream``.
 
     ``fps`` paces h264 timestamps (frame ``i`` at ``i / fps`` s); ``quality`` is the jpeg
-    quality; ``keyframe_interval`` the h264 IDR period in frames (default: ``round(fps)``).
+    quality; ``keyframe_interval`` the h264 IDR period in frames (default: ``round(fps)``);
+    ``bitrate_kbps`` bounds an h264 stream at that rate (default: unbounded, see
+    :class:`H264Fragments`).
     """
     if codec is None or codec == "raw":
         return RawEncoder(stream=stream)
     if codec == "jpeg":
         return JpegEncoder(stream=stream, quality=quality)
     if codec == "h264":
-        return H264Fragments(fps=fps, stream=stream, keyframe_interval=keyframe_interval)
+        return H264Fragments(
+            fps=fps, stream=stream, keyframe_interval=keyframe_interval, bitrate_kbps=bitrate_kbps
+        )
     raise CodecError(
         f"stream {stream!r}: codec must be one of {', '.join(CODECS)} (or None: raw), got {codec!r}"
     )
