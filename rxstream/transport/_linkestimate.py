@@ -2,8 +2,11 @@
 
 Each frame handed to a page's link is recorded (its size and send time); the page answers
 each frame it receives with a ``got`` (before decoding it). From those the estimate keeps the
-delivery rate (bits/s acknowledged over the last :data:`DELIVERY_WINDOW_S`), the smoothed and
-the minimum round trip (send to ack), and the bytes in flight (sent, not yet acknowledged).
+delivery rate, the smoothed and the minimum round trip (send to ack), and the bytes in flight
+(sent, not yet acknowledged). Each ack is a delivery-rate sample, as BBR takes them: the bytes
+acknowledged while that frame was in flight over its round trip; the rate is the highest
+sample of the last :data:`DELIVERY_WINDOW_S` (the samples of a link that is not kept full —
+frames a frame-time apart — read low, the highest reads what the link carried).
 :meth:`LinkEstimate.admits` is the per-frame decision of latency-first delivery; its
 :meth:`LinkEstimate.state` is the rate controller's input (:class:`LinkState`).
 """
@@ -49,10 +52,11 @@ class LinkEstimate:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
-        self._inflight: dict[tuple[str, int], tuple[float, int]] = {}
+        self._inflight: dict[tuple[str, int], tuple[float, int, int]] = {}
         self.inflight_bytes = 0
         """Bytes sent to the page and not yet acknowledged (nor forgotten)."""
-        self._acked: deque[tuple[float, int]] = deque()
+        self._rates: deque[tuple[float, float]] = deque()
+        self._delivered = 0
         self._sent: deque[tuple[float, int]] = deque()
         self._rtts: deque[tuple[float, float]] = deque()
         self.rtt_ms: float | None = None
@@ -70,14 +74,10 @@ class LinkEstimate:
 
     @property
     def delivery_bps(self) -> float | None:
-        """Bits/s acknowledged over the last DELIVERY_WINDOW_S (None: fewer than two acks)."""
+        """The highest delivery-rate sample of the last DELIVERY_WINDOW_S (bits/s; None: no
+        ack in it)."""
         self._trim(self._clock())
-        if len(self._acked) < 2:
-            return None
-        span = self._acked[-1][0] - self._acked[0][0]
-        if span <= 0:
-            return None
-        return 8.0 * sum(n for _, n in list(self._acked)[1:]) / span
+        return max(r for _, r in self._rates) if self._rates else None
 
     def sent(self, stream: str, seq: int, size: int) -> None:
         """A frame of ``size`` bytes was handed to the link."""
@@ -89,7 +89,7 @@ class LinkEstimate:
         if len(self._inflight) >= MAX_INFLIGHT_FRAMES:
             self._drop_oldest()
             self.forgotten += 1
-        self._inflight[key] = (now, size)
+        self._inflight[key] = (now, size, self._delivered)
         self.inflight_bytes += size
         self._sent.append((now, size))
 
@@ -100,12 +100,14 @@ class LinkEstimate:
         if entry is None:
             return None
         now = self._clock()
-        sent_at, size = entry
+        sent_at, size, delivered = entry
         self.inflight_bytes -= size
+        self._delivered += size
         rtt = (now - sent_at) * 1e3
+        flight = max(now - sent_at, 1e-4)  # what the page took while this frame flew
+        self._rates.append((now, 8.0 * (self._delivered - delivered) / flight))
         self.rtt_ms = rtt if self.rtt_ms is None else self.rtt_ms + (rtt - self.rtt_ms) / 8
         self._rtts.append((now, rtt))
-        self._acked.append((now, size))
         self.acks += 1
         self._trim(now)
         return rtt
@@ -149,7 +151,7 @@ class LinkEstimate:
 
     def _trim(self, now: float) -> None:
         for window, horizon in (
-            (self._acked, DELIVERY_WINDOW_S),
+            (self._rates, DELIVERY_WINDOW_S),
             (self._sent, DELIVERY_WINDOW_S),
             (self._rtts, MIN_RTT_WINDOW_S),
         ):
@@ -159,7 +161,7 @@ class LinkEstimate:
     def _forget(self, now: float) -> None:
         horizon = max(FORGET_S, 4e-3 * (self.rtt_ms or 0.0))
         while self._inflight:
-            sent_at, _ = next(iter(self._inflight.values()))
+            sent_at, _, _ = next(iter(self._inflight.values()))
             if sent_at >= now - horizon:
                 return
             self._drop_oldest()
@@ -167,5 +169,5 @@ class LinkEstimate:
 
     def _drop_oldest(self) -> None:
         key = next(iter(self._inflight))
-        _, size = self._inflight.pop(key)
+        _, size, _ = self._inflight.pop(key)
         self.inflight_bytes -= size

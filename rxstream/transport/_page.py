@@ -12,7 +12,7 @@ from rxstream.timing._client import ClockOffset
 from rxstream.transport._guard import ClientGuard
 from rxstream.transport._link import PageLink
 from rxstream.transport._linkestimate import LinkEstimate
-from rxstream.transport._rate import LinkState
+from rxstream.transport._rate import LinkState, RateController
 
 __all__ = ["CLOCK_STEP_MAX_MS", "DROP_REASONS", "Page"]
 
@@ -51,6 +51,8 @@ class Page:
         self.sizes: dict[tuple[str, str], int] = {}
         """The size of the last frame of each (stream, codec) sent: a frame's size before it
         is encoded."""
+        self.rates: dict[str, RateController] = {}
+        """This page's rate controller per stream (once it acks its frames)."""
         self.live: set[str] = set()
         """h264 streams this page is decoding: it had the init segment and a keyframe since
         it joined (or since its last dropped fragment)."""

@@ -26,6 +26,7 @@ from rxstream.transport._guard import ClientGuard, SessionLimits, TokenBucket, w
 from rxstream.transport._link import PageLink, Timer
 from rxstream.transport._linkestimate import LinkEstimate
 from rxstream.transport._page import DROP_REASONS, Page
+from rxstream.transport._pagerate import SharedRates
 from rxstream.transport._photon import PhotonJoin, log_photon
 from rxstream.transport._webclient import input_of, pack, pack_unit
 from rxstream.transport._webdocs import DocStates, session_message
@@ -40,8 +41,9 @@ class PageProtocol:
     """The session's side of every attached page, over any number of wires.
 
     ``grace_s``: how long :attr:`connected` stays true after the last page left;
-    ``fps`` is written into h264 fragments; ``jpeg_quality`` 1..95; ``clock`` times the
-    keyframe budget and the links' estimates.
+    ``fps`` is written into h264 fragments; ``jpeg_quality`` 1..95; ``rate_control``: each
+    encoder's bitrate (JPEG quality) follows its pages' links (``_pagerate.py``); ``clock``
+    times the keyframe budget and the links' estimates.
     """
 
     def __init__(
@@ -52,6 +54,7 @@ class PageProtocol:
         max_message_bytes: int,
         fps: float,
         jpeg_quality: int,
+        rate_control: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
@@ -66,6 +69,8 @@ class PageProtocol:
         self.attached = 0
         """Pages attached so far (reloads count)."""
         self.photon = PhotonJoin()
+        self.rates = SharedRates(fps=fps) if rate_control else None
+        """The pages' rate controllers and what each encoder is set to (None: off)."""
         self.encoders: dict[tuple[str, str], Encoder] = {}
         """Each (stream, codec)'s encoder, shared by every page that plays it."""
         self._pages: set[Page] = set()
@@ -187,6 +192,8 @@ class PageProtocol:
         """Close every encoder (the wires are gone)."""
         for key in list(self.encoders):
             self.encoders.pop(key).close()
+        if self.rates is not None:
+            self.rates.forget()
 
     def broadcast(self, text: str, kind: str = "other", key: str = "") -> None:
         """Send ``text`` to every page."""
@@ -255,6 +262,12 @@ class PageProtocol:
             with page.lock:
                 page.sizes[(stream, chosen)] = len(data)
                 page.estimate.sent(stream, seq, len(data))
+        if self.rates is not None:
+            for chosen in {c for _, c in (*takers, *held)}:
+                shared = self.encoders.get((stream, chosen))
+                if shared is not None:
+                    playing = [p for p, c in (*takers, *held) if c == chosen]
+                    self.rates.follow(stream, chosen, playing, shared)
 
     def _frame_for(
         self,

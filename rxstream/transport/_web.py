@@ -80,6 +80,10 @@ class WebTransport(Transport):
     header may carry besides the bound address and ``localhost`` (for ``allow_remote``).
     Without ``tls`` on a host that is not loopback a warning is logged (``web_not_secure``):
     a remote visitor's page is not a secure context and falls back to JPEG.
+
+    ``rate_control`` (default on): each stream's encoder follows its pages' links, from their
+    frame acks (a ``RateController`` per page and stream; a shared encoder takes the lowest
+    rate any of its pages asks for; each page is told in a ``rate`` message).
     """
 
     def __init__(
@@ -97,6 +101,7 @@ class WebTransport(Transport):
         limits: SessionLimits | None = None,
         allowed_hosts: tuple[str, ...] = (),
         tls: ssl.SSLContext | None = None,
+        rate_control: bool = True,
     ) -> None:
         if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
@@ -135,6 +140,7 @@ class WebTransport(Transport):
             max_message_bytes=max_message_bytes,
             fps=fps,
             jpeg_quality=jpeg_quality,
+            rate_control=rate_control,
         )
         """The page protocol: messages, doc states, photon reports, frames per page."""
         self.server = SocketWire(
