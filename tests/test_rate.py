@@ -31,7 +31,8 @@ class Link:
     """A link of ``capacity_kbps``: what the sender offers beyond it is dropped at the server
     and queues a frame's worth (the round trip rises); what fits is delivered. ``noise``: the
     estimate's own noise, as measured windows have it (the delivery rate up to 12 % under
-    what was offered, the round trip up to 40 % of a frame over its minimum)."""
+    what was offered, the round trip up to 80 % of a frame over its minimum: a frame's time
+    on the link)."""
 
     def __init__(self, capacity_kbps: float, noise: random.Random | None = None) -> None:
         self.capacity_kbps = capacity_kbps
@@ -45,11 +46,11 @@ class Link:
         jitter = 2.0
         if self.noise is not None:
             delivered *= self.noise.uniform(0.88, 1.0)
-            jitter = self.noise.uniform(0.0, 0.4 * 1000 / 24)
+            jitter = self.noise.uniform(0.0, 0.8 * 1000 / 24)
         return LinkState(
             now_s=self.now_s,
             delivery_bps=delivered * 1000,
-            rtt_ms=MIN_RTT_MS + (60.0 if over else 0.0) + jitter,
+            rtt_ms=MIN_RTT_MS + (90.0 if over else 0.0) + jitter,
             min_rtt_ms=MIN_RTT_MS,
             inflight_bytes=int(delivered * 1000 / 8 * MIN_RTT_MS / 1000),
             sent_bps=offered_kbps * 1000,
@@ -147,14 +148,14 @@ def state(now: float, **fields: float) -> LinkState:
 @pytest.mark.parametrize(
     ("fields", "reason", "to_kbps"),
     [
-        ({"rtt_ms": 40.0 + 1000 / 24 + 5}, "queue", 850.0),  # a frame and more above its min
+        ({"rtt_ms": 40.0 + 1.5 * 1000 / 24 + 5}, "queue", 850.0),  # 1.5 frames above its min
         ({"delivery_bps": 0.7e6}, "delivery", 595.0),  # the page got 70 % of what was sent
     ],
 )
 def test_a_queue_or_a_short_delivery_is_congestion_without_drops(
     fields: dict[str, float], reason: str, to_kbps: float
 ) -> None:
-    """No drops needed: a round trip a frame above its minimum, or a delivery a fifth short
+    """No drops needed: a round trip 1.5 frames above its minimum, or a delivery a fifth short
     of what was offered, cuts the bitrate to 0.85 of the measured delivery at once."""
     rate = controller()
     assert rate.update(state(1.0)) is None

@@ -5,12 +5,13 @@
 applies the :class:`RateDecision` it returns to that page's encoder (:func:`apply_rate`) and
 tells the page (:func:`rate_message`).
 
-The link is congested when frames were dropped for it, when the round trip rose more than a
-frame above its minimum (a queue is building) or when the page acknowledges a fifth less than
-was offered; the bitrate then falls at once to :data:`BACKOFF` of the rate the page was
-measured receiving. With room (no drops, the round trip near its minimum, about all that was
-offered delivered) it probes back up by :data:`PROBE_STEP`, one step per round trip (at least
-:data:`PROBE_EVERY_S`), and cautiously near the rate where it last found congestion
+The link is congested when frames were dropped for it, when the round trip rose
+:data:`QUEUE_FRAMES` frames' time above its minimum (a queue is building) or when the page
+acknowledges a fifth less than was offered; the bitrate then falls at once to
+:data:`BACKOFF` of the rate the page was measured receiving. With room (no drops, the round
+trip within :data:`ROOM_FRAMES` of its minimum, about all that was offered delivered) it
+probes back up by :data:`PROBE_STEP`, one step per round trip (at least
+:data:`PROBE_EVERY_S`), and cautiously near the bitrate where it last found congestion
 (:data:`NEAR_CEILING`). Only at its floor, frames still dropping, it lowers the resolution
 (:data:`SCALES`), and raises it again after :data:`SCALE_UP_AFTER_S` of room.
 """
@@ -29,6 +30,8 @@ __all__ = [
     "JPEG_QUALITY_RANGE",
     "PROBE_EVERY_S",
     "PROBE_STEP",
+    "QUEUE_FRAMES",
+    "ROOM_FRAMES",
     "SCALES",
     "SCALE_UP_AFTER_S",
     "LinkState",
@@ -58,15 +61,17 @@ HOLD_AFTER_DOWN_S = 0.5
 so the cut shows in the link's figures before the next is judged; and no step up for
 :data:`HOLD_UP_AFTER_DOWN_S`."""
 
-HOLD_UP_AFTER_DOWN_S = 2.0
+HOLD_UP_AFTER_DOWN_S = 3.0
 """No step up for this long after a step down: the hysteresis that keeps a link at its
 capacity from flapping."""
 
 NEAR_CEILING = 0.9
-"""Above this fraction of the rate where congestion was last found, the bitrate probes
-cautiously: by :data:`NEAR_CEILING_STEP`, every :data:`NEAR_CEILING_EVERY_S`."""
+"""Above this fraction of the bitrate where congestion was last found (and below it),
+the bitrate probes cautiously: by :data:`NEAR_CEILING_STEP`, every
+:data:`NEAR_CEILING_EVERY_S`. Past it with room, the link has grown: that rate is forgotten
+and the probe is fast again."""
 
-NEAR_CEILING_STEP = 1.05
+NEAR_CEILING_STEP = 1.08
 
 NEAR_CEILING_EVERY_S = 4.0
 
@@ -85,6 +90,14 @@ SCALE_UP_AFTER_S = 3.0
 
 JPEG_QUALITY_RANGE = (20, 85)
 """The JPEG quality at the floor and at the ceiling of the bitrate range."""
+
+QUEUE_FRAMES = 1.5
+"""Congested: the round trip more than this many frames' time above its minimum. A frame near
+the link's rate takes up to about a frame's time to cross it, a keyframe two: a queue is
+what rises beyond that."""
+
+ROOM_FRAMES = 1.0
+"""Room: the round trip within this many frames' time of its minimum."""
 
 # Delivered against offered is the noisiest signal (the two windows are a round trip apart,
 # and a window's first frame counts for the offered rate only): congestion is a shortfall of
@@ -176,12 +189,12 @@ class RateController:
     """The bitrate (and, last, the resolution) of one page's stream, following its link.
 
     ``start_kbps`` is the bitrate before the link is known, ``min_kbps``/``max_kbps`` its
-    floor and ceiling, ``fps`` the stream's frame rate (a frame's time is how far the round
-    trip may rise above its minimum before it counts as a queue). :meth:`update` takes each
-    new :class:`LinkState` and returns a :class:`RateDecision` when it changes, else ``None``;
-    :attr:`current` is the decision in force. Each change is counted (:attr:`changes`) and
-    logged once (``rate_changed``: ``stream``, ``from_kbps``, ``to_kbps``, ``scale``,
-    ``reason``).
+    floor and ceiling, ``fps`` the stream's frame rate (the round trip's rise above its
+    minimum is judged in frames' time: :data:`QUEUE_FRAMES`, :data:`ROOM_FRAMES`).
+    :meth:`update` takes each new :class:`LinkState` and returns a :class:`RateDecision` when
+    it changes, else ``None``; :attr:`current` is the decision in force. Each change is
+    counted (:attr:`changes`) and logged once (``rate_changed``: ``stream``, ``from_kbps``,
+    ``to_kbps``, ``scale``, ``reason``).
     """
 
     def __init__(
@@ -252,7 +265,11 @@ class RateController:
     ) -> str | None:
         if link.dropped > 0:
             return "drops"
-        if rtt is not None and min_rtt is not None and rtt - min_rtt > self._frame_ms:
+        if (
+            rtt is not None
+            and min_rtt is not None
+            and rtt - min_rtt > QUEUE_FRAMES * self._frame_ms
+        ):
             return "queue"
         if delivery is not None and delivery < _DELIVERY_SHORT * link.sent_bps:
             return "delivery"
@@ -263,7 +280,8 @@ class RateController:
     ) -> bool:
         if delivery is None or rtt is None or min_rtt is None:
             return False
-        return rtt - min_rtt <= self._frame_ms / 2 and delivery >= _DELIVERY_FULL * link.sent_bps
+        queued = rtt - min_rtt
+        return queued <= ROOM_FRAMES * self._frame_ms and delivery >= _DELIVERY_FULL * link.sent_bps
 
     # --- the steps --------------------------------------------------------------------------
 
@@ -283,7 +301,7 @@ class RateController:
             self._last_scale_s = now
             return self._change("floor")
         measured = self._kbps if delivery is None else min(self._kbps, delivery / 1000)
-        self._ceiling, self._ceiling_s = measured, now
+        self._ceiling, self._ceiling_s = self._kbps, now
         self._kbps = max(self._min, BACKOFF * measured)
         self._down += 1
         self._last_down_s = now
@@ -303,7 +321,9 @@ class RateController:
         if self._kbps >= self._max:
             return None
         every, step = max(PROBE_EVERY_S, (rtt or 0.0) / 1000), PROBE_STEP
-        if now - self._ceiling_s > CEILING_FORGET_S:
+        if now - self._ceiling_s > CEILING_FORGET_S or (
+            self._ceiling is not None and self._kbps >= self._ceiling
+        ):
             self._ceiling = None
         if self._ceiling is not None and self._kbps * step > NEAR_CEILING * self._ceiling:
             every, step = max(every, NEAR_CEILING_EVERY_S), NEAR_CEILING_STEP
