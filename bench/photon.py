@@ -210,11 +210,11 @@ class DemoServer:
 
     def __enter__(self) -> DemoServer:
         self.thread.start()
-        wait_for(lambda: self.web._bound_port, "the server to listen")
+        wait_for(lambda: self.web.bound_port, "the server to listen")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.web._open = False
+        self.web.protocol.opened = False
         self.thread.join(10)
 
 

@@ -33,7 +33,7 @@ class Served:
     def _run(self) -> None:
         async def main() -> None:
             task = asyncio.ensure_future(self.pipeline.run(poll_interval=0.02))
-            while self.web._bound_port is None and not task.done():
+            while self.web.bound_port is None and not task.done():
                 await asyncio.sleep(0.01)
             self.started.set()
             await task
@@ -51,7 +51,7 @@ class Served:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.web._open = False  # a test that never attached a page: let run() return
+        self.web.protocol.opened = False  # a test that never attached a page: let run() return
         self.thread.join(10)
         assert not self.thread.is_alive()
 

@@ -62,11 +62,11 @@ class DemoSession:
 
     def __enter__(self) -> DemoSession:
         self.thread.start()
-        wait_for(lambda: self.web._bound_port, "the server to listen")
+        wait_for(lambda: self.web.bound_port, "the server to listen")
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.web._open = False
+        self.web.protocol.opened = False
         self.thread.join(10)
 
 
@@ -337,4 +337,23 @@ def test_jpeg_where_webcodecs_or_the_codec_is_missing_and_mse_on_request(browser
         assert watching["mse-legacy"] == [False, "pointermove"]
         for page in pages.values():
             page.close()
+        session.thread.join(15)
+
+
+def test_the_page_acknowledges_each_frame_and_the_server_knows_its_link(browser: Any) -> None:
+    """The real page sends a ``got`` for every frame it receives: the server's link estimate
+    of it has a round trip and a delivery rate, and nothing is left in flight for long."""
+    with DemoSession() as session:
+        page = browser.new_page(viewport={"width": 1200, "height": 800})
+        page.goto(session.web.url)
+        page.wait_for_function("window.rxstream.frames > 30", timeout=20_000)
+        wait_for(lambda: session.web.pages_now(), "the page to attach")
+        (state,) = session.web.pages_now()
+        wait_for(lambda: state.estimate.acks >= 30, "the page's frame acks")
+        link = state.link_state()
+        assert link.min_rtt_ms is not None
+        assert link.rtt_ms is not None
+        assert link.delivery_bps is not None
+        assert state.estimate.forgotten == 0
+        page.close()
         session.thread.join(15)

@@ -54,12 +54,12 @@ class Demo:
 
     def __enter__(self) -> Demo:
         self.thread.start()
-        port = wait_for(lambda: self.web._bound_port, "the server to listen")
+        port = wait_for(lambda: self.web.bound_port, "the server to listen")
         self.proxy = LinkProxy(port).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.web._open = False
+        self.web.protocol.opened = False
         self.thread.join(10)
         if self.proxy is not None:
             self.proxy.__exit__()
@@ -68,7 +68,7 @@ class Demo:
     def url(self) -> str:
         """The page's URL through the proxy."""
         assert self.proxy is not None
-        return self.web.url.replace(self.web._address, self.proxy.url_host)
+        return self.web.url.replace(self.web.server.address, self.proxy.url_host)
 
 
 @pytest.fixture

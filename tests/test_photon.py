@@ -421,12 +421,10 @@ def test_the_session_declines_permessage_deflate_that_a_browser_offers() -> None
 def test_a_page_gets_a_frame_before_the_texts_queued_with_it() -> None:
     """Frames go before queued texts: a frame's timing record never delays the frame."""
     from rxstream.transport import SessionLimits, WebTransport
-    from rxstream.transport._guard import ClientGuard
-    from rxstream.transport._webclient import Client
-    from rxstream.transport._webmessages import RATED
+    from rxstream.transport._wsserver import SocketLink
 
     class Socket:
-        """What _write uses of a websocket: it records what was sent, then closes."""
+        """What the writer uses of a websocket: it records what was sent, then closes."""
 
         def __init__(self) -> None:
             self.sent: list[str] = []
@@ -441,10 +439,17 @@ def test_a_page_gets_a_frame_before_the_texts_queued_with_it() -> None:
 
     async def write() -> list[str]:
         socket = Socket()
-        client = Client(socket, 4, ClientGuard(SessionLimits(), "test", RATED))  # type: ignore[arg-type]
-        client.push_text('{"type": "timing"}', "timing")  # queued together, text first
-        client.push_frame("video", "jpeg", b"F")
-        await asyncio.wait_for(WebTransport(port=0)._write(client), 5)
+        link = SocketLink(
+            socket,  # type: ignore[arg-type]
+            peer="test",
+            frames=4,
+            limits=SessionLimits(),
+            loop=asyncio.get_running_loop(),
+            transport=None,
+        )
+        link.send_text('{"type": "timing"}', "timing")  # queued together, text first
+        link.send_frame("video", b"F")
+        await asyncio.wait_for(WebTransport(port=0).server._write(link), 5)
         return socket.sent
 
     assert asyncio.run(write()) == ["frame", "text"]

@@ -66,7 +66,7 @@ class Live(Served):
 
     @property
     def origin(self) -> str:
-        return f"http://127.0.0.1:{self.web._bound_port}"
+        return f"http://127.0.0.1:{self.web.bound_port}"
 
     def __enter__(self) -> Live:
         super().__enter__()
@@ -116,7 +116,7 @@ async def attached(live: Live, **options: Any) -> AsyncIterator[Any]:
 )
 def test_a_cross_origin_handshake_is_refused(live: Live, origin: str) -> None:
     """Another site's page, with the right token even, gets 403 naming its Origin."""
-    origin = origin.format(port=live.web._bound_port)
+    origin = origin.format(port=live.web.bound_port)
 
     async def check() -> None:
         async with aiohttp.ClientSession() as http:
@@ -140,7 +140,7 @@ def test_a_cross_origin_handshake_is_refused(live: Live, origin: str) -> None:
 )
 def test_a_handshake_without_the_token_is_refused(live: Live, query: str, named: str) -> None:
     """No token or a wrong one: 403 for the socket and for the page, saying which."""
-    port = live.web._bound_port
+    port = live.web.bound_port
 
     async def check() -> None:
         async with aiohttp.ClientSession() as http:
@@ -161,7 +161,7 @@ def test_a_handshake_without_the_token_is_refused(live: Live, query: str, named:
 )
 def test_a_handshake_under_another_host_is_refused(live: Live, host: str) -> None:
     """A rebound DNS name reaches the port under its own Host: 403, even with the token."""
-    host = host.format(port=live.web._bound_port)
+    host = host.format(port=live.web.bound_port)
 
     async def check() -> None:
         async with aiohttp.ClientSession() as http:
@@ -175,7 +175,7 @@ def test_a_handshake_under_another_host_is_refused(live: Live, host: str) -> Non
 
 def test_the_page_works_with_its_token(live: Live) -> None:
     """The page with its token, then a socket from its own origin: session, ack, frame."""
-    port = live.web._bound_port
+    port = live.web.bound_port
 
     async def check(host: str) -> None:
         async with aiohttp.ClientSession() as http:
@@ -200,7 +200,7 @@ def test_the_page_works_with_its_token(live: Live) -> None:
 def test_without_a_token_origin_and_host_still_hold() -> None:
     """token=False serves without one, but another site's page is still refused."""
     with Live(token=False) as running:
-        assert running.web.url == f"http://127.0.0.1:{running.web._bound_port}/"
+        assert running.web.url == f"http://127.0.0.1:{running.web.bound_port}/"
 
         async def check() -> None:
             async with aiohttp.ClientSession() as http:
@@ -371,7 +371,7 @@ def test_a_handler_that_raises_is_answered_and_the_session_goes_on() -> None:
         def boom(client: Any, message: dict[str, Any]) -> dict[str, Any]:
             raise KeyError("a bug\non two lines")
 
-        running.web._handlers["hello"] = boom
+        running.web.protocol.messages.handlers["hello"] = boom
 
         async def check() -> None:
             async with attached(running) as ws:
@@ -394,7 +394,7 @@ def test_the_message_types_are_the_handlers() -> None:
     """MESSAGE_TYPES lists exactly the types the transport has a handler for."""
     from rxstream.transport._web import MESSAGE_TYPES
 
-    assert tuple(WebTransport()._handlers) == MESSAGE_TYPES
+    assert tuple(WebTransport().protocol.messages.handlers) == MESSAGE_TYPES
 
 
 def test_binary_frames_are_answered() -> None:
@@ -616,7 +616,7 @@ def test_a_page_that_stops_reading_is_told_which_acks_it_lost() -> None:
 
     async def check() -> None:
         task = asyncio.ensure_future(pipeline.run(poll_interval=0.02))
-        while web._bound_port is None:
+        while web.bound_port is None:
             await asyncio.sleep(0.01)
         async with aiohttp.ClientSession() as http, http.ws_connect(web.ws_url) as ws:
             await ws.send_json({"type": "hello", "accept": ["raw"]})
@@ -638,7 +638,7 @@ def test_a_page_that_stops_reading_is_told_which_acks_it_lost() -> None:
                         assert data["counts"]["ack"] >= 1
             assert lost
             assert not answered & lost
-        web._open = False
+        web.protocol.opened = False
         await task
 
     asyncio.run(check())

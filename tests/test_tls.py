@@ -134,7 +134,9 @@ def test_web_transport_over_tls_says_https_and_checks_the_https_origin() -> None
         assert web.url == f"https://127.0.0.1:0/?token={'T' * 20}"
         assert web.ws_url.startswith("wss://127.0.0.1:0/ws?token=")
         assert web.secure_context
-        assert web._gate.refuse(host="h:1", origin=None, token=None, scheme="https") is not None
+        assert (
+            web.server.gate.refuse(host="h:1", origin=None, token=None, scheme="https") is not None
+        )
     assert not WebTransport(host="0.0.0.0", allow_remote=True).secure_context
     with pytest.raises(ValueError, match=r"^tls must be an ssl.SSLContext, got 'x'$"):
         WebTransport(tls="x")  # type: ignore[arg-type]
@@ -143,7 +145,7 @@ def test_web_transport_over_tls_says_https_and_checks_the_https_origin() -> None
 def test_what_a_tls_proxy_or_an_ssh_tunnel_forwards_passes_the_checks() -> None:
     """The headers session.md has a TLS proxy send to a loopback rxstream pass, another
     site's Origin through it is refused; so is a tunnel's other local port."""
-    gate = WebTransport(port=8765, token="T" * 20)._gate
+    gate = WebTransport(port=8765, token="T" * 20).server.gate
     token = "T" * 20
     proxied = {"host": "127.0.0.1:8765", "token": token}
     assert gate.refuse(origin="http://127.0.0.1:8765", **proxied) is None
@@ -322,7 +324,7 @@ def test_in_chromium_https_is_a_secure_context_and_plain_http_says_why_it_is_on_
             assert page.evaluate("window.rxstream.errors") == []
 
             page = browser.new_page()
-            port = plain.web._bound_port
+            port = plain.web.bound_port
             page.goto(f"http://rxstream.test:{port}/?token={plain.web.token}")
             page.wait_for_function("window.rxstream.frames > 10", timeout=20_000)
             assert page.evaluate("window.isSecureContext") is False

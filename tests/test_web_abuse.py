@@ -24,6 +24,7 @@ import aiohttp
 import numpy as np
 import pytest
 import structlog
+from _pagelink import MemoryLink, memory_page
 from _serving import Served, texts_until
 
 import rxstream
@@ -35,8 +36,10 @@ from rxstream.transport import _webmessages as webmessages
 from rxstream.transport._base import Session
 from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._guard import ClientGuard, Refused, TokenBucket, parse_message
+from rxstream.transport._page import Page
+from rxstream.transport._pageprotocol import PageProtocol
 from rxstream.transport._photon import PhotonJoin, Shown
-from rxstream.transport._webclient import Client, Outbox
+from rxstream.transport._webclient import Outbox
 from rxstream.transport._webmessages import CLOCK_JUMPS, MAX_ERROR_CHARS, RATED
 
 pytestmark = pytest.mark.slow
@@ -69,10 +72,10 @@ class Deaf:
     def __init__(self, web: WebTransport) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        self.sock.connect(("127.0.0.1", web._bound_port or 0))
+        self.sock.connect(("127.0.0.1", web.bound_port or 0))
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(
-            f"GET /ws?token={web.token} HTTP/1.1\r\nHost: 127.0.0.1:{web._bound_port}\r\n"
+            f"GET /ws?token={web.token} HTTP/1.1\r\nHost: 127.0.0.1:{web.bound_port}\r\n"
             f"Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
             "Sec-WebSocket-Version: 13\r\n\r\n".encode()
         )
@@ -120,8 +123,8 @@ def test_a_page_that_never_reads_is_cut_and_the_run_ends_clean(
                 deaf.send({"type": "input", "stream": "pointer", "sample": [1, 0]})
                 time.sleep(0.01)
         assert served.error is None
-        assert web._loop is None  # close() ran to its end: the loop stopped
-        assert not web._shared  # and the encoders closed
+        assert web.server.loop is None  # close() ran to its end: the loop stopped
+        assert not web.protocol.encoders  # and the encoders closed
         assert deaf.cut()
         deaf.sock.close()
     assert any(e["event"] == "web_page_cut" for e in logs)
@@ -170,12 +173,9 @@ def test_an_error_reply_quotes_the_value_cut_short(message: dict[str, Any]) -> N
 def test_an_error_from_below_is_cut_to_its_bound() -> None:
     """A refusal's own long text (a doc's, a stream's) is cut to MAX_ERROR_CHARS in the reply."""
     web = WebTransport(port=0, token=TOKEN)
-    box: list[str] = []
-    guard = ClientGuard(web.limits, "test", {})
-    client = Client(cast(Any, None), 1, guard)
-    client.push_text = lambda text, *_a, **_k: box.append(text)  # type: ignore[method-assign]
-    web._error(client, 3, "schema", "gain must be a float, got " + "9" * 100_000)
-    (reply,) = box
+    client = memory_page(web.limits)
+    web.protocol.messages.error(client, 3, "schema", "gain must be a float, got " + "9" * 100_000)
+    (reply,) = cast(MemoryLink, client.link).texts
     error = json.loads(reply)["error"]
     assert len(error) <= MAX_ERROR_CHARS
     assert error.endswith("… (100026 characters)")
@@ -195,37 +195,36 @@ def test_the_outbox_is_bounded_in_bytes_too() -> None:
     assert box.push("d" * 5000)  # alone in the queue: kept whatever its size
 
 
-class NoLoop:
-    """An event loop stand-in that drops what ``send`` schedules (the frames' bytes)."""
-
-    def call_soon_threadsafe(self, *_args: Any) -> None:
-        """Nothing: the test reads the encoder, not the socket."""
-
-
 def test_a_page_that_keeps_losing_frames_cannot_force_keyframes_on_the_others() -> None:
     """Resyncs are bounded: the page's own keyframes rate and requested_keyframes for all."""
-    web = WebTransport(port=0, token=TOKEN, fps=24.0)
-    web._session = Session(streams={"video": "h264"})
-    web._loop = cast(Any, NoLoop())
-    web._clock = lambda: 0.0  # a frozen clock: no bucket refills while the frames go out
-    guard = ClientGuard(web.limits, "deaf", RATED, clock=lambda: 0.0)
-    deaf = Client(cast(Any, None), 4, guard)
+    limits = SessionLimits()
+    protocol = PageProtocol(  # a frozen clock: no bucket refills while the frames go out
+        limits=limits,
+        grace_s=1.0,
+        max_message_bytes=1 << 16,
+        fps=24.0,
+        jpeg_quality=80,
+        clock=lambda: 0.0,
+    )
+    protocol.session = Session(streams={"video": "h264"})
+    deaf = protocol.attach(MemoryLink("deaf:1"))
+    deaf.guard = ClientGuard(limits, "deaf", RATED, clock=lambda: 0.0)
     deaf.accept = frozenset(("h264", "h264-au", "jpeg"))
-    web._clients = {deaf}
     keyframes = 0
     frames = 96  # the encoder's own keyframes: one a second, frames 0, 24, 48 and 72
     try:
         for i in range(frames):
-            web.send("video", PipelineItem(np.zeros((24, 32, 3), np.uint8), PipelineMetadata()))
-            made = web._shared[("video", "h264")]
+            protocol.send(
+                "video", PipelineItem(np.zeros((24, 32, 3), np.uint8), PipelineMetadata())
+            )
+            made = protocol.encoders[("video", "h264")]
             assert isinstance(made, H264Fragments)
             keyframes += made.keyframe
             deaf.live.discard("video")  # it lost a frame again: no longer live
             assert i or made.keyframe
     finally:
-        for key in list(web._shared):
-            web._shared.pop(key).close()
-    assert keyframes <= 4 + web.limits.requested_keyframes.burst
+        protocol.close_encoders()
+    assert keyframes <= 4 + limits.requested_keyframes.burst
 
 
 async def answers(ws: Any, count: int) -> list[dict[str, Any]]:
@@ -378,7 +377,7 @@ def test_a_forged_shown_report_is_refused_and_never_logged(
                 return reply
 
         reply = asyncio.run(check())
-        assert served.web._photon._waiting == {}
+        assert served.web.protocol.photon._waiting == {}
     assert (reply["type"], reply["code"], reply["id"]) == ("error", "implausible", 9)
     assert named in reply["error"]
 
@@ -419,14 +418,14 @@ def test_a_pong_that_is_not_a_page_clock_is_refused() -> None:
 
 
 class Pongs:
-    """A page's pongs fed to ``_on_pong`` on a fake server clock (ms)."""
+    """A page's pongs fed to the ``pong`` handler on a fake server clock (ms)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.now = 1_000.0
         fake = type("FakeTime", (), {"monotonic": lambda: self.now / 1e3})
         monkeypatch.setattr(webmessages, "time", fake)
         self.web = WebTransport(port=0, token=TOKEN)
-        self.client = Client(cast(Any, None), 1, ClientGuard(self.web.limits, "test", RATED))
+        self.client = memory_page(self.web.limits)
 
     def pong(self, after: float, rtt: float, page: float) -> dict[str, Any]:
         """A ping ``after`` ms on, answered ``rtt`` ms later with the page's clock ``page``."""
@@ -434,7 +433,8 @@ class Pongs:
         sent = self.now
         self.client.pings.append(sent)
         self.now += rtt
-        return self.web._on_pong(self.client, {"type": "pong", "t": sent, "c": page})
+        pong = self.web.protocol.messages.handlers["pong"]
+        return pong(self.client, {"type": "pong", "t": sent, "c": page})
 
 
 def test_a_pong_that_contradicts_the_clock_is_acked_not_used_and_counted(
@@ -546,7 +546,7 @@ def test_a_join_outside_the_frames_life_is_dropped() -> None:
 def test_a_partial_request_then_silence_is_closed() -> None:
     """A connection that never finishes its request is closed after idle_connection_s."""
     with small_session(limits=SessionLimits(idle_connection_s=0.2)) as served:
-        port = served.web._bound_port or 0
+        port = served.web.bound_port or 0
         with socket.create_connection(("127.0.0.1", port)) as sock:
             sock.sendall(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # no blank line: never ends
             sock.settimeout(20)
@@ -609,20 +609,29 @@ def test_a_doc_write_just_before_stop_leaves_the_next_run_its_doc_states() -> No
     assert (state["name"], state["desired"]["gain"]) == ("control", 0.9)
 
 
-def page_report(**times: float) -> tuple[WebTransport, Client, list[ClientTiming], dict[str, Any]]:
-    """A transport that sent frame 9 (input 3, made 50 ms before ``arrived``) and folded its
-    record, a page whose clock is the server's, the joins it logs and a report of ``times``."""
-    web = WebTransport(port=0, token=TOKEN)
-    web._session = Session(streams={"video": "jpeg"}, inputs=("pointer",), docs={})
-    client = Client(cast(Any, None), 1, ClientGuard(web.limits, "test", RATED))
+def page_report(
+    **times: float,
+) -> tuple[webmessages.PageMessages, Page, list[ClientTiming], dict[str, Any]]:
+    """Handlers that sent frame 9 (input 3, made 50 ms before ``arrived``) and folded its
+    record, a page whose clock is the server's, the joins they log and a report of ``times``."""
+    session = Session(streams={"video": "jpeg"}, inputs=("pointer",), docs={})
+    joins: list[ClientTiming] = []
+    messages = webmessages.PageMessages(
+        session=lambda: session,
+        limits=SessionLimits(),
+        max_message_bytes=1 << 16,
+        photon=PhotonJoin(),
+        joined=lambda _record, timing, _page: joins.append(timing),
+        keyframe=lambda _stream: None,
+        acked=lambda _page, _stream, _seq: None,
+    )
+    client = memory_page()
     now = time.monotonic() * 1e3
     client.clock.add(now, now, now)
-    web._photon.sent("video", 9, (("input.recv", (times["arrived"] - 50.0) / 1e3),))
-    web._photon.record(video_record(3, cutover=True))
-    joins: list[ClientTiming] = []
-    web._photon_joined = lambda _record, timing, _page: joins.append(timing)  # type: ignore[method-assign,assignment]
+    messages.photon.sent("video", 9, (("input.recv", (times["arrived"] - 50.0) / 1e3),))
+    messages.photon.record(video_record(3, cutover=True))
     message = {"type": "shown", "stream": "video", "seq": 9, "input_seq": 3, "video": "jpeg"}
-    return web, client, joins, {**message, **times}
+    return messages, client, joins, {**message, **times}
 
 
 def test_an_input_event_long_before_arrival_is_dropped_and_the_join_starts_at_the_origin() -> None:
@@ -632,7 +641,7 @@ def test_an_input_event_long_before_arrival_is_dropped_and_the_join_starts_at_th
     web, client, joins, report = page_report(
         arrived=arrived, decoded=arrived + 2.0, presented=arrived + 10.0, event=arrived - 70_000.0
     )
-    ack = web._on_shown(client, report)
+    ack = web.handlers["shown"](client, report)
     assert ack["event"].startswith("shown.event is 70000 ms before the frame arrived")
     ((timing),) = joins
     assert timing.up_ms is None
@@ -646,9 +655,9 @@ def test_a_background_tabs_long_hop_is_acked_and_counted_not_joined() -> None:
     web, client, joins, report = page_report(
         arrived=arrived, decoded=arrived + 1.0, presented=now - 1_000.0
     )
-    ack = web._on_shown(client, report)
+    ack = web.handlers["shown"](client, report)
     assert ack["shown"].startswith("shown.presented is 98999.0 ms after the time before it")
-    assert (joins, web._photon.implausible, web._photon._waiting) == ([], 1, {})
+    assert (joins, web.photon.implausible, web.photon._waiting) == ([], 1, {})
 
 
 def test_an_input_event_after_arrival_is_still_refused() -> None:
@@ -658,7 +667,7 @@ def test_an_input_event_after_arrival_is_still_refused() -> None:
         arrived=now - 100.0, decoded=now - 99.0, presented=now - 98.0, event=now - 50.0
     )
     with pytest.raises(Refused, match=r"shown\.event must not be after the frame arrived"):
-        web._on_shown(client, report)
+        web.handlers["shown"](client, report)
     assert joins == []
 
 

@@ -297,7 +297,7 @@ def live() -> Iterator[Live]:
     try:
         yield session
     finally:
-        session.web._open = False
+        session.web.protocol.opened = False
         session.thread.join(10)
 
 
@@ -426,7 +426,7 @@ def test_a_flood_at_the_default_limits_leaves_the_other_viewer_its_frames() -> N
     finally:
         watcher.stop.set()
         watching.join(10)
-        session.web._open = False
+        session.web.protocol.opened = False
         session.thread.join(10)
     assert session.error is None
     assert watcher.ended is None

@@ -80,8 +80,8 @@ def test_a_half_open_link_is_cut_and_the_run_stops() -> None:
     """A page's link stops forwarding without closing: the server cuts that connection after
     its bound (no pong, no message), the grace runs out and run() returns."""
     web = WebTransport(port=0, grace_s=0.2)
-    with Served(web, _pipeline(web)) as served, LinkProxy(web._bound_port or 0) as proxy:
-        url = web.ws_url.replace(web._address, proxy.url_host)
+    with Served(web, _pipeline(web)) as served, LinkProxy(web.bound_port or 0) as proxy:
+        url = web.ws_url.replace(web.server.address, proxy.url_host)
 
         async def attach() -> dict[str, Any]:
             quick = aiohttp.ClientWSTimeout(ws_close=0.5)  # the close frame is never answered

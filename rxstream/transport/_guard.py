@@ -120,6 +120,8 @@ class SessionLimits:
     own, one a second): a page that loses frames or asks for one past it waits for the next."""
     reports: Rate = field(default_factory=lambda: Rate(120.0, 240))
     """``shown`` and ``pong`` messages (the page reports a frame per new input, answers pings)."""
+    acks: Rate = field(default_factory=lambda: Rate(480.0, 960))
+    """``got`` messages (the page acknowledges each frame it receives, of every stream)."""
     refusals: Rate = field(default_factory=lambda: Rate(20.0, 100))
     """Refused messages of any kind: past it the server reads the connection at this pace."""
     messages: Rate = field(default_factory=lambda: Rate(1000.0, 2000))

@@ -1,54 +1,24 @@
-"""One attached page of the web session: what it can play, what waits to be sent to it, and
-how a frame is packed for it (``b"F"``, a 4-byte big-endian header length, a JSON header, the
-encoded frame). :class:`Outbox` is the bounded queue of text messages to one page: what does
-not fit is counted, and reported to the page in a ``dropped`` message once there is room."""
+"""What goes to a page, whatever its wire: how a frame is packed for it (``b"F"``, a 4-byte
+big-endian header length, a JSON header, the encoded frame). :class:`Outbox` is the bounded
+queue of text messages to one page: what does not fit is counted, and reported to the page in
+a ``dropped`` message once there is room."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import struct
 from collections import deque
 from typing import Any
 
-from aiohttp import web
-
-from rxstream.timing._client import ClockOffset
 from rxstream.transport._codecs import H264Fragments
-from rxstream.transport._guard import ClientGuard, wire
+from rxstream.transport._guard import wire
 
-__all__ = [
-    "CLOCK_STEP_MAX_MS",
-    "MAX_DROPPED_IDS",
-    "PAGE_HEADERS",
-    "PINGS_S",
-    "Client",
-    "Outbox",
-    "input_of",
-    "pack",
-    "pack_unit",
-    "peer_port",
-]
+__all__ = ["MAX_DROPPED_IDS", "PINGS_S", "Outbox", "input_of", "pack", "pack_unit"]
 
 _FRAME = b"F"
 PINGS_S = (0.05,) * 8 + (2.0,)
 """The pauses between clock pings: a burst of 8, 50 ms apart, on attach, then one every 2 s
 (the estimate keeps the shortest round trip of the last 16)."""
-
-
-CLOCK_STEP_MAX_MS = 100.0
-"""The coarsest page clock allowed for (Firefox's ``privacy.resistFingerprinting``: 100 ms)."""
-
-_STEP_TOLERANCE_MS = 0.01
-"""Differences of page clocks within this are equal (a step below it is a fine clock)."""
-
-
-def _approximate_gcd(a: float, b: float) -> float:
-    """The largest step of which ``a`` and ``b`` are both multiples, to _STEP_TOLERANCE_MS."""
-    while b > _STEP_TOLERANCE_MS:
-        rest = a % b
-        a, b = b, (0.0 if min(rest, b - rest) <= _STEP_TOLERANCE_MS else rest)
-    return a
 
 
 MAX_DROPPED_IDS = 1024
@@ -124,99 +94,11 @@ class Outbox:
         return len(self._texts) <= self.capacity // 2 and self.bytes <= self.max_bytes // 2
 
 
-class Client:
-    """One attached page: what it can play and what waits to be sent to it."""
-
-    def __init__(self, ws: web.WebSocketResponse, frames: int, guard: ClientGuard) -> None:
-        self.ws = ws
-        self.guard = guard
-        self.accept: frozenset[str] = frozenset(("jpeg", "raw"))
-        self.frames: deque[bytes] = deque()
-        self.texts = Outbox(guard.limits.queued_texts, guard.limits.queued_text_bytes)
-        self.max_frames = frames
-        self.ready = asyncio.Event()
-        self.dropped = 0
-        self.live: set[str] = set()
-        """h264 streams this page is decoding: it had the init segment and a keyframe since
-        it joined (or since its last dropped fragment)."""
-        self.clock = ClockOffset()
-        """This page's ``performance.now()`` against the server's monotonic clock."""
-        self.clock_jumps: list[tuple[float, float]] = []
-        """The offsets and round trips of the ``pong``s in a row that contradicted the
-        estimate: ``CLOCK_JUMPS`` of them that agree with each other start it over."""
-        self.clock_grid = 0.0
-        """The grid of this page's clock (ms): the approximate gcd of the differences between
-        its pongs' ``c`` (a coarsened ``performance.now()``), 0 until 3 were seen or for a
-        fine clock."""
-        self.clock_scatter = 0.0
-        """The spread of contradicting pongs that did not agree with each other (ms): a
-        clock coarsened with jitter off its grid."""
-        self._clock_last: float | None = None
-        self._clock_gcd: float | None = None
-        self._clock_diffs = 0
-        self.pongs_unused = 0
-        """``pong``s acked but not used for the estimate (a round trip over ``MAX_RTT_MS``
-        or a page clock that contradicts it)."""
-        self.ping_due = False
-        self.pings: deque[float] = deque(maxlen=16)
-        """The times (server ms) of the pings sent lately: a pong must answer one of them."""
-        self.number = 0
-        self.transport: asyncio.Transport | None = None
-        """The connection under the socket: cut when the page does not take a close frame."""
-
-    def saw_clock(self, page: float) -> None:
-        """A pong's ``c``: refine ``clock_step`` with its difference from the last one."""
-        last, self._clock_last = self._clock_last, page
-        if last is None or page == last:
-            return
-        diff = abs(page - last)
-        gcd = diff if self._clock_gcd is None else _approximate_gcd(self._clock_gcd, diff)
-        self._clock_gcd = gcd
-        self._clock_diffs += 1
-        if self._clock_diffs >= 2:
-            self.clock_grid = gcd if gcd > 5 * _STEP_TOLERANCE_MS else 0.0
-
-    @property
-    def clock_step(self) -> float:
-        """How far one ``c`` of this page may be off its true clock (ms): its grid or its
-        scatter, at most ``CLOCK_STEP_MAX_MS``."""
-        return min(max(self.clock_grid, self.clock_scatter), CLOCK_STEP_MAX_MS)
-
-    def push_frame(self, stream: str, codec: str, data: bytes) -> None:
-        if len(self.frames) >= self.max_frames:
-            self.frames.popleft()
-            self.dropped += 1
-            if codec == "h264":  # a gap in the fragments: wait for the next keyframe
-                self.live.discard(stream)
-                return
-        self.frames.append(data)
-        self.ready.set()
-
-    def push_text(self, text: str, kind: str = "other", ident: Any = None, key: str = "") -> None:
-        if not self.texts.push(text, kind, ident, key):  # reported to the page once it reads
-            self.guard.log.warning("web_texts_dropped", kind=kind, queued=len(self.texts))
-        self.ready.set()
-
-
 def input_of(timeline: tuple[tuple[str, float], ...]) -> str:
     """The input stream an item's timeline started at (``input.recv``, then ``<name>.in``)."""
     if len(timeline) > 1 and timeline[0][0] == "input.recv":
         return timeline[1][0].removesuffix(".in")
     return ""
-
-
-PAGE_HEADERS = {
-    "Cache-Control": "no-store",
-    "Referrer-Policy": "no-referrer",
-    "X-Frame-Options": "DENY",
-    "Content-Security-Policy": "frame-ancestors 'none'",
-}
-"""The page's URL holds the token: never cached, never sent as a referrer, never framed."""
-
-
-def peer_port(request: web.Request) -> int | str:
-    peer = request.transport.get_extra_info("peername") if request.transport else None
-    return peer[1] if isinstance(peer, tuple) and len(peer) > 1 else "?"
 
 
 def pack(header: dict[str, Any], data: bytes) -> bytes:

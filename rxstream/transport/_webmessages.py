@@ -1,10 +1,10 @@
 """What a page of the web session may send, and the answer to each message.
 
-:class:`PageMessages` is the control half of :class:`~rxstream.transport._web.WebTransport`:
-``_receive`` checks one text message (size, JSON within :class:`SessionLimits`, a known type,
-the connection's rate) and hands it to its handler ``_on_<type>(client, message)``, which
+:class:`PageMessages` is the control half of the page protocol (``_pageprotocol.py``):
+``receive`` checks one text message (size, JSON within :class:`SessionLimits`, a known type,
+the connection's rate) and hands it to its handler ``_on_<type>(page, message)``, which
 returns the ack's fields or raises :class:`Refused`; a refusal or a handler's own failure is
-answered with an ``error`` message on that socket, never fatal.
+answered with an ``error`` message on that page's link, never fatal.
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ from rxstream.timing import ClientTiming, TimingRecord
 from rxstream.timing._client import ClockOffset
 from rxstream.topology import SampleRefused
 from rxstream.transport._base import Session
-from rxstream.transport._codecs import Encoder, H264Fragments
 from rxstream.transport._guard import Refused as _Refused
 from rxstream.transport._guard import SessionLimits, TokenBucket, parse_message, shown, wire
+from rxstream.transport._page import Page
 from rxstream.transport._photon import MAX_HOP_MS, PhotonJoin, Shown
-from rxstream.transport._webclient import Client
 
 __all__ = [
     "AT_MS_WINDOW_MS",
@@ -36,10 +35,10 @@ __all__ = [
     "PageMessages",
 ]
 
-MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown")
-"""The message types a page may send. A new type: a handler ``_on_<type>(client, message)``
-returning the ack's fields (or raising ``_Refused``), listed here and in
-``WebTransport._handlers``, and in ``RATED`` if it needs a rate of its own."""
+MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown", "got")
+"""The message types a page may send. A new type: a handler ``_on_<type>(page, message)``
+returning the ack's fields (or raising ``_Refused``), listed here (``PageMessages.handlers``
+follows it), and in ``RATED`` if it needs a rate of its own."""
 
 RATED = {
     "steer": "steers",
@@ -48,6 +47,7 @@ RATED = {
     "keyframe": "keyframes",
     "shown": "reports",
     "pong": "reports",
+    "got": "acks",
 }
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
 
@@ -61,7 +61,7 @@ server's wall clock."""
 
 MAX_RTT_MS = 10_000.0
 """A ``pong`` whose round trip was longer sets no clock (it would loosen every bound): it is
-acked, not used, counted in ``Client.pongs_unused``."""
+acked, not used, counted in ``Page.pongs_unused``."""
 
 MAX_PAGE_CLOCK_MS = 2.0**53
 """A page clock (``performance.now()``) is in 0..2^53 ms."""
@@ -71,7 +71,7 @@ CLOCK_JUMPS = 3
 estimate starts over (a clock that jumped)."""
 
 _CLOCK_SLACK_MS = 1.0
-"""Rounding; a page's clock step (``Client.clock_step``, twice) is allowed on top of it."""
+"""Rounding; a page's clock step (``Page.clock_step``, twice) is allowed on top of it."""
 
 _FRAME_SLACK_MS = 20.0
 """A presentation may be stamped up to about a display frame ahead (a vsync time)."""
@@ -79,20 +79,45 @@ _FRAME_SLACK_MS = 20.0
 _VIDEO_PATHS = ("webcodecs", "jpeg", "mse", "raw")
 
 
+Handler = Callable[[Page, dict[str, Any]], dict[str, Any]]
+"""A message type's handler: the page and the message in, the ack's fields out."""
+
+
 class PageMessages:
-    """The handlers of a page's messages, mixed into ``WebTransport``: the state they read."""
+    """The handlers of a page's messages, over what they read and call.
 
-    _session: Session
-    _shared: dict[tuple[str, str], Encoder]
-    _photon: PhotonJoin
-    _handlers: dict[str, Callable[[Client, dict[str, Any]], dict[str, Any]]]
-    _photon_joined: Callable[[TimingRecord, ClientTiming, int], None]
-    _doc_writes: TokenBucket
-    _request_keyframe: Callable[[str, H264Fragments], bool]
-    limits: SessionLimits
-    max_message_bytes: int
+    ``session`` gives the open session (its streams, inputs and docs); ``photon`` joins the
+    ``shown`` reports; ``joined`` hears each joined record; ``keyframe(stream)`` asks the
+    stream's shared h264 encoder for an IDR (within its budget); ``acked(page, stream, seq)``
+    hears a ``got``.
+    """
 
-    def _receive(self, client: Client, text: str) -> bool:
+    def __init__(
+        self,
+        *,
+        session: Callable[[], Session],
+        limits: SessionLimits,
+        max_message_bytes: int,
+        photon: PhotonJoin,
+        joined: Callable[[TimingRecord, ClientTiming, int], None],
+        keyframe: Callable[[str], None],
+        acked: Callable[[Page, str, int], None],
+    ) -> None:
+        self.session = session
+        self.limits = limits
+        self.max_message_bytes = max_message_bytes
+        self.photon = photon
+        self._joined = joined
+        self._keyframe = keyframe
+        self._acked = acked
+        self.doc_writes = TokenBucket(limits.doc_writes)
+        """``set`` and ``steer`` of all pages together (SessionLimits.doc_writes)."""
+        self.handlers: dict[str, Handler] = {
+            kind: getattr(self, f"_on_{kind}") for kind in MESSAGE_TYPES
+        }
+        """The message types a page may send, each to its handler."""
+
+    def receive(self, client: Page, text: str) -> bool:
         """Answer one text message: an ack (when it has an ``id``) or an error. True: refused."""
         ident: Any = None
         kind: Any = None
@@ -110,11 +135,11 @@ class PageMessages:
                 )
             ident = message.get("id")
             kind = message.get("type")
-            handler = self._handlers.get(kind) if isinstance(kind, str) else None
+            handler = self.handlers.get(kind) if isinstance(kind, str) else None
             if handler is None:
                 raise _Refused(
                     "unknown_type",
-                    f"type must be one of {', '.join(self._handlers)}, got {shown(kind)}",
+                    f"type must be one of {', '.join(self.handlers)}, got {shown(kind)}",
                 )
             client.guard.admit(kind)
             reply = handler(client, message)
@@ -122,16 +147,16 @@ class PageMessages:
                 client.push_text(wire({"type": "ack", "id": ident, **reply}), "ack", ident)
         except _Refused as refused:
             ident = ident if refused.ident is None else refused.ident
-            self._error(client, ident, refused.code, str(refused))
+            self.error(client, ident, refused.code, str(refused))
             return True
         except Exception as exc:  # a handler's own bug: answered, logged, never fatal
             client.guard.log.warning("web_handler_failed", type=shown(kind), exc_info=True)
             detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-            self._error(client, ident, "internal", f"{shown(kind)} failed: {detail}")
+            self.error(client, ident, "internal", f"{shown(kind)} failed: {detail}")
             return True
         return False
 
-    def _on_hello(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_hello(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         accept = message.get("accept", [])
         if not isinstance(accept, list) or not all(isinstance(c, str) for c in accept):
             raise _Refused(
@@ -140,7 +165,7 @@ class PageMessages:
         client.accept = frozenset(accept) | {"jpeg"}
         return {}
 
-    def _on_input(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_input(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         stream = message.get("stream")
         if not isinstance(stream, str):
             raise _Refused("malformed", f"input.stream must be a string, got {shown(stream)}")
@@ -161,34 +186,34 @@ class PageMessages:
                 "time is used"
             )
             at_ms = None
-        if stream not in self._session.inputs:
+        if stream not in self.session().inputs:
             raise _Refused(
                 "unknown_stream",
-                f"input.stream must be one of {', '.join(self._session.inputs) or 'none'}, "
+                f"input.stream must be one of {', '.join(self.session().inputs) or 'none'}, "
                 f"got {shown(stream)}",
             )
         sample = message["sample"]
         if isinstance(sample, list):
             sample = tuple(sample)
         try:
-            seq = self._session.feed(stream, sample, at_ms, client=client)
+            seq = self.session().feed(stream, sample, at_ms, client=client)
         except SampleRefused as exc:
             raise _Refused(exc.code, str(exc)) from exc
         return {"input_seq": seq} if ignored is None else {"input_seq": seq, "at_ms": ignored}
 
-    def _on_set(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_set(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         return self._write_doc(message, steer=False)
 
-    def _on_steer(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_steer(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         return self._write_doc(message, steer=True)
 
     def _write_doc(self, message: dict[str, Any], *, steer: bool) -> dict[str, Any]:
         doc, changes = self._write_target(message)
-        if not self._doc_writes.take():
+        if not self.doc_writes.take():
             raise _Refused(
                 "rate_limited",
                 f"{message['type']} messages of all connections together are limited to "
-                f"{self._doc_writes.rate} (SessionLimits.doc_writes)",
+                f"{self.doc_writes.rate} (SessionLimits.doc_writes)",
             )
         try:
             return {"version": doc.steer(changes) if steer else doc.set(changes)}
@@ -198,11 +223,11 @@ class PageMessages:
     def _write_target(self, message: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
         kind = message["type"]
         name = message.get("doc", "control")
-        doc = self._session.docs.get(name) if isinstance(name, str) else None
+        doc = self.session().docs.get(name) if isinstance(name, str) else None
         if doc is None:
             raise _Refused(
                 "unknown_doc",
-                f"{kind}.doc must be one of {', '.join(self._session.docs) or 'none'}, "
+                f"{kind}.doc must be one of {', '.join(self.session().docs) or 'none'}, "
                 f"got {shown(name)}",
             )
         changes = message.get("changes")
@@ -212,7 +237,7 @@ class PageMessages:
             )
         return doc, changes
 
-    def _error(self, client: Client, ident: Any, code: str, error: str) -> None:
+    def error(self, client: Page, ident: Any, code: str, error: str) -> None:
         if len(error) > MAX_ERROR_CHARS:  # a refusal from below (a doc, a stream) may quote more
             tail = f"… ({len(error)} characters)"
             error = error[: MAX_ERROR_CHARS - len(tail)] + tail
@@ -220,15 +245,25 @@ class PageMessages:
         message = {"type": "error", "id": ident, "code": code, "error": error}
         client.push_text(wire(message), "error", ident)
 
-    def _on_keyframe(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_keyframe(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         stream = self._stream_of(message)
         client.live.discard(stream)  # no delta frame until the keyframe
-        made = self._shared.get((stream, "h264"))
-        if isinstance(made, H264Fragments):
-            self._request_keyframe(stream, made)
+        self._keyframe(stream)
         return {}
 
-    def _on_pong(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_got(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
+        stream = self._stream_of(message)
+        seq = _count(message, "seq")
+        page = _number(message, "t")
+        if not 0 <= page <= MAX_PAGE_CLOCK_MS:
+            raise _Refused(
+                "implausible",
+                f"got.t must be a page clock (performance.now()) in 0..2^53 ms, got {shown(page)}",
+            )
+        self._acked(client, stream, seq)
+        return {}
+
+    def _on_pong(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         sent = _number(message, "t")
         if sent not in client.pings:
             raise _Refused("malformed", f"pong.t must be the t of a recent ping, got {shown(sent)}")
@@ -275,7 +310,7 @@ class PageMessages:
         client.clock.add(sent, page, received)
         return {}
 
-    def _on_shown(self, client: Client, message: dict[str, Any]) -> dict[str, Any]:
+    def _on_shown(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
         stream = self._stream_of(message)
         arrived, decoded, presented = (
             _number(message, name) for name in ("arrived", "decoded", "presented")
@@ -290,7 +325,7 @@ class PageMessages:
             client, stream, _count(message, "seq"), arrived, decoded, presented
         )
         if too_long is not None:  # a background tab's queued frame: true, but no latency to join
-            self._photon.count_implausible()
+            self.photon.count_implausible()
             return {"shown": too_long}
         event = None if message.get("event") is None else _number(message, "event")
         note: dict[str, Any] = {}
@@ -322,13 +357,13 @@ class PageMessages:
             event=event,
             video=video,
         )
-        joined = self._photon.shown(report, client.clock, client.number)
+        joined = self.photon.shown(report, client.clock, client.number)
         if joined is not None:
-            self._photon_joined(*joined, client.number)
+            self._joined(*joined, client.number)
         return note
 
     def _check_shown(
-        self, client: Client, stream: str, seq: int, arrived: float, decoded: float, shown_: float
+        self, client: Page, stream: str, seq: int, arrived: float, decoded: float, shown_: float
     ) -> str | None:
         """Refuse a report whose times cannot be this frame's: on the server's clock (through
         the page's offset, good to a round trip), an arrival before the frame was made or a
@@ -345,7 +380,7 @@ class PageMessages:
                     f"{late:.1f} ms after it (through the page's clock offset, good to "
                     f"{slack + _FRAME_SLACK_MS:.1f} ms)",
                 )
-            origin = self._photon.origin_ms(stream, seq)
+            origin = self.photon.origin_ms(stream, seq)
             if origin is not None and arrived - offset < origin - slack:
                 raise _Refused(
                     "implausible",
@@ -363,11 +398,11 @@ class PageMessages:
 
     def _stream_of(self, message: dict[str, Any]) -> str:
         stream = message.get("stream")
-        if not isinstance(stream, str) or stream not in self._session.streams:
+        if not isinstance(stream, str) or stream not in self.session().streams:
             raise _Refused(
                 "unknown_stream",
                 f"{message['type']}.stream must be one of "
-                f"{', '.join(self._session.streams) or 'none'}, got {shown(stream)}",
+                f"{', '.join(self.session().streams) or 'none'}, got {shown(stream)}",
             )
         return stream
 
