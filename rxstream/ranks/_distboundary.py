@@ -483,6 +483,7 @@ class DistRun(ThreadedRun):
             ),
             replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
             busy_limit_s=busy_limit_s,
+            cuda_api=cuda_api,
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:
