@@ -6,11 +6,20 @@ import threading
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 import rxstream
 from rxstream.ipc._cudafake import FakeCudaApi
-from rxstream.timing import HopTiming, TimingRecord, format_summary, plot, summarize
+from rxstream.timing import (
+    HopTiming,
+    RunMetrics,
+    TimingRecord,
+    format_summary,
+    plot,
+    summarize,
+)
 from rxstream.timing._gpu import NVTX_ENV, POOL, GpuClock
+from rxstream.timing._otel import span_times
 from rxstream.transport import MemoryTransport
 
 KERNEL_MS = 7.5
@@ -254,3 +263,42 @@ def test_the_summary_json_and_plot_show_gpu_ms_of_a_cuda_hop(tmp_path: Path) -> 
     assert "gpu_ms" not in hops[1]
     plot(summary, records, tmp_path / "timing.png")
     assert (tmp_path / "timing.png").stat().st_size > 0
+
+
+def gpu_record() -> TimingRecord:
+    """A record of a resolved CUDA hop, an unresolved one and a CPU hop."""
+    hops = (
+        HopTiming("denoise", 0.5, 0.25, 0.0, 7.5, True),
+        HopTiming("vae", 0.25, 0.25, 0.0, None, True),
+        HopTiming("video", 0.25, 1.0),
+    )
+    return TimingRecord("video", 3, 0, False, 0, 0, "input.recv", 2.5, None, hops, run="r1")
+
+
+def test_a_hop_span_carries_gpu_ms_where_it_resolved() -> None:
+    """A CUDA hop's OTel span has rxstream.gpu_ms (its record's value); an unresolved one and
+    a CPU hop's have none."""
+    _, *children = span_times(gpu_record(), 1_800_000_000_000_000_000)
+    attributes = {name: attrs for name, _, _, attrs in children}
+    assert attributes["denoise"]["rxstream.gpu_ms"] == 7.5
+    assert "rxstream.gpu_ms" not in attributes["vae"]
+    assert "rxstream.gpu_ms" not in attributes["video"]
+
+
+def test_prometheus_has_a_gpu_histogram_of_the_resolved_cuda_hops() -> None:
+    """rxstream_hop_gpu_seconds counts each resolved CUDA hop (in seconds), no other hop."""
+    metrics = RunMetrics()
+    metrics.record(gpu_record())
+    metrics.record(gpu_record())
+    found = {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(metrics.text().decode())
+        for s in family.samples
+    }
+    denoise = frozenset({("stream", "video"), ("stage", "denoise")})
+    assert found[("rxstream_hop_gpu_seconds_count", denoise)] == 2
+    assert found[("rxstream_hop_gpu_seconds_sum", denoise)] == pytest.approx(2 * 7.5e-3)
+    stages = {
+        dict(labels)["stage"] for name, labels in found if name.startswith("rxstream_hop_gpu")
+    }
+    assert stages == {"denoise"}
