@@ -20,6 +20,7 @@ from rxstream.timing import (
 )
 from rxstream.timing._gpu import NVTX_ENV, POOL, GpuClock
 from rxstream.timing._otel import span_times
+from rxstream.timing._record import fold
 from rxstream.transport import MemoryTransport
 
 KERNEL_MS = 7.5
@@ -302,3 +303,33 @@ def test_prometheus_has_a_gpu_histogram_of_the_resolved_cuda_hops() -> None:
         dict(labels)["stage"] for name, labels in found if name.startswith("rxstream_hop_gpu")
     }
     assert stages == {"denoise"}
+
+
+@pytest.mark.parametrize("stalled", [False, True])
+def test_a_cuda_stage_s_gpu_ms_travels_to_another_rank_s_fold_as_a_stamp(stalled: bool) -> None:
+    """An item leaving its rank's process takes a <stage>.gpu stamp resolved then (NaN when
+    its work was not done); the other rank's fold, without that stage's events, reads it as
+    the hop's gpu_ms (None for NaN), and its wait and compute are as without the stamp."""
+    api = FakeCudaApi()
+    api.stalled = stalled
+    clock = GpuClock(api)
+    timer = clock.timer("denoise", "cuda")
+    assert timer is not None
+    call = timer.wrap(lambda: api.kernel(KERNEL_MS))
+    began = rxstream.item.now()
+    call()
+    ended = rxstream.item.now()
+    timeline = (("input.recv", began - 0.002), ("denoise.in", began), ("denoise.out", ended))
+    stamps = clock.stamps(timeline)
+    assert stamps[0] == "denoise.gpu"
+    assert clock.stamps((*timeline, ("denoise.gpu", 1.0))) == ()  # stamped once
+    pairs = tuple(zip(stamps[::2], stamps[1::2], strict=True))
+    after = (*timeline, *pairs, ("video.in", ended + 0.001), ("video.out", ended + 0.002))
+    carried = fold("video", rxstream.PipelineMetadata(input_seq=1, timeline=after), 0.0)
+    plain = fold("video", rxstream.PipelineMetadata(input_seq=1, timeline=timeline), 0.0)
+    denoise = hops_of(carried)["denoise"]
+    assert denoise.gpu
+    assert denoise.gpu_ms == (None if stalled else KERNEL_MS)
+    assert denoise.compute_ms == hops_of(plain)["denoise"].compute_ms
+    assert hops_of(carried)["video"].wait_ms == pytest.approx(1.0)
+    assert api.calls["synchronize"] == 0

@@ -28,7 +28,7 @@ from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageStatistics
 from rxstream._util import library_logger
-from rxstream.item import PipelineItem, _base
+from rxstream.item import PipelineItem, _base, _stamped
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
 from rxstream.operators._input import InputFeed
@@ -327,7 +327,7 @@ class Run(ABC):
             self._ends += 1
             self._subscriptions.add(
                 boundary.write(
-                    self._produced(streams[upstream], upstream, node),
+                    self._gpu_stamped(self._produced(streams[upstream], upstream, node)),
                     self.shells[upstream].counters,
                     self.plan.name_of(upstream),
                     self.fail,
@@ -337,6 +337,20 @@ class Run(ABC):
                     sole=self._consumers(upstream) == 1,
                 )
             )
+
+    def _gpu_stamped(self, stream: ItemStream) -> ItemStream:
+        """``stream`` with each item's ``<stage>.gpu`` stamps (``GpuClock.stamps``) when it
+        leaves for another process's rank from one that has CUDA stages; else ``stream``
+        (ranks in one process share the clock: the sink resolves them)."""
+        clock = self.gpu_clock
+        if clock is None or not clock.timers or self.rank is None:
+            return stream
+
+        def stamped(item: PipelineItem) -> PipelineItem:
+            stamps = clock.stamps(item.metadata.timeline)
+            return _stamped(item, item.payload, stamps) if stamps else item
+
+        return stream.pipe(operators.map(stamped))
 
     # --- connections: walk-driving edges and chunk policies ---------------------------------
 

@@ -15,10 +15,15 @@ it is ``None`` and counted in ``unresolved``.
 NVTX (``RXSTREAM_NVTX=1``): every stage call of a run with a CUDA api is one NVTX range named
 ``<stage> input_seq=<n>``, pushed before the call and popped after it, also when it raises.
 Off, no stage call is wrapped at all.
+
+Across processes: an item that leaves this process's rank for another's (whose sink folds
+it) takes a ``<stage>.gpu`` stamp per CUDA stage of this rank it went through, resolved as it
+leaves (`GpuClock.stamps`): the GPU ms, or NaN when the work was not done by then.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -26,7 +31,11 @@ from typing import Any
 
 from rxstream.item import now
 
-__all__ = ["NVTX_ENV", "POOL", "GpuClock", "StageTimer", "nvtx_from_env"]
+__all__ = ["GPU_SUFFIX", "NVTX_ENV", "POOL", "GpuClock", "StageTimer", "nvtx_from_env"]
+
+GPU_SUFFIX = ".gpu"
+"""The stamp ``<stage>.gpu`` an item takes when it leaves its rank's process: its value is the
+stage's GPU ms, not a time (NaN: unresolved then), so the rank that folds it has it."""
 
 POOL = 64
 """Event pairs a stage keeps: a call reuses the pair of the call ``POOL`` calls before it, so a
@@ -152,3 +161,23 @@ class GpuClock:
             else:
                 self.resolved += 1
         return ms
+
+    def stamps(self, timeline: tuple[tuple[str, float], ...]) -> tuple[Any, ...]:
+        """The ``<stage>.gpu`` stamps (flat: ``hop, ms…``) of this process's CUDA stages in
+        ``timeline`` that have none yet, for an item leaving to another process's rank:
+        resolved now, never waited on (NaN when unresolved)."""
+        timers = self.timers
+        stamped = {hop for hop, _ in timeline if hop.endswith(GPU_SUFFIX)}
+        opened: dict[str, float] = {}
+        out: list[Any] = []
+        for hop, t in timeline:
+            if hop.endswith(".in"):
+                opened[hop[:-3]] = t
+            elif hop.endswith(".out"):
+                name = hop[:-4]
+                began = opened.pop(name, None)
+                gpu_hop = name + GPU_SUFFIX
+                if name in timers and began is not None and gpu_hop not in stamped:
+                    ms = self.gpu_ms(name, began, t)
+                    out += (gpu_hop, math.nan if ms is None else ms)
+        return tuple(out)

@@ -1,6 +1,7 @@
 """Timing records: one item's timeline folded into per-hop queue-wait, hold and compute."""
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -8,7 +9,7 @@ from typing import Any
 from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineMetadata, Timeline
 from rxstream.timing._client import ClientTiming
-from rxstream.timing._gpu import GpuClock
+from rxstream.timing._gpu import GPU_SUFFIX, GpuClock
 
 __all__ = ["HopTiming", "TimingRecord", "fold", "run_of"]
 
@@ -184,6 +185,8 @@ def fold(
     ``gpu_ms``)."""
     timed = {} if gpu is None else gpu.timers
     timeline: Timeline = metadata.timeline
+    # another process's CUDA stages: resolved as the item left that rank (NaN: unresolved)
+    carried = {hop[: -len(GPU_SUFFIX)]: t for hop, t in timeline if hop.endswith(GPU_SUFFIX)}
     hops: list[HopTiming] = []
     origin = timeline[0][0] if timeline else ""
     start = timeline[0][1] if timeline else 0.0
@@ -204,7 +207,10 @@ def fold(
             wait = waits.pop(name, 0.0) * 1e3
             hold = 0.0 if released is None else (released - began) * 1e3
             compute = (t - (began if released is None else released)) * 1e3
-            if name in timed and gpu is not None:
+            if name in carried:
+                ms = None if math.isnan(carried[name]) else carried[name]
+                hops.append(HopTiming(name, wait, compute, hold, ms, True))
+            elif name in timed and gpu is not None:
                 ms = gpu.gpu_ms(name, began, t)
                 hops.append(HopTiming(name, wait, compute, hold, ms, True))
             else:
@@ -212,6 +218,8 @@ def fold(
             end = t
         elif hop.endswith(".hold"):  # a pace or window held the item from .in until now
             held[hop[:-5]] = t
+        elif hop.endswith(GPU_SUFFIX):  # a value, not a time (above)
+            continue
         previous = t
     from_client = wall_ms - metadata.input_at_ms if metadata.input_at_ms else None
     return TimingRecord(
