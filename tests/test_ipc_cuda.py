@@ -972,7 +972,8 @@ def test_gpu_example_s_stages_get_gpu_ms_from_the_engine() -> None:
 
     def draw(index: int) -> torch.Tensor:
         out = torch.empty(36, 64, 3, dtype=torch.float16, device="cuda")
-        return example.render_frame(out, index)
+        frame: torch.Tensor = example.render_frame(out, index)
+        return frame
 
     pipeline = (
         ctx.input("mouse")
