@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check of the CUDA slot pool and of GPU-true stage time, prepared to run once on a
-# machine with a GPU: prints the device, driver and torch version, then runs, each under its own time limit (under
-# 10 minutes in all, 570 s at most):
+# machine with a GPU: prints the device, driver and torch version, then runs, each under its
+# own time limit (under 10 minutes in all, 570 s at most):
 #   1. tests/test_ipc_cuda.py (its CUDA tests run there, instead of skipping)   90 s
 #   2. bench/gpu_ipc.py: the bridge's rows and the pool's, with their checks     100 s
 #   3. bench/gpu_ranks.py: the two-rank boundary hop for 1080p frames           140 s
