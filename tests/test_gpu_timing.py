@@ -132,6 +132,7 @@ def test_work_not_done_at_the_fold_is_unresolved_and_never_waited_on() -> None:
     clock = pipeline._run.gpu_clock  # type: ignore[union-attr]
     assert clock is not None
     assert (clock.unresolved, clock.resolved) == (2, 0)
+    assert api.calls["record_current"] == 4  # both calls were timed: two events each
     assert api.calls["synchronize"] == 0
     assert api.calls["elapsed_ms"] == 0  # asked query() only
 
