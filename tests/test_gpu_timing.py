@@ -15,6 +15,7 @@ from rxstream.timing import (
     RunMetrics,
     TimingRecord,
     format_summary,
+    load,
     plot,
     summarize,
 )
@@ -334,3 +335,19 @@ def test_a_cuda_stage_s_gpu_ms_travels_to_another_rank_s_fold_as_a_stamp(stalled
     assert denoise.compute_ms == hops_of(plain)["denoise"].compute_ms
     assert hops_of(carried)["video"].wait_ms == pytest.approx(1.0)
     assert api.calls["synchronize"] == 0
+
+
+@pytest.mark.slow
+def test_a_rank_0_cuda_stage_s_gpu_ms_is_in_rank_1_s_records(tmp_path: Path) -> None:
+    """Two rank processes: a CUDA stage on rank 0, the sink on rank 1; the records rank 1's
+    sink folds have the stage's gpu_ms (its fake kernel's), carried in the item's stamps."""
+    log = tmp_path / "timing.jsonl"
+    app = str(Path(__file__).resolve().parent / "apps" / "gpu_timing_app.py")
+    rxstream.launch(app, ranks=2, frames=20, timeout=60, log=log)
+    records = [r for r in load(log).records if not r.self_test]
+    assert records
+    for record in records:
+        denoise = hops_of(record)["denoise"]
+        assert denoise.gpu
+        assert denoise.gpu_ms == KERNEL_MS
+        assert not hops_of(record)["post"].gpu
