@@ -330,6 +330,7 @@ class Pipeline:
                 ),
                 busy_limit_s=self._context.busy_limit_s,
                 cuda_api=self._context.cuda_api,
+                nvtx=self._context.nvtx,
             )
         self._run, self._ranks = run, ranks
         self._stopped = False
@@ -587,6 +588,7 @@ class Pipeline:
                 generations=self._context.generations,
                 timing=self._context.timing,
                 cuda_api=self._context.cuda_api,
+                nvtx=self._context.nvtx,
             )
             self._run, self._ranks = run, None
             if self._session_end is not None:

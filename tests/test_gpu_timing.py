@@ -351,3 +351,20 @@ def test_a_rank_0_cuda_stage_s_gpu_ms_is_in_rank_1_s_records(tmp_path: Path) -> 
         assert denoise.gpu
         assert denoise.gpu_ms == KERNEL_MS
         assert not hops_of(record)["post"].gpu
+
+
+@pytest.mark.parametrize(("env", "option", "ranges"), [("", True, True), ("1", False, False)])
+def test_context_nvtx_turns_ranges_on_or_off_over_the_environment(
+    monkeypatch: pytest.MonkeyPatch, env: str, option: bool, ranges: bool
+) -> None:
+    """Context(nvtx=True) makes NVTX ranges without RXSTREAM_NVTX; nvtx=False keeps them off
+    under RXSTREAM_NVTX=1."""
+    monkeypatch.setenv(NVTX_ENV, env)
+    api = FakeCudaApi()
+    ctx = rxstream.Context(transport=MemoryTransport(keep=None), cuda_api=api, nvtx=option)
+    pipeline = ctx.input("mouse") | ctx.pipe(abs, name="norm") | ctx.stream("video")
+    pipeline.feed("mouse", -1)
+    assert pipeline.drive(frames=1) == [1]
+    assert api.nvtx == (
+        [("push", "norm input_seq=1"), ("pop", "norm input_seq=1")] if ranges else []
+    )

@@ -44,6 +44,7 @@ class DrivenRun(Run):
         generations: Generations,
         timing: bool = True,
         cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         self.clock = VirtualClock()
         # the session: its sources once opened, those that ended, the last pull's time
@@ -60,6 +61,7 @@ class DrivenRun(Run):
             collect="payloads",
             timing=timing,
             cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     # --- wiring -----------------------------------------------------------------------------

@@ -57,6 +57,7 @@ class ThreadedRun(Run):
         replica: bool = False,
         busy_limit_s: float | None = None,
         cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         """``busy_limit_s``: the watchdog's bound for every stage (``None``: the environment
         variable ``RXSTREAM_BUSY_S``, else each stage's own; :mod:`~rxstream.runtime._watchdog`).
@@ -82,6 +83,7 @@ class ThreadedRun(Run):
             boundaries=boundaries,
             replica=replica,
             cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     # --- wiring -----------------------------------------------------------------------------
