@@ -54,6 +54,7 @@ class Environment:
         config: Mapping[str, Any] | None = None,
         replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
         cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
@@ -65,6 +66,9 @@ class Environment:
         self.cuda_api = cuda_api
         """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
         GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
+        self.nvtx = nvtx
+        """Whether every stage call of a run with a CUDA api is an NVTX range named
+        ``<stage> input_seq=<n>`` (``None``: the ``RXSTREAM_NVTX`` environment variable)."""
         self.self_test_passed: bool | None = None
         self.self_testing = False
         """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged

@@ -60,7 +60,8 @@ class Context(Environment):
     items per stream); ``harness=True`` marks a run under the CPU harness (``rxstream test``);
     ``timing=False`` turns the per-hop stamps and the timing records off; ``config`` is the
     initial desired state of the control doc; the launcher passes ``rank``, ``world``,
-    ``replicas`` and ``cuda_api`` (see :class:`~rxstream._environment.Environment`).
+    ``replicas`` and ``cuda_api``; ``nvtx=True`` makes each stage call an NVTX range (``None``:
+    ``RXSTREAM_NVTX``; see :class:`~rxstream._environment.Environment`).
     """
 
     def _builders(self) -> Context:

@@ -58,6 +58,8 @@ def rank_run(
         ),
         replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
         busy_limit_s=ctx.busy_limit_s,
+        cuda_api=ctx.cuda_api,
+        nvtx=ctx.nvtx,
     )
     if run_id:
         run.run_id = run_id

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Mapping
 from functools import partial
+from typing import Any
 
 from reactivex import Observable, abc
 
@@ -55,6 +56,8 @@ class ThreadedRun(Run):
         boundaries: BoundaryFactory | None = None,
         replica: bool = False,
         busy_limit_s: float | None = None,
+        cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         """``busy_limit_s``: the watchdog's bound for every stage (``None``: the environment
         variable ``RXSTREAM_BUSY_S``, else each stage's own; :mod:`~rxstream.runtime._watchdog`).
@@ -79,6 +82,8 @@ class ThreadedRun(Run):
             rank=rank,
             boundaries=boundaries,
             replica=replica,
+            cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     # --- wiring -----------------------------------------------------------------------------

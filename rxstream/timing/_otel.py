@@ -78,6 +78,8 @@ def span_times(record: TimingRecord, egress_ns: int) -> SpanTimes:
             "rxstream.hold_ms": hop.hold_ms,
             "rxstream.compute_ms": hop.compute_ms,
         }
+        if hop.gpu_ms is not None:  # a CUDA stage's GPU time, where its events resolved
+            attributes["rxstream.gpu_ms"] = hop.gpu_ms
         children.append((hop.name, cursor, end, attributes))
         cursor = end
     if client is not None:

@@ -91,6 +91,12 @@ class RunMetrics:
             hop,
             HOP_BUCKETS_S,
         )
+        self._gpu = Histogram(
+            "rxstream_hop_gpu_seconds",
+            "GPU time of a CUDA stage's call: between CUDA events around it on its stream",
+            hop,
+            HOP_BUCKETS_S,
+        )
         self._total = Histogram(
             "rxstream_end_to_end_seconds",
             "Input to egress of a timing record (its total_ms)",
@@ -103,7 +109,14 @@ class RunMetrics:
             ("stream",),
             TOTAL_BUCKETS_S,
         )
-        self.histograms = (self._wait, self._hold, self._compute, self._total, self._photon)
+        self.histograms = (
+            self._wait,
+            self._hold,
+            self._compute,
+            self._gpu,
+            self._total,
+            self._photon,
+        )
         self._hops: dict[tuple[str, str], tuple[list[Any], list[Any], list[Any]]] = {}
         """Each hop's wait, hold and compute series, found once."""
         self.registry.register(_Collector(self))
@@ -129,6 +142,10 @@ class RunMetrics:
                 for row, ms in zip(rows, (hop.wait_ms, hop.hold_ms, hop.compute_ms), strict=True):
                     row[0][bisect_left(hop_bounds, ms)] += 1
                     row[1] += ms
+                if hop.gpu_ms is not None:  # a CUDA stage's, where its events resolved
+                    row = self._gpu.series((stream, hop.name))
+                    row[0][bisect_left(hop_bounds, hop.gpu_ms)] += 1
+                    row[1] += hop.gpu_ms
             row = self._total.series((stream,))
             row[0][bisect_left(total_bounds, record.total_ms)] += 1
             row[1] += record.total_ms
