@@ -490,11 +490,15 @@ def test_a_hung_collector_never_holds_the_end_of_a_run() -> None:
         batcher.close(timeout_s=0.2)
     assert exporter.entered.is_set()
     assert exporter.shut
-    assert [log["event"] for log in logs] == ["otel_export_unfinished"]
+    assert [log["event"] for log in logs] == ["otel_export_unfinished", "otel_spans_lost"]
     assert logs[0]["reason"] == "the exporter did not take the last spans within 0.2 s"
+    lost = {k: logs[1][k] for k in ("exported", "dropped", "failed", "unsent")}
+    assert lost == {"exported": 0, "dropped": 0, "failed": 0, "unsent": 2}
+    assert batcher.lost == 2
     exporter.release.set()
     batcher.add(["c"])  # closed: dropped, counted
     assert batcher.dropped == 1
+    assert batcher.lost == 3
 
 
 def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> None:
@@ -513,6 +517,39 @@ def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> Non
     assert batcher.failed == 1
     assert logs[0]["event"] == "otel_export_failed"
     assert logs[0]["error"] == "ConnectionError: collector refused"
+    assert logs[1]["event"] == "otel_spans_lost"
+    lost = {k: logs[1][k] for k in ("exported", "dropped", "failed", "unsent")}
+    assert lost == {"exported": 0, "dropped": 2, "failed": 2, "unsent": 0}
+    assert batcher.lost == 4
+
+
+def test_a_run_s_metrics_count_the_trace_spans_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With traces and metrics, rxstream_otel_spans_dropped_total is TraceExport.lost; a
+    collector that takes everything says no loss at close."""
+    import socket
+
+    import structlog
+
+    from rxstream.ranks._telemetry import Telemetry
+
+    monkeypatch.setattr(_otel, "_exporter_from_env", lambda: Held(raises=True))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = Telemetry(otel=True, metrics_port=port)
+    assert telemetry.traces is not None
+    assert telemetry.metrics is not None
+    telemetry.on_record(a_record())
+    telemetry.traces.flush()
+    text = telemetry.metrics.text().decode()
+    assert "rxstream_otel_spans_dropped_total 4.0" in text
+    telemetry.close()
+    fine = TraceExport(InMemorySpanExporter())
+    fine.record(a_record(), egress_ns=EGRESS_NS)
+    with structlog.testing.capture_logs() as logs:
+        fine.close()
+    assert logs == []
+    assert fine.lost == 0
 
 
 INPUTS_APP = str(ROOT / "tests" / "apps" / "inputs_app.py")
@@ -587,3 +624,36 @@ def test_a_served_two_rank_launch_traces_each_record_to_the_pixels(
         for span, hop in zip(children, record.hops, strict=False):
             total = hop.wait_ms + hop.hold_ms + hop.compute_ms
             assert duration_ms(span) == pytest.approx(total, abs=2e-3)
+
+
+def test_two_waiting_records_of_one_input_seq_are_both_traced_each_joined_by_pts() -> None:
+    """A steered pipeline's cutovers share input_seq 0: each waiting record keeps its trace,
+    and a page's report joins the one of its pts."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, photon_wait_s=30)
+    seen = joined_record()
+    assert seen.client is not None
+    first = a_record(input_seq=0, cutover=True, pts=1)
+    second = a_record(input_seq=0, cutover=True, pts=2)
+    traces.record(first, egress_ns=EGRESS_NS)
+    traces.record(second, egress_ns=EGRESS_NS)
+    traces.photon(second, seen.client)
+    traces.close()
+    roots = [dict(s.attributes or {}) for s in spans_of(exporter) if s.parent is None]
+    assert sorted((r["rxstream.pts"], "rxstream.photon_ms" in r) for r in roots) == [
+        (1, False),
+        (2, True),
+    ]
+    assert (traces.traces, traces.joined, traces.early) == (2, 1, 0)
+
+
+def test_traces_sent_early_past_keep_are_counted() -> None:
+    """Past keep waiting records, the oldest goes without its page's part, counted in early."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, photon_wait_s=30, keep=2)
+    for seq in range(5):
+        traces.record(a_record(input_seq=seq), egress_ns=EGRESS_NS)
+    assert traces.early == 3
+    traces.close()
+    assert traces.early == 3
+    assert traces.traces == 5

@@ -41,6 +41,9 @@ class Telemetry:
         check_metrics_port(metrics_port)
         self.traces = TraceExport(photon_wait_s=PHOTON_WAIT_S if served else 0.0) if otel else None
         self.metrics = RunMetrics() if metrics_port is not None else None
+        if self.metrics is not None and self.traces is not None:
+            traces = self.traces
+            self.metrics.spans_lost = lambda: traces.lost
         self.server: MetricsServer | None = None
         self._photon: contextlib.AbstractContextManager[None] | None = None
         if self.metrics is not None and metrics_port is not None:

@@ -36,6 +36,7 @@ EXTRA_HINT = "install the otel extra with pip install 'rxstream[otel]'"
 _NS_PER_MS = 1_000_000
 
 SpanTimes = list[tuple[str, int, int, dict[str, Any]]]
+_Key = tuple[str, str, int]
 
 
 def otel_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -194,15 +195,20 @@ class TraceExport:
         self.session = session
         self.photon_wait_s = float(photon_wait_s)
         self.keep = keep
-        self._waiting: OrderedDict[tuple[str, str, int], tuple[TimingRecord, int, float]] = (
-            OrderedDict()
-        )
-        """(run, stream, input_seq) of a record held for its page's report: the record, its
-        egress (ns) and until when it waits (monotonic s)."""
+        self._waiting: OrderedDict[int, tuple[_Key, TimingRecord, int, float]] = OrderedDict()
+        """Records held for their page's report, by a serial of their own (two records may
+        share a key: a steered pipeline's cutovers all have ``input_seq`` 0): the key, the
+        record, its egress (ns) and until when it waits (monotonic s)."""
+        self._keyed: dict[_Key, list[int]] = {}
+        """The serials waiting under each (run, stream, input_seq), oldest first."""
+        self._serial = 0
         self.traces = 0
         """Records turned into traces so far."""
         self.joined = 0
         """Of them, traces that reach the pixels (a page's report joined their record)."""
+        self.early = 0
+        """Of them, traces sent before their wait was over, without the page's part, because
+        ``keep`` records were waiting already (a page's report of them joins nothing)."""
 
     def record(self, record: TimingRecord, *, egress_ns: int | None = None) -> None:
         """Export ``record``'s trace (``egress_ns``: its egress on the wall clock in ns, by
@@ -218,31 +224,52 @@ class TraceExport:
         now = time.monotonic()
         with self._lock:
             key = (record.run, record.stream, record.input_seq)
-            self._waiting[key] = (record, egress, now + self.photon_wait_s)
+            self._serial += 1
+            self._waiting[self._serial] = (key, record, egress, now + self.photon_wait_s)
+            self._keyed.setdefault(key, []).append(self._serial)
             due = self._due(now)
         for late, late_egress in due:
             self._export(late, late_egress)
 
     def photon(self, record: TimingRecord, client: ClientTiming) -> None:
         """A page's report joined ``record``: its trace, waiting, goes on to the pixels (a
-        record no longer waiting, or never given, is left: its trace went, or goes, without)."""
+        record no longer waiting, or never given, is left: its trace went, or goes, without).
+        Of two records waiting under one (run, stream, input_seq), the one of the same
+        ``pts``, else the oldest."""
         with self._lock:
-            held = self._waiting.pop((record.run, record.stream, record.input_seq), None)
+            held = self._take((record.run, record.stream, record.input_seq), record.pts)
             due = self._due(time.monotonic())
         if held is not None:
             self._export(replace(held[0], client=client), held[1])
         for late, late_egress in due:
             self._export(late, late_egress)
 
+    def _take(self, key: _Key, pts: int) -> tuple[TimingRecord, int] | None:
+        """The waiting record of ``key`` (the one of ``pts`` first) taken out (under the lock)."""
+        serials = self._keyed.get(key)
+        if not serials:
+            return None
+        serial = next((n for n in serials if self._waiting[n][1].pts == pts), serials[0])
+        serials.remove(serial)
+        if not serials:
+            del self._keyed[key]
+        _, held, egress, _ = self._waiting.pop(serial)
+        return held, egress
+
     def _due(self, now: float) -> list[tuple[TimingRecord, int]]:
         """The records whose wait is over, or past ``keep``, taken out (under the lock)."""
         due: list[tuple[TimingRecord, int]] = []
         waiting = self._waiting
         while waiting:
-            key, (record, egress, until) = next(iter(waiting.items()))
+            serial, (key, record, egress, until) = next(iter(waiting.items()))
             if until > now and len(waiting) <= self.keep:
                 break
-            del waiting[key]
+            self.early += until > now
+            del waiting[serial]
+            serials = self._keyed[key]
+            serials.remove(serial)
+            if not serials:
+                del self._keyed[key]
             due.append((record, egress))
         return due
 
@@ -288,13 +315,20 @@ class TraceExport:
         """Spans dropped because the exporter fell behind (16,384 waiting)."""
         return self._batcher.dropped
 
+    @property
+    def lost(self) -> int:
+        """Spans that never reached the collector: dropped, refused by it, or (once closed)
+        left unsent; :meth:`close` says them in one warning, ``otel_spans_lost``."""
+        return self._batcher.lost
+
     def close(self) -> None:
         """Export what is left (the records still waiting, without a page's part) and stop
         (idempotent)."""
         if not self._closed:
             with self._lock:
-                left = [(record, egress) for record, egress, _ in self._waiting.values()]
+                left = [(record, egress) for _, record, egress, _ in self._waiting.values()]
                 self._waiting.clear()
+                self._keyed.clear()
             for record, egress in left:
                 self._export(record, egress)
             self._closed = True

@@ -61,7 +61,8 @@ class RunMetrics:
     ``rxstream_stage_inbox_depth``, ``rxstream_stage_fps`` (items out per second between the
     last two snapshots); ``rxstream_hop_wait_seconds``, ``rxstream_hop_hold_seconds``,
     ``rxstream_hop_compute_seconds``, ``rxstream_end_to_end_seconds`` (input to egress) and
-    ``rxstream_photon_seconds`` (input to pixels, when a page reported).
+    ``rxstream_photon_seconds`` (input to pixels, when a page reported); with traces
+    (:attr:`spans_lost` set), ``rxstream_otel_spans_dropped_total``.
     """
 
     def __init__(self) -> None:
@@ -106,6 +107,9 @@ class RunMetrics:
         self.histograms = (self._wait, self._hold, self._compute, self._total, self._photon)
         self._hops: dict[tuple[str, str], tuple[list[Any], list[Any], list[Any]]] = {}
         """Each hop's wait, hold and compute series, found once."""
+        self.spans_lost: Callable[[], int] | None = None
+        """The run's lost trace spans (:attr:`TraceExport.lost`), when it exports traces:
+        ``rxstream_otel_spans_dropped_total``."""
         self.registry.register(_Collector(self))
 
     def record(self, record: TimingRecord) -> None:
@@ -267,3 +271,10 @@ class _Collector:
                 rate.add_metric(values, fps.get((rank, name), 0.0))
         yield from (items_in, items_out, cutovers, dropped, depth, rate)
         yield from self._metrics.families()
+        spans_lost = self._metrics.spans_lost
+        if spans_lost is not None:
+            yield CounterMetricFamily(
+                "rxstream_otel_spans_dropped",
+                "Trace spans that never reached the collector (dropped, refused, unsent)",
+                value=spans_lost(),
+            )
