@@ -122,6 +122,45 @@ def test_drops_are_counted_by_reason_and_fps_from_two_snapshots(
     assert value(found, "rxstream_stage_fps", rank="1", stage="work") == 2.5  # (9 - 4) / 2 s
 
 
+def test_fps_of_a_rank_s_stage_is_over_its_own_snapshot_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1's report seen twice, or two landing between status calls, keep fps at its rate:
+    computed when the snapshot changed, over the times rank 1 took them."""
+    from types import SimpleNamespace
+
+    from rxstream._kernel._stats import StageStatistics
+    from rxstream.timing import _prometheus
+
+    clock = iter([10.0, 10.5, 11.0, 11.5])  # rank 0's status calls, every 0.5 s
+    monkeypatch.setattr(_prometheus, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    metrics = RunMetrics()
+    rows = []
+    # rank 1 at 30/s, reporting at its own 100.2, 100.7, (none), 101.2 then 101.7 (one seen)
+    for out, taken in ((0, 100.2), (15, 100.7), (15, 100.7), (45, 101.7)):
+        stage = StageStatistics("work", "pipe", out, out, taken_s=taken)
+        metrics.stats({1: {"work": stage}})
+        rows.append(metrics.snapshot()[1].get((1, "work")))
+    assert rows == [None, pytest.approx(30.0), pytest.approx(30.0), pytest.approx(30.0)]
+    assert value(samples(metrics.text()), "rxstream_stage_fps", rank="1", stage="work") == (
+        pytest.approx(30.0)
+    )
+
+
+def test_a_snapshot_carries_the_time_it_was_taken(ctx: rxstream.Context) -> None:
+    """A run's statistics say when they were taken, on the monotonic clock (between the
+    calls), so a rate between two needs no clock of the reader's."""
+    import time
+
+    pipeline = ctx.source(lambda: numbered(3), name="frames") | ctx.stream("video")
+    pipeline.drive(frames=3)
+    before = time.monotonic()
+    stats = pipeline.statistics()
+    after = time.monotonic()
+    assert stats
+    assert all(before <= s.taken_s <= after for s in stats.values())
+
+
 def test_two_runs_never_share_a_series() -> None:
     """Each RunMetrics has its own registry: one run's records are not in the other's."""
     first, second = RunMetrics(), RunMetrics()
