@@ -330,3 +330,32 @@ def test_exports_asked_for_under_torchrun_are_refused(monkeypatch: pytest.Monkey
         r"made under torchrun yet$",
     ):
         rxstream.launch(FRAMES_APP, ranks=1, frames=1, metrics_port=9464)
+
+
+def test_a_page_s_report_reaches_only_the_launch_of_its_run() -> None:
+    """Two launches in one process: a photon report of run A's record counts in A's photon
+    histogram only, and B's in B's."""
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.timing import ClientTiming, HopTiming
+    from rxstream.timing._emit import joined
+
+    def record(run: str) -> TimingRecord:
+        return TimingRecord(
+            "video", 1, 0, False, 0, 0, "x", 1.0, None, (HopTiming("a", 0, 1),), run=run
+        )
+
+    a = Telemetry(otel=False, metrics_port=None)
+    b = Telemetry(otel=False, metrics_port=None)
+    a.metrics, b.metrics = RunMetrics(), RunMetrics()
+    try:
+        a.on_record(record("runA"))
+        b.on_record(record("runB"))
+        joined(record("runA"), ClientTiming(50.0, 5.0, 1.0, 1.0))
+        joined(record("runB"), ClientTiming(60.0, 5.0, 1.0, 1.0))
+        joined(record("runB"), ClientTiming(70.0, 5.0, 1.0, 1.0))
+    finally:
+        a.close()
+        b.close()
+    for telemetry, count in ((a, 1), (b, 2)):
+        found = samples(telemetry.metrics.text())
+        assert value(found, "rxstream_photon_seconds_count", stream="video") == count

@@ -46,6 +46,9 @@ class Telemetry:
             self.metrics.spans_lost = lambda: traces.lost
         self.server: MetricsServer | None = None
         self._photon: contextlib.AbstractContextManager[None] | None = None
+        self.runs: set[str] = set()
+        """The run ids of the records this launch saw: a page's report of another run's
+        record (another launch in this process) is not this launch's."""
         if self.metrics is not None and metrics_port is not None:
             try:
                 self.server = self.metrics.serve(metrics_port)
@@ -65,13 +68,17 @@ class Telemetry:
 
     def on_record(self, record: TimingRecord) -> None:
         """A timing record rank 0 saw (any rank's)."""
+        self.runs.add(record.run)
         if self.traces is not None:
             self.traces.record(record)
         if self.metrics is not None:
             self.metrics.record(record)
 
     def on_photon(self, record: TimingRecord, client: ClientTiming) -> None:
-        """A page's report joined a record (a served session, on rank 0)."""
+        """A page's report joined a record (a served session, on rank 0); one of a run this
+        launch did not see (another launch's, in this process) is left."""
+        if record.run not in self.runs:
+            return
         if self.traces is not None:
             self.traces.photon(record, client)
         if self.metrics is not None:
