@@ -358,7 +358,7 @@ def test_a_page_s_report_reaches_only_the_launch_of_its_run() -> None:
 
     a = Telemetry(otel=False, metrics_port=None)
     b = Telemetry(otel=False, metrics_port=None)
-    a.metrics, b.metrics = RunMetrics(), RunMetrics()
+    metrics = a.metrics, b.metrics = RunMetrics(), RunMetrics()
     try:
         a.on_record(record("runA"))
         b.on_record(record("runB"))
@@ -368,6 +368,6 @@ def test_a_page_s_report_reaches_only_the_launch_of_its_run() -> None:
     finally:
         a.close()
         b.close()
-    for telemetry, count in ((a, 1), (b, 2)):
-        found = samples(telemetry.metrics.text())
+    for made, count in zip(metrics, (1, 2), strict=True):
+        found = samples(made.text())
         assert value(found, "rxstream_photon_seconds_count", stream="video") == count

@@ -449,6 +449,7 @@ def test_rxstream_run_without_the_extra_says_which_to_install(
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
     assert cli.main(["run", FRAMES_APP, "--otel", "--frames", "2"]) == 1
     err = capsys.readouterr().err
+    assert "rxstream run: --otel: OpenTelemetry traces need the otel extra" in err
     assert "install the otel extra with pip install 'rxstream[otel]'" in err
     assert len([line for line in err.splitlines() if "otel extra" in line]) == 1
 
@@ -657,3 +658,91 @@ def test_traces_sent_early_past_keep_are_counted() -> None:
     traces.close()
     assert traces.early == 3
     assert traces.traces == 5
+
+
+def test_rxstream_run_with_only_the_environment_asking_and_no_extra_runs_without_traces(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OTLP endpoint set for other services, no otel extra: the run goes on, one warning
+    naming the variable."""
+    from rxstream import cli
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    assert cli.main(["run", FRAMES_APP, "--frames", "2"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "OTEL_" in line]
+    assert warned == [
+        "rxstream run: warning: OTEL_EXPORTER_OTLP_ENDPOINT is set, which asks for "
+        "OpenTelemetry traces, but the otel extra is not installed (missing: "
+        "opentelemetry.sdk.trace; install the otel extra with pip install 'rxstream[otel]'): "
+        "the run goes on without them"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("torchrun", "why"),
+    [
+        (False, "the otel extra is not installed"),
+        (True, "traces are not made under torchrun yet"),
+    ],
+)
+def test_a_launch_the_environment_alone_asks_traces_of_warns_once_and_runs_without(
+    monkeypatch: pytest.MonkeyPatch, torchrun: bool, why: str
+) -> None:
+    """launch(otel=None)'s rule: traces the environment asks for but the run cannot make
+    (no extra; under torchrun) are off, said once a process naming the variable."""
+    import structlog
+
+    if not torchrun:
+        monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    monkeypatch.setattr(_otel, "_said", set())
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    with structlog.testing.capture_logs() as logs:
+        assert _otel.env_traces(torchrun=torchrun) is False
+        assert _otel.env_traces(torchrun=torchrun) is False
+    assert [log["event"] for log in logs] == ["otel_env_ignored"]
+    assert logs[0]["reason"].startswith(
+        f"OTEL_TRACES_EXPORTER is set, which asks for OpenTelemetry traces, but {why}"
+    )
+    monkeypatch.delitem(sys.modules, "opentelemetry.sdk.trace", raising=False)
+    assert _otel.env_traces(torchrun=False) is True
+
+
+def test_launch_with_otel_true_and_no_extra_names_what_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """otel=True without the SDK still fails, the error naming otel=True and the extra."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    with pytest.raises(
+        ImportError, match=r"^otel=True: OpenTelemetry traces need .*rxstream\[otel\]"
+    ):
+        rxstream.launch(FRAMES_APP, ranks=1, frames=1, otel=True)
+
+
+@pytest.mark.parametrize(
+    ("environ", "name", "value"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json",
+            },
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "http/json",
+        ),
+    ],
+)
+def test_an_otlp_protocol_other_than_http_protobuf_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], name: str, value: str
+) -> None:
+    """OTLP over gRPC (or JSON) is not what rxstream sends: refused, the variable and value
+    said (the traces' own variable first)."""
+    for key, setting in environ.items():
+        monkeypatch.setenv(key, setting)
+    with pytest.raises(
+        rxstream.ArgumentError,
+        match=rf"^{name} must be http/protobuf for rxstream's traces \(the only OTLP protocol "
+        rf"they are sent with\), got '{value}'$",
+    ):
+        TraceExport()

@@ -122,6 +122,11 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         return fail("--no-token goes with --serve", 2)
     if args.out_stream is not None and args.out is None:
         return fail("--out-stream names the stream --out writes: give --out too", 2)
+    otel, said = _otel_asked(args.otel)
+    if said and otel:
+        return fail(said, 1)
+    if said:
+        print(f"rxstream run: warning: {said}", file=sys.stderr, flush=True)
     serving = None
     if args.config is not None:
         try:
@@ -259,7 +264,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
             on_status=status,
             quiet=True,
             stop=signals.event,
-            otel=True if args.otel else None,
+            otel=otel,
             metrics_port=args.metrics_port,
         )
     except KeyboardInterrupt:
@@ -320,6 +325,28 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         sys.stdout.flush()
         return fail(stuck, 1)
     return 0
+
+
+def _otel_asked(flag: bool) -> tuple[bool, str]:
+    """Whether the run makes traces (``--otel``, or the ``OTEL_*`` environment alone), and
+    what to say: with ``--otel``, the failure when the otel extra is missing; without, the
+    warning when the environment asks for traces the run cannot make (it runs without)."""
+    from rxstream.ranks._torchrun import torchrun_env
+    from rxstream.timing._otel import EXTRA_HINT, env_asker, env_ignored, missing_extra
+
+    if flag:
+        missing = missing_extra()
+        if missing:
+            return True, (
+                f"--otel: OpenTelemetry traces need the otel extra, which is not installed "
+                f"(missing: {missing}): {EXTRA_HINT}"
+            )
+        return True, ""
+    asker = env_asker()
+    if not asker:
+        return False, ""
+    said = env_ignored(asker, torchrun=torchrun_env() is not None)
+    return not said, said
 
 
 def not_secure_line(host: str) -> str:

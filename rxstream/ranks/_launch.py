@@ -70,7 +70,7 @@ from rxstream.ranks._watch import Watch, exit_text, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
-from rxstream.timing._otel import otel_from_env
+from rxstream.timing._otel import env_traces
 from rxstream.transport import Transport
 
 __all__ = ["launch"]
@@ -115,7 +115,8 @@ def launch(
     ends, every rank stops and reports, and the statistics come back (set before every rank
     is ready, nothing runs; not under torchrun, which stops its workers with SIGTERM).
     ``otel`` exports each timing record of the run as an OpenTelemetry trace (the ``otel``
-    extra; ``None``: when the standard ``OTEL_*`` environment asks for traces), and
+    extra; ``None``: when the standard ``OTEL_*`` environment asks for traces, and the extra
+    is installed, else one warning naming the variable), and
     ``metrics_port`` serves the run's Prometheus metrics at
     ``http://127.0.0.1:<metrics_port>/metrics`` while it runs; both on rank 0, for every rank
     (docs/timing.md, "In your tools"; not under torchrun).
@@ -124,6 +125,9 @@ def launch(
     serving config :class:`~rxstream.topology.DeploymentError`. A rank that sends nothing for
     :data:`HEARTBEAT_S` seconds is killed and named in that error.
     """
+    from rxstream.ranks._torchrun import run_torchrun, torchrun_env
+
+    under_torchrun = torchrun_env() is not None
     options = LaunchOptions(
         frames=frames,
         config=config,
@@ -138,12 +142,10 @@ def launch(
         on_status=on_status,
         quiet=quiet,
         stop=stop,
-        otel=otel_from_env() if otel is None else otel,
+        otel=env_traces(torchrun=under_torchrun) if otel is None else otel,
         metrics_port=metrics_port,
     )
-    from rxstream.ranks._torchrun import run_torchrun, torchrun_env
-
-    if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
+    if under_torchrun:  # under torchrun: this process runs its own rank only
         if otel or metrics_port is not None:
             asked = "otel=True" if otel else f"metrics_port={metrics_port}"
             raise ArgumentError(

@@ -39,7 +39,12 @@ class Telemetry:
 
     def __init__(self, *, otel: bool, metrics_port: int | None, served: bool = False) -> None:
         check_metrics_port(metrics_port)
-        self.traces = TraceExport(photon_wait_s=PHOTON_WAIT_S if served else 0.0) if otel else None
+        self.traces: TraceExport | None = None
+        if otel:
+            try:
+                self.traces = TraceExport(photon_wait_s=PHOTON_WAIT_S if served else 0.0)
+            except ImportError as exc:
+                raise ImportError(f"otel=True: {exc}", name=exc.name) from exc
         self.metrics = RunMetrics() if metrics_port is not None else None
         if self.metrics is not None and self.traces is not None:
             traces = self.traces

@@ -24,16 +24,27 @@ from dataclasses import replace
 from typing import Any
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
+from rxstream._util import library_logger
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 from rxstream.timing._spanbatch import SpanBatcher
 
-__all__ = ["EXTRA_HINT", "TraceExport", "otel_from_env", "span_times"]
+__all__ = [
+    "EXTRA_HINT",
+    "TraceExport",
+    "env_asker",
+    "env_ignored",
+    "env_traces",
+    "missing_extra",
+    "otel_from_env",
+    "span_times",
+]
 
 EXTRA_HINT = "install the otel extra with pip install 'rxstream[otel]'"
 """What a missing OpenTelemetry package's error tells the user to do."""
 
 _NS_PER_MS = 1_000_000
+_log = library_logger("rxstream.timing")
 
 SpanTimes = list[tuple[str, int, int, dict[str, Any]]]
 _Key = tuple[str, str, int]
@@ -44,14 +55,74 @@ def otel_from_env(environ: Mapping[str, str] | None = None) -> bool:
     set to an exporter other than ``none``, or an OTLP endpoint set
     (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); never when
     ``OTEL_SDK_DISABLED`` is ``true``."""
+    return bool(env_asker(environ))
+
+
+def env_asker(environ: Mapping[str, str] | None = None) -> str:
+    """The ``OTEL_*`` variable that asks for traces (:func:`otel_from_env`'s rule), ``""``
+    when none does."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
+        return ""
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter:
-        return exporter != "none"
-    return bool(
-        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        return "" if exporter == "none" else "OTEL_TRACES_EXPORTER"
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if env.get(name):
+            return name
+    return ""
+
+
+def missing_extra() -> str:
+    """The OpenTelemetry module that traces need and this environment lacks (the SDK, or the
+    OTLP/HTTP exporter), ``""`` when the ``otel`` extra is installed."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace
+    except ImportError as exc:
+        return exc.name or "opentelemetry"
+    return ""
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def env_traces(*, torchrun: bool = False) -> bool:
+    """Whether the ``OTEL_*`` environment alone turns this run's traces on: it asks
+    (:func:`env_asker`), the ``otel`` extra is installed and (``torchrun``) the run is not
+    under torchrun, which makes no traces yet. When it asks and cannot have them, one warning,
+    ``otel_env_ignored``, naming the variable, once a process: a variable set for the
+    machine's other services never stops a run."""
+    asker = env_asker()
+    if not asker:
+        return False
+    reason = env_ignored(asker, torchrun=torchrun)
+    if reason:
+        with _said_lock:
+            said = reason in _said
+            _said.add(reason)
+        if not said:
+            _log.warning("otel_env_ignored", reason=reason)
+        return False
+    return True
+
+
+def env_ignored(asker: str, *, torchrun: bool = False) -> str:
+    """Why the traces ``asker`` (an ``OTEL_*`` variable) asks for are not made: ``""`` when
+    they are."""
+    why = ""
+    if torchrun:
+        why = "traces are not made under torchrun yet"
+    else:
+        missing = missing_extra()
+        if missing:
+            why = f"the otel extra is not installed (missing: {missing}; {EXTRA_HINT})"
+    if not why:
+        return ""
+    return (
+        f"{asker} is set, which asks for OpenTelemetry traces, but {why}: the run goes on "
+        "without them"
     )
 
 
@@ -339,6 +410,7 @@ def _exporter_from_env() -> Any:
     kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
     kind = kind.split(",")[0].strip()
     if kind == "otlp":
+        _check_protocol()
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
@@ -354,3 +426,17 @@ def _exporter_from_env() -> Any:
     raise ArgumentError(
         f"OTEL_TRACES_EXPORTER must be otlp or console for rxstream's traces, got {kind!r}"
     )
+
+
+def _check_protocol() -> None:
+    """``ArgumentError`` unless the OTLP protocol the environment names is HTTP/protobuf,
+    the only one rxstream's traces are sent with."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            if value != "http/protobuf":
+                raise ArgumentError(
+                    f"{name} must be http/protobuf for rxstream's traces (the only OTLP "
+                    f"protocol they are sent with), got {value!r}"
+                )
+            return
