@@ -78,7 +78,7 @@ def missing_extra() -> str:
     OTLP/HTTP exporter), ``""`` when the ``otel`` extra is installed."""
     try:
         import opentelemetry.exporter.otlp.proto.http.trace_exporter
-        import opentelemetry.sdk.trace
+        import opentelemetry.sdk.trace  # noqa: F401
     except ImportError as exc:
         return exc.name or "opentelemetry"
     return ""
