@@ -371,3 +371,93 @@ def test_a_page_s_report_reaches_only_the_launch_of_its_run() -> None:
     for made, count in zip(metrics, (1, 2), strict=True):
         found = samples(made.text())
         assert value(found, "rxstream_photon_seconds_count", stream="video") == count
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """GET ``url``: the status and the body, an HTTP error's too."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_session_server_serves_the_run_s_metrics_behind_its_token() -> None:
+    """WebTransport(metrics=True): /metrics answers with the launch's metrics given the token
+    (query or bearer), 403 without it or from another Host, 404 once the launch is over."""
+    from rxstream._kernel._stats import StageStatistics
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0, metrics=True)
+    telemetry = Telemetry(otel=False, metrics_port=None, transport=web)
+    assert telemetry.metrics is not None
+    telemetry.metrics.stats({0: {"work": StageStatistics("work", "pipe", 5, 4)}})
+    web.server.serve(web.url)
+    try:
+        status, body = get(web.metrics_url)
+        assert status == 200
+        assert value(samples(body), "rxstream_stage_items_out_total", rank="0", stage="work") == 4
+        bare = web.metrics_url.split("?")[0]
+        assert get(bare, {"Authorization": f"Bearer {web.token}"})[0] == 200
+        status, body = get(bare)
+        assert (status, body) == (
+            403,
+            "403 Forbidden: the session token is missing: open the URL that rxstream printed "
+            "(?token=…)\n",
+        )
+        assert get(bare, {"Authorization": "Bearer " + "x" * 32})[0] == 403
+        assert get(web.metrics_url, {"Host": "evil.example:80"})[0] == 403
+        telemetry.close()
+        status, body = get(web.metrics_url)
+        assert status == 404
+        assert body == (
+            "404 Not Found: this session serves no metrics (rxstream run --serve --metrics)\n"
+        )
+    finally:
+        telemetry.close()
+        web.server.stop()
+
+
+@pytest.mark.slow
+def test_a_served_launch_with_metrics_is_scraped_at_the_session_s_metrics() -> None:
+    """launch with WebTransport(metrics=True): the session server's /metrics has the run's
+    stage counters while it runs, at most the final statistics."""
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0, metrics=True)
+    stop = threading.Event()
+    seen: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
+
+    def scrape(_: object) -> None:
+        if stop.is_set():
+            return
+        status, body = get(web.metrics_url)
+        assert status == 200, body
+        found = samples(body)
+        outs = [v for (n, ls), v in found.items() if n == "rxstream_stage_items_out_total"]
+        if outs and max(outs) >= 1:
+            seen.append(found)
+            stop.set()
+
+    result = rxstream.launch(
+        FRAMES_APP, ranks=1, timeout=60, transport=web, on_status=scrape, stop=stop
+    )
+    assert seen, "the run's stages never reached the session's /metrics"
+    final = result.statistics[0]
+    for name, stage in final.items():
+        scraped = value(seen[0], "rxstream_stage_items_out_total", rank="0", stage=name)
+        assert scraped <= stage.items_out
+
+
+def test_cli_metrics_goes_with_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    """--metrics is the session server's /metrics: without --serve a usage error saying so
+    and naming --metrics-port for a headless run."""
+    from rxstream import cli
+
+    assert cli.main(["run", FRAMES_APP, "--metrics", "--frames", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "rxstream run: --metrics goes with --serve (the session server's /metrics); a headless "
+        "run: --metrics-port N"
+    ]

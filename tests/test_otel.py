@@ -746,3 +746,34 @@ def test_an_otlp_protocol_other_than_http_protobuf_is_refused_naming_it(
         rf"they are sent with\), got '{value}'$",
     ):
         TraceExport()
+
+
+def test_a_served_launch_s_root_spans_carry_its_session(
+    in_memory: InMemorySpanExporter,
+) -> None:
+    """Traces of a run served by a WebTransport carry its session_id as rxstream.session; a
+    headless run's carry none."""
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0)
+    served = Telemetry(otel=True, metrics_port=None, transport=web)
+    headless = Telemetry(otel=True, metrics_port=None)
+    try:
+        served.on_record(a_record(client=joined_record().client))
+        headless.on_record(a_record(input_seq=8))
+        for telemetry in (served, headless):  # one exporter: both sent before either shuts it
+            assert telemetry.traces is not None
+            telemetry.traces.flush()
+    finally:
+        served.close()
+        headless.close()
+    roots = {
+        dict(s.attributes or {})["rxstream.input_seq"]: dict(s.attributes or {})
+        for s in in_memory.get_finished_spans()
+        if s.parent is None
+    }
+    assert web.session_id
+    assert web.session_id not in (web.token or "")
+    assert roots[7]["rxstream.session"] == web.session_id
+    assert "rxstream.session" not in roots[8]

@@ -120,6 +120,12 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         )
     if args.no_token and not args.serve:
         return fail("--no-token goes with --serve", 2)
+    if args.metrics and not args.serve:
+        return fail(
+            "--metrics goes with --serve (the session server's /metrics); a headless run: "
+            "--metrics-port N",
+            2,
+        )
     if args.out_stream is not None and args.out is None:
         return fail("--out-stream names the stream --out writes: give --out too", 2)
     otel, said = _otel_asked(args.otel)
@@ -221,6 +227,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
                 token=not args.no_token,
                 grace_s=SERVE_GRACE_S if args.grace is None else args.grace,
                 tls=tls,
+                metrics=args.metrics,
             )
         except ValueError as exc:
             return fail(str(exc), 2)
@@ -242,8 +249,12 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
         url = None if transport is None else transport.url
         print(opened_line(args.app, ranks, url), file=sys.stderr, flush=True)
+        metrics = None
         if args.metrics_port is not None:
             metrics = f"http://127.0.0.1:{args.metrics_port}/metrics"
+        elif transport is not None and args.metrics:
+            metrics = transport.metrics_url
+        if metrics is not None:
             print(f"rxstream run: Prometheus metrics at {metrics}", file=sys.stderr, flush=True)
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
