@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from apps.model_app import run_command
@@ -455,7 +456,7 @@ def test_a_self_test_reads_the_stand_in_and_loads_nothing(made: list[Resource[ob
         loads.append("stand-in")
         return 1
 
-    model = ctx.resource("resources.stand_in", load, stand_in=stand_in)
+    model: Resource[object] = ctx.resource("resources.stand_in", load, stand_in=stand_in)
     made.append(model)
     pipeline = ctx.source(range(3)) | ctx.pipe(lambda x: x * model.get()) | ctx.stream("out")
     with ctx.self_test():
@@ -533,7 +534,7 @@ def test_the_scan_follows_what_a_function_reads_not_every_name_it_holds(
     vae = declared(ctx, made, "resources.vae_only", lambda: 1)
     unet = declared(ctx, made, "resources.unet", lambda: 2)
     models = _Models(vae, unet)
-    only_vae: Callable[[int], object] = lambda x: models.vae.get()  # noqa: E731
+    only_vae: Callable[[int], object] = lambda x: models.vae.get()  # type: ignore[attr-defined]  # noqa: E731
     attribute = eval("lambda x: x.a", {"a": vae})  # reads x's attribute a, no global a
     assert resources_in(only_vae) == (vae,)
     assert resources_in(lambda x: models) == (vae, unet)  # the whole holder: both
@@ -573,7 +574,12 @@ def test_the_scan_looks_at_a_bounded_number_of_items(
     table = {i: {j: {k: k for k in range(256)} for j in range(256)} for i in range(8)}
     looked: list[int] = []
     opaque = _resources._opaque
-    monkeypatch.setattr(_resources, "_opaque", lambda v: looked.append(1) or opaque(v))
+
+    def counted(value: object) -> bool:
+        looked.append(1)
+        return opaque(value)
+
+    monkeypatch.setattr(_resources, "_opaque", counted)
 
     def stage(x: int) -> object:
         return table[x], vae
@@ -640,7 +646,12 @@ def test_a_loading_thread_runs_on_the_cuda_device_current_where_loading_began(
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     monkeypatch.setattr(torch.cuda, "set_device", set_device)
     seen: list[int] = []
-    model = declared(rxstream.Context(), made, "resources.cuda", lambda: seen.append(3) or 1)
+
+    def load() -> int:
+        seen.append(current["device"])
+        return 1
+
+    model = declared(rxstream.Context(), made, "resources.cuda", load)
     loading = load_for([("decode", [model])], rank=1)
     assert loading.wait(10)
     assert set_on == [("rxstream:load:resources.cuda", 3)]
@@ -667,7 +678,7 @@ def test_a_run_logs_the_stages_that_pulled_a_resource(
     assert (loaded["resource"], loaded["stages"]) == ("resources.logged", ["a", "b"])
 
 
-def _controller(rank: int) -> tuple[object, object]:
+def _controller(rank: int) -> tuple[Any, Any]:
     """A launch controller waiting on one rank, and the rank's end of its pipe (the process
     is a stand-in whose sentinel never fires)."""
     import multiprocessing
@@ -678,10 +689,10 @@ def _controller(rank: int) -> tuple[object, object]:
 
     ours, theirs = multiprocessing.Pipe()
     never, _write = os.pipe()
-    controller = object.__new__(Ranks)
-    controller.conns = {rank: ours}  # type: ignore[attr-defined]
-    controller.procs = {rank: types.SimpleNamespace(sentinel=never)}  # type: ignore[attr-defined]
-    controller.rings = {}  # type: ignore[attr-defined]
+    controller: Any = object.__new__(Ranks)
+    controller.conns = {rank: ours}
+    controller.procs = {rank: types.SimpleNamespace(sentinel=never)}
+    controller.rings = {}
     return controller, theirs
 
 
@@ -693,17 +704,17 @@ def test_a_rank_still_loading_is_given_time_past_the_ready_limit() -> None:
 
     def loading_then_ready() -> None:
         nonlocal beats
-        rank.send(("attached", 1))  # type: ignore[attr-defined]
+        rank.send(("attached", 1))
         deadline = time.monotonic() + 3.0  # three limits' worth of loading
         while time.monotonic() < deadline:
-            rank.send(("loading", 1, ("vae",)))  # type: ignore[attr-defined]
+            rank.send(("loading", 1, ("vae",)))
             beats += 1
             time.sleep(0.05)  # a rank's beat (1 s in the product; faster here)
-        rank.send(("ready", 1))  # type: ignore[attr-defined]
+        rank.send(("ready", 1))
 
     worker = threading.Thread(target=loading_then_ready, daemon=True)
     worker.start()
-    assert controller.wait_ready(timeout=1.0) is True  # type: ignore[attr-defined]
+    assert controller.wait_ready(timeout=1.0) is True
     worker.join(10)
     assert beats > 1
 
@@ -712,13 +723,13 @@ def test_a_rank_that_went_quiet_while_loading_times_out_naming_the_resource() ->
     """A rank that said it was loading and then nothing more fails the launch at the limit,
     the error naming the resource it was loading."""
     controller, rank = _controller(1)
-    rank.send(("loading", 1, ("vae", "unet")))  # type: ignore[attr-defined]
+    rank.send(("loading", 1, ("vae", "unet")))
     with pytest.raises(
         PipelineError,
         match=r"^stage 'rank 1' failed: TimeoutError: not ready after 0\.3 s \(ranks \[1\]\); "
         r"rank 1 still loading 'vae', 'unet'$",
     ):
-        controller.wait_ready(timeout=0.3)  # type: ignore[attr-defined]
+        controller.wait_ready(timeout=0.3)
 
 
 def test_a_run_waiting_for_its_loads_says_which_are_loading(
@@ -768,6 +779,7 @@ def test_the_demo_on_two_ranks_loads_its_kernels_once_on_rank_1(tmp_path: Path) 
     assert launcher.returncode == 0, err
     records = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     loaded = [record for record in records if record.get("event") == "resource_loaded"]
+    assert [record["resource"] for record in loaded] == ["demo.kernels"]  # once, not twice
     assert [(r["resource"], r["rank"], r["stages"]) for r in loaded] == [
         ("demo.kernels", 1, ["decode"])
     ]
