@@ -7,12 +7,15 @@ item, :func:`load_for`), or at the first :meth:`Resource.get` otherwise. A build
 composes (the launcher's check of the app, a rank that runs none of its readers) loads
 nothing. Handles live in one registry per process, by name, so the value outlives the
 context, the pipeline and the run that made it: a worker that runs one session after another
-loads its model once.
+loads its model once. A ``ctx.self_test()`` block reads a handle's ``stand_in`` instead
+(:func:`self_testing`): the check loads no model where it drives stages of other ranks.
 
 Which stages read a resource is found in what a stage is made from (:func:`resources_in`): the
-stage's function or object, what its closure, defaults and the globals its code names hold,
-a ``functools.partial``'s arguments, a callable object's attributes, a ``doc.bind``
-construct's, a few levels deep (the first 256 items of a container). A resource reached in
+stage's function or object, what its closure, defaults and the globals its code loads hold
+(only the attributes it reads off them, where it reads ``holder.attribute``), a
+``functools.partial``'s arguments, an object's attributes, slots and class attributes, a
+``doc.bind`` construct's, a few levels deep, nearest first (the first 256 items of a
+container, 4096 items in all). A builder's ``uses=`` replaces the scan. A resource reached in
 another way is still loaded, at its first ``get()``, on the stage's thread.
 """
 
