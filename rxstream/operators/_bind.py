@@ -302,6 +302,10 @@ class _Builder:
                     return
                 assert self._request is not None
                 (snapshot, version), self._request = self._request, None
+            first = binder._first  # a rebuild comes after the first construct
+            while first is not None and not first.wait(0.1):
+                if self._closed:
+                    return
             stage = binder.build_or_report(snapshot, version)
             if stage is not None:
                 binder.shell.scheduler.schedule(_switch_to, (binder, stage))
