@@ -365,11 +365,28 @@ loaded, at its first ``get()``; ``uses=`` names it)."""
 
 
 def _opaque(value: object) -> bool:
-    """What holds no resource worth looking in: plain values, modules, builtins."""
-    return value is None or isinstance(
-        value,
-        str | bytes | int | float | complex | bool | types.ModuleType | types.BuiltinFunctionType,
+    """What holds no resource worth looking in: plain values, modules, builtins, and the
+    engine's own objects (a context, a doc, a stage a function reads: each stage is scanned
+    on its own)."""
+    return (
+        value is None
+        or isinstance(
+            value,
+            str
+            | bytes
+            | int
+            | float
+            | complex
+            | bool
+            | types.ModuleType
+            | types.BuiltinFunctionType,
+        )
+        or _engine_own(type(value))
     )
+
+
+def _engine_own(kind: type) -> bool:
+    return kind.__module__.startswith("rxstream.") and kind is not Resource
 
 
 def _reached(value: object) -> Iterable[object]:
