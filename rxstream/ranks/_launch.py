@@ -441,18 +441,27 @@ class Ranks:
         """Wait until every rank built its graph and started its run, so that rank 0 starts
         its sources only once the whole pipeline can take their items (a rank importing
         torch takes seconds); ``False`` when ``stopping()`` turned true first (a signal).
-        A rank that fails, dies or is stopped by a signal first raises ``PipelineError``."""
+        A rank that fails, dies or is stopped by a signal first raises ``PipelineError``.
+        ``timeout`` bounds a rank's build and start, and the silence of one loading its
+        resources (``ctx.resource``): a rank that says it is still loading (every
+        ``LOADING_BEAT_S``) has ``timeout`` more from each word, so a long load is not cut."""
         waiting = dict(self.conns)
         attached: set[int] = set()
+        loading: dict[int, tuple[str, ...]] = {}
         deadline = time.monotonic() + timeout
         while waiting:
             if stopping():
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
+                still = "".join(
+                    f"; rank {rank} still loading {', '.join(map(repr, names))}"
+                    for rank, names in sorted(loading.items())
+                    if rank in waiting
+                )
                 raise PipelineError(
                     f"rank {min(waiting)}",
-                    TimeoutError(f"not ready after {timeout:g} s (ranks {sorted(waiting)})"),
+                    TimeoutError(f"not ready after {timeout:g} s (ranks {sorted(waiting)}){still}"),
                 )
             sentinels = {self.procs[rank].sentinel: rank for rank in waiting}
             ready = multiprocessing.connection.wait(
@@ -470,6 +479,9 @@ class Ranks:
                             self.unlink_rings()
                     elif message[0] == "ready":
                         del waiting[rank]
+                    elif message[0] == "loading":  # busy loading, not hung: more time
+                        loading[rank] = tuple(message[2])
+                        deadline = max(deadline, time.monotonic() + timeout)
                     elif message[0] == "error":
                         raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
                     elif message[0] == "stopped" and not stopping():
