@@ -45,14 +45,15 @@ async def _peer(ws: Any) -> tuple[Any, Any, Any, asyncio.Queue[bytes]]:
     inputs = pc.createDataChannel("input", ordered=False, maxRetransmits=0)
     frames: asyncio.Queue[bytes] = asyncio.Queue()
     video.on("message", lambda data: frames.put_nowait(data) if isinstance(data, bytes) else None)
-    opened = asyncio.Event()
-    video.on("open", opened.set)
+    opened = [asyncio.Event(), asyncio.Event()]
+    video.on("open", opened[0].set)
+    inputs.on("open", opened[1].set)
     await pc.setLocalDescription(await pc.createOffer())
     await ws.send({"type": "rtc-offer", "sdp": pc.localDescription.sdp, "id": 1})
     assert (await ws.text("ack"))["id"] == 1
     answer = await ws.text("rtc-answer")
     await pc.setRemoteDescription(aiortc.RTCSessionDescription(sdp=answer["sdp"], type="answer"))
-    await asyncio.wait_for(opened.wait(), 10)
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in opened)), 10)
     return pc, video, inputs, frames
 
 
