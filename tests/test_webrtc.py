@@ -15,7 +15,7 @@ from test_web import Session, page
 
 from rxstream._exceptions import ArgumentError
 from rxstream.transport import WebTransport
-from rxstream.transport._rtcwire import max_message_bytes, without_mdns
+from rxstream.transport._rtcwire import SCTP_RTO_MIN_S, max_message_bytes, without_mdns
 
 pytestmark = pytest.mark.slow
 aiortc = pytest.importorskip("aiortc", reason="aiortc is not installed (rxstream[webrtc])")
@@ -64,8 +64,9 @@ def _header(data: bytes) -> dict[str, Any]:
 
 def test_a_peer_gets_its_frames_over_the_data_channel_and_the_newest_input_wins() -> None:
     """Signalled on the socket (rtc-config, rtc-offer, rtc-answer), the page's frames come
-    over its video channel; on the input channel an input older than one heard is dropped
-    (counted) and the acked input_seq goes on increasing."""
+    over its video channel (aiortc's minimum SCTP retransmission timeout lowered); on the
+    input channel an input older than one heard is dropped (counted) and the acked
+    input_seq goes on increasing."""
 
     async def check(session: Session) -> None:
         async with page(session.web.url) as ws:
@@ -84,6 +85,7 @@ def test_a_peer_gets_its_frames_over_the_data_channel_and_the_newest_input_wins(
             finally:
                 await pc.close()
         assert seqs == [1, 2]
+        assert aiortc.rtcsctptransport.SCTP_RTO_MIN == SCTP_RTO_MIN_S  # 1 s was aiortc's
         counters = session.web.rtc.counters if session.web.rtc else None
         assert counters is not None
         assert counters.offers == 1

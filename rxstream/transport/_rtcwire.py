@@ -31,6 +31,7 @@ from rxstream.transport._page import Page
 __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "LOCAL_MAX_MESSAGE_BYTES",
+    "SCTP_RTO_MIN_S",
     "RtcCounters",
     "RtcLink",
     "RtcWire",
@@ -47,6 +48,12 @@ DEFAULT_MAX_MESSAGE_BYTES = 65536
 LOCAL_MAX_MESSAGE_BYTES = 262144
 """The largest message sent on a channel whatever the page says (aiortc's own receive bound,
 Chromium's): a frame over it goes over the socket instead (counted, ``oversized``)."""
+
+SCTP_RTO_MIN_S = 0.1
+"""The shortest SCTP retransmission timeout of the server's associations (aiortc's own is
+1 s: a lost chunk with nothing sent after it, no fast retransmit, waited a second and the
+page's decoder with it). Set on aiortc's module once a page offers; a round trip's own
+estimate (smoothed RTT + 4 variations) still rules above it."""
 
 _MAX_MESSAGE = re.compile(r"^a=max-message-size:(\d+)\s*$", re.MULTILINE)
 _MDNS_CANDIDATE = re.compile(r"^a=candidate:\S+ \d+ \S+ \d+ \S+\.local .*\r?\n", re.MULTILINE)
@@ -73,6 +80,16 @@ def max_message_bytes(sdp: str) -> int:
     found = _MAX_MESSAGE.search(sdp)
     stated = int(found.group(1)) if found else DEFAULT_MAX_MESSAGE_BYTES
     return LOCAL_MAX_MESSAGE_BYTES if stated == 0 else min(stated, LOCAL_MAX_MESSAGE_BYTES)
+
+
+def _tune_sctp() -> None:
+    """aiortc's minimum SCTP retransmission timeout down to SCTP_RTO_MIN_S (never up)."""
+    from aiortc import rtcsctptransport
+
+    sctp: Any = rtcsctptransport  # its constant is typed int: a float goes in
+    current = getattr(sctp, "SCTP_RTO_MIN", None)
+    if isinstance(current, int | float) and current > SCTP_RTO_MIN_S:
+        sctp.SCTP_RTO_MIN = SCTP_RTO_MIN_S
 
 
 @dataclass
@@ -229,6 +246,7 @@ class RtcWire:
             RTCSessionDescription,
         )
 
+        _tune_sctp()
         await self._drop(page)
         servers = [RTCIceServer(**server) for server in self.ice_servers]
         pc = RTCPeerConnection(RTCConfiguration(iceServers=servers))
