@@ -15,7 +15,12 @@ from test_web import Session, page
 
 from rxstream._exceptions import ArgumentError
 from rxstream.transport import WebTransport
-from rxstream.transport._rtcwire import SCTP_RTO_MIN_S, max_message_bytes, without_mdns
+from rxstream.transport._rtcwire import (
+    SCTP_RTO_MIN_S,
+    RtcLink,
+    max_message_bytes,
+    without_mdns,
+)
 
 pytestmark = pytest.mark.slow
 aiortc = pytest.importorskip("aiortc", reason="aiortc is not installed (rxstream[webrtc])")
@@ -92,6 +97,30 @@ def test_a_peer_gets_its_frames_over_the_data_channel_and_the_newest_input_wins(
         assert counters.opened == 1
         assert counters.frames >= 1
         assert counters.stale == 1
+
+    with rtc_session() as session:
+        asyncio.run(check(session))
+
+
+def test_when_the_peer_connection_closes_the_frames_go_back_to_the_socket() -> None:
+    """A page whose peer connection closed (its channel with it) gets its next frames over
+    its socket again; while open, none came there."""
+
+    async def check(session: Session) -> None:
+        async with page(session.web.url) as ws:
+            pc, _, inputs, frames = await _peer(ws)
+            sample = {"type": "input", "stream": "pointer", "sample": [0.2, 0.5]}
+            inputs.send(json.dumps({**sample, "id": 10}))
+            await asyncio.wait_for(frames.get(), 10)
+            assert isinstance(session.web.pages_now()[0].link, RtcLink)
+            await pc.close()
+            async with asyncio.timeout(10):
+                while isinstance(session.web.pages_now()[0].link, RtcLink):
+                    await asyncio.sleep(0.02)
+            assert ws.frames == []  # the channel's frame went over the channel alone
+            await ws.send({**sample, "sample": [0.8, 0.5], "id": 11})
+            header, _ = await ws.frame()
+            assert header["stream"] == "video"
 
     with rtc_session() as session:
         asyncio.run(check(session))
