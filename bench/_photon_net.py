@@ -64,6 +64,12 @@ def serve_demo(
     return server, url, pin, said
 
 
+def cpu_s(pid: int) -> float:
+    """Process ``pid``'s CPU seconds so far (user and system, its threads; Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def row(
     name: str,
     link: Link | None,
@@ -71,12 +77,16 @@ def row(
     settle_s: float,
     max_s: float,
     percentile: Percentile,
+    wire: str = "",
 ) -> dict[str, Any]:
-    """One visit through ``link`` (None: loopback) with its spec already set; the row."""
+    """One visit through ``link`` (None: loopback) with its spec already set, on ``wire``
+    (the page's ``?wire=``; empty: its own choice); the row."""
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "timing.jsonl"
         server, url, pin, _ = serve_demo(link, log)
         assert pin is not None
+        url = f"{url}&wire={wire}" if wire else url
+        cpu_before = cpu_s(server.pid)
         before = link.stats() if link else None
         argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
         argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
@@ -87,6 +97,7 @@ def row(
         argv = link.argv("client", argv) if link else argv
         done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
         after = link.stats() if link else None
+        cpu = cpu_s(server.pid) - cpu_before
         server.send_signal(signal.SIGINT)  # a clean stop: the timing log is complete
         try:
             server.wait(20)
@@ -103,6 +114,9 @@ def row(
     result: dict[str, Any] = {
         "name": name,
         "path": visit["path"],
+        "wire": visit.get("wire", ""),
+        "asked": wire,
+        "cpu_s": cpu,
         "moves": len(screen),
         "error": visit["error"],
         "stall_ms": visit["stall_ms"],
@@ -113,6 +127,8 @@ def row(
     }
     for q in (50, 95, 100):
         result[f"p{q}"] = percentile(screen, q) if screen else float("nan")
+    received = visit["frames"]["received"]
+    result["cpu_ms_frame"] = 1000 * cpu / received if received else float("nan")
     if before is not None and after is not None:
         result["drops"] = {
             way: {
@@ -135,25 +151,28 @@ def _delta(row: dict[str, Any], clean: dict[str, Any]) -> str:
 
 
 def table(rows: list[dict[str, Any]], moves: int) -> list[str]:
-    """The rows as a markdown table, deltas against the clean row (``moves``: the jumps asked
-    for; a row with fewer or more says how many)."""
-    clean = next((r for r in rows if r["name"] == "clean"), rows[0])
+    """The rows as a markdown table, deltas against the clean row of the same wire
+    (``moves``: the jumps asked for; a row with fewer or more says how many)."""
+    first = next((r for r in rows if r["name"] == "clean"), rows[0])
+    cleans = {r.get("asked"): r for r in rows if r["name"] == "clean"}  # per wire
     lines = [
         "| link (each way) | page | on screen p50 / p95 / max (ms) | longest stall (ms) | fps "
-        "shown | server total_ms p50 | page kB/s | vs clean |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "shown | server total_ms p50 | page kB/s | server CPU ms/frame | vs clean |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in rows:
         if "p50" not in r:
-            lines.append(f"| {r['name']} | {r['error']} | | | | | | |")
+            lines.append(f"| {r['name']} | {r['error']} | | | | | | | |")
             continue
         short = f"{r['moves']} moves" if r["moves"] != moves else ""
         note = "; ".join(part for part in (short, r["error"] or "") if part)
         note = f" ({note})" if note else ""
+        on = f" on {r['wire']}" if r.get("wire") else ""
+        delta = _delta(r, cleans.get(r.get("asked"), first))
         lines.append(
-            f"| {r['name']} | {r['path']}{note} | {r['p50']:.0f} / {r['p95']:.0f} / "
+            f"| {r['name']} | {r['path']}{on}{note} | {r['p50']:.0f} / {r['p95']:.0f} / "
             f"{r['p100']:.0f} | {r['stall_ms']:.0f} | {r['fps']:.1f} | {r['total_p50']:.0f} | "
-            f"{r['kB_s']:.0f} | {_delta(r, clean)} |"
+            f"{r['kB_s']:.0f} | {r['cpu_ms_frame']:.1f} | {delta} |"
         )
     return lines
 
@@ -165,19 +184,21 @@ def main(
     max_s: float,
     percentile: Percentile,
     revision: str,
+    wires: tuple[str, ...] = ("ws",),
 ) -> None:
-    """Every row, then the table."""
+    """Every row (one per link and wire, the wires side by side), then the table."""
     reason = missing()
     if reason is not None:
         raise SystemExit(f"bench/photon.py --net: {reason}: run it as root (sudo)")
     command = shlex.join(["python", "bench/photon.py", *sys.argv[1:]])
     names = ["clean"] + [s for s in specs if s != "clean"]
-    rows = [row("loopback", None, moves, settle_s, max_s, percentile)]
+    rows = [row("loopback", None, moves, settle_s, max_s, percentile, w) for w in wires]
     with open_link("clean") as link:
         for name in names:
             link.set(name)
-            rows.append(row(name, link, moves, settle_s, max_s, percentile))
-            print(f"{name}: done", file=sys.stderr, flush=True)
+            for wire in wires:
+                rows.append(row(name, link, moves, settle_s, max_s, percentile, wire))
+                print(f"{name} {wire}: done", file=sys.stderr, flush=True)
     print(
         f"mouse-to-photon for a remote visitor, {moves} pointer jumps per link, the default "
         f"page over HTTPS (--tls-self-signed), {settle_s:g} s settle, at most {max_s:g} s of "

@@ -140,15 +140,25 @@ CADENCE_JS = """
 (() => {
   const net = window.__net = { bytes: 0, on: false, shown: [] };
   const Native = window.WebSocket;  // count what the page's socket receives
+  const count = (e) => {
+    const d = e.data;
+    net.bytes += typeof d === "string" ? d.length : (d.byteLength ?? d.size ?? 0);
+  };
   window.WebSocket = class extends Native {
     constructor(...args) {
       super(...args);
-      this.addEventListener("message", (e) => {
-        const d = e.data;
-        net.bytes += typeof d === "string" ? d.length : (d.byteLength ?? d.size ?? 0);
-      });
+      this.addEventListener("message", count);
     }
   };
+  const Peer = window.RTCPeerConnection;  // and its data channels (the WebRTC wire)
+  if (Peer) {
+    const open = Peer.prototype.createDataChannel;
+    Peer.prototype.createDataChannel = function (...args) {
+      const channel = open.apply(this, args);
+      channel.addEventListener("message", count);
+      return channel;
+    };
+  }
   let last = null;
   function tick() {  // a rendering update that shows a newly drawn frame
     const rx = window.rxstream;
@@ -161,7 +171,8 @@ CADENCE_JS = """
   requestAnimationFrame(tick);
 })();
 """
-"""Added before the page's own script (``--client``): the bytes its socket receives and the
+"""Added before the page's own script (``--client``): the bytes its socket (and its data
+channels) receive and the
 rendering updates that show a new frame, once ``__net.on`` (the displayed frames' cadence)."""
 
 
@@ -282,6 +293,7 @@ def visit(
         page.wait_for_timeout(settle_s * 1000)
         out["path"] = page.evaluate("window.rxstream.showing")
         out["secure"] = page.evaluate("window.isSecureContext")
+        out["wire"] = page.evaluate("window.rxstream.wire")
         start = page.evaluate("[(__net.on = true) && performance.now(), __net.bytes]")
         began, done = time.monotonic(), out["moves"]
         try:
@@ -514,6 +526,13 @@ def main() -> None:
         help="a remote visitor through the network emulator with this link (repeatable; "
         "bench/_net/_spec.py), beside loopback and a clean link: needs root",
     )
+    parser.add_argument(
+        "--wire",
+        choices=("ws", "webrtc", "both"),
+        default="ws",
+        help="with --net: the page's wire (?wire=): the WebSocket, WebRTC, or both side by side "
+        "(a row per link and wire)",
+    )
     parser.add_argument("--client", metavar="URL", help=argparse.SUPPRESS)  # one --net visit
     parser.add_argument("--pin", help=argparse.SUPPRESS)
     parser.add_argument("--min-s", type=float, default=0.0, help=argparse.SUPPRESS)
@@ -538,7 +557,10 @@ def main() -> None:
     if args.net:
         import _photon_net
 
-        _photon_net.main(args.net, args.moves, args.settle_s, args.max_s, percentile, revision())
+        wires = ("ws", "webrtc") if args.wire == "both" else (args.wire,)
+        _photon_net.main(
+            args.net, args.moves, args.settle_s, args.max_s, percentile, revision(), wires
+        )
         return
 
     with tempfile.TemporaryDirectory() as tmp:

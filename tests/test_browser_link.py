@@ -83,7 +83,8 @@ def browser() -> Iterator[Any]:
 
 def _open(browser: Any, url: str, video: str = "webcodecs") -> Any:
     page = browser.new_page(viewport={"width": 1200, "height": 800})
-    page.goto(url if video == "webcodecs" else f"{url}&video={video}")
+    # the socket's own link, through the proxy (WebRTC's frames would go round it)
+    page.goto(f"{url}&wire=ws" if video == "webcodecs" else f"{url}&video={video}&wire=ws")
     page.wait_for_function("window.rxstream.drawn > 30", timeout=30_000)
     assert page.evaluate("window.rxstream.video") == video
     return page

@@ -122,6 +122,8 @@ class SessionLimits:
     """``shown`` and ``pong`` messages (the page reports a frame per new input, answers pings)."""
     acks: Rate = field(default_factory=lambda: Rate(480.0, 960))
     """``got`` messages (the page acknowledges each frame it receives, of every stream)."""
+    offers: Rate = field(default_factory=lambda: Rate(1.0, 3))
+    """``rtc-offer`` messages (each makes a WebRTC peer connection: DTLS, SCTP)."""
     refusals: Rate = field(default_factory=lambda: Rate(20.0, 100))
     """Refused messages of any kind: past it the server reads the connection at this pace."""
     messages: Rate = field(default_factory=lambda: Rate(1000.0, 2000))

@@ -83,6 +83,12 @@ class PageProtocol:
         self._keyframes: dict[str, TokenBucket] = {}
         self._keyframes_lock = threading.Lock()
         self._subscriptions: list[Any] = []
+        self.attaching: list[Callable[[Page], None]] = []
+        """Called with each page just attached, after its ``session`` message (a wire
+        layered on another: the WebRTC wire offers itself)."""
+        self.leaving: list[Callable[[Page], None]] = []
+        """Called with each page whose connection ended (a wire layered on another: the
+        WebRTC wire ends the page's peer connection)."""
         self.docs = DocStates(session=lambda: self.session, pages=self.pages_now)
         self.messages = PageMessages(
             session=lambda: self.session,
@@ -140,6 +146,8 @@ class PageProtocol:
             page.number = self.attached
         page.push_text(session_message(self.session), "session")
         page.push_text(wire({"type": "resume", **resume_fields(self.grace_s)}), "session")
+        for hook in self.attaching:
+            hook(page)
         return page
 
     def receive(self, page: Page, text: str | bytes) -> bool:
@@ -152,6 +160,8 @@ class PageProtocol:
     def leave(self, page: Page) -> None:
         """``page``'s connection ended."""
         page.guard.log.flush()
+        for hook in self.leaving:
+            hook(page)
         with self._lock:
             if page not in self._pages:
                 return

@@ -39,7 +39,9 @@ session waits for its page — and turns false ``grace_s`` after the last page l
 
 from __future__ import annotations
 
+import asyncio
 import ssl
+from typing import Any
 
 from rxstream._exceptions import ArgumentError
 from rxstream._util import library_logger
@@ -56,6 +58,7 @@ from rxstream.transport._guard import (
 )
 from rxstream.transport._page import Page
 from rxstream.transport._pageprotocol import PageProtocol
+from rxstream.transport._rtcwire import RtcWire, available
 from rxstream.transport._webdocs import DOC_EVERY_S
 from rxstream.transport._webmessages import MESSAGE_TYPES
 from rxstream.transport._webwatch import silent_bound
@@ -92,6 +95,11 @@ class WebTransport(Transport):
     ``metrics``: the launch that runs this session makes its Prometheus metrics and this
     server answers ``GET /metrics`` with them (:attr:`metrics_url`), behind the same token
     and ``Host`` check as the page; the token in the query or as ``Authorization: Bearer``.
+    ``webrtc``: the WebRTC wire (``_rtcwire.py``): a page that offers a peer connection on
+    its socket gets its frames over a data channel. None (default): on where aiortc is
+    installed (``rxstream[webrtc]``); True: required; False: off. ``ice_servers``: TURN
+    relays for visitors behind NAT (``{"urls": "turn:host:3478", "username": …,
+    "credential": …}``), none by default (host candidates, one network).
     """
 
     def __init__(
@@ -111,6 +119,8 @@ class WebTransport(Transport):
         tls: ssl.SSLContext | None = None,
         rate_control: bool = True,
         metrics: bool = False,
+        webrtc: bool | None = None,
+        ice_servers: tuple[dict[str, Any], ...] = (),
     ) -> None:
         if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
@@ -133,6 +143,10 @@ class WebTransport(Transport):
         """Whether the launch serves its Prometheus metrics here (at :attr:`metrics_url`)."""
         self.session_id = new_token()[:16]
         """This session's id (not its secret): what its traces carry as ``rxstream.session``."""
+        if webrtc and not available():
+            raise ArgumentError(
+                "webrtc=True needs aiortc (pip install 'rxstream[webrtc]'), which is not installed"
+            )
         self.token: str | None = (
             new_token() if token is True else None if token is False else check_token(token)
         )
@@ -170,6 +184,19 @@ class WebTransport(Transport):
             silent_s=silent_bound(grace_s),
         )
         """The WebSocket wire: the page, ``/ws``, the Gate, TLS."""
+        self.rtc: RtcWire | None = None
+        """The WebRTC wire (frames over a data channel, signalled on each page's socket);
+        None where ``webrtc=False`` or aiortc is not installed."""
+        if webrtc is not False and available():
+            self.rtc = RtcWire(
+                receive=self.protocol.receive,
+                keyframe=self.protocol.request_keyframe,
+                frames=client_frames,
+                ice_servers=ice_servers,
+            )
+            self.protocol.messages.rtc = self._offer
+            self.protocol.attaching.append(self.rtc.attach)
+            self.protocol.leaving.append(self.rtc.leave)
 
     # --- the Transport contract -----------------------------------------------------------
 
@@ -267,9 +294,22 @@ class WebTransport(Transport):
         self.protocol.close()
         if not self.server.running:
             return
+        loop = self.server.loop
+        if self.rtc is not None and loop is not None:
+            try:  # DTLS and SCTP closed before the loop stops (aiortc's tasks end with them)
+                asyncio.run_coroutine_threadsafe(self.rtc.close(), loop).result(2 * CLOSE_S)
+            except Exception:
+                _log.warning("web_rtc_close_incomplete", exc_info=True)
         self.server.stop()
         self.protocol.start(None)  # its loop is gone: a due doc state will never be sent
         self.protocol.close_encoders()
+
+    def _offer(self, page: Page, sdp: str) -> None:
+        if self.rtc is not None:
+            self.rtc.offer(page, sdp, self._rtc_error)
+
+    def _rtc_error(self, page: Page, text: str) -> None:
+        self.protocol.messages.error(page, None, "rtc", text)
 
     def _started(self) -> None:
         url = f"{self.scheme}://{self.server.address}/"

@@ -35,8 +35,19 @@ __all__ = [
     "PageMessages",
 ]
 
-MESSAGE_TYPES = ("hello", "input", "set", "steer", "keyframe", "pong", "shown", "got")
+MESSAGE_TYPES = (
+    "hello",
+    "input",
+    "set",
+    "steer",
+    "keyframe",
+    "pong",
+    "shown",
+    "got",
+    "rtc-offer",
+)
 """The message types a page may send. A new type: a handler ``_on_<type>(page, message)``
+(a ``-`` in the type is ``_`` in the name)
 returning the ack's fields (or raising ``_Refused``), listed here (``PageMessages.handlers``
 follows it), and in ``RATED`` if it needs a rate of its own."""
 
@@ -48,6 +59,7 @@ RATED = {
     "shown": "reports",
     "pong": "reports",
     "got": "acks",
+    "rtc-offer": "offers",
 }
 """Message types with a rate of their own (a :class:`SessionLimits` field)."""
 
@@ -110,10 +122,13 @@ class PageMessages:
         self._joined = joined
         self._keyframe = keyframe
         self._acked = acked
+        self.rtc: Callable[[Page, str], None] | None = None
+        """Answers a page's ``rtc-offer`` SDP (the WebRTC wire, ``_rtcwire.py``); None: this
+        server has none, an offer is refused."""
         self.doc_writes = TokenBucket(limits.doc_writes)
         """``set`` and ``steer`` of all pages together (SessionLimits.doc_writes)."""
         self.handlers: dict[str, Handler] = {
-            kind: getattr(self, f"_on_{kind}") for kind in MESSAGE_TYPES
+            kind: getattr(self, f"_on_{kind.replace('-', '_')}") for kind in MESSAGE_TYPES
         }
         """The message types a page may send, each to its handler."""
 
@@ -249,6 +264,27 @@ class PageMessages:
         stream = self._stream_of(message)
         client.live.discard(stream)  # no delta frame until the keyframe
         self._keyframe(stream)
+        return {}
+
+    def _on_rtc_offer(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
+        sdp = message.get("sdp")
+        if not isinstance(sdp, str) or not sdp.startswith("v=0"):
+            raise _Refused(
+                "malformed",
+                f"rtc-offer.sdp must be an SDP offer (text starting with v=0), got {shown(sdp)}",
+            )
+        if "m=application" not in sdp:
+            raise _Refused(
+                "malformed",
+                f"rtc-offer.sdp must offer data channels (an m=application line), got {shown(sdp)}",
+            )
+        if self.rtc is None:
+            raise _Refused(
+                "unavailable",
+                "rtc-offer needs the WebRTC wire (pip install 'rxstream[webrtc]'), which this "
+                "server does not have: the page stays on its WebSocket",
+            )
+        self.rtc(client, sdp)
         return {}
 
     def _on_got(self, client: Page, message: dict[str, Any]) -> dict[str, Any]:
