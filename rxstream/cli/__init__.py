@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
+from rxstream.cli import _serve
 from rxstream.cli._failure import (
     TRACEBACK_ENV,
     app_failure,
@@ -84,6 +85,8 @@ def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "run":
             return run(args)
+        if args.command == "serve":
+            return _serve.serve(args)
         if args.command == "test":
             return _test(args)
         return _topology(args)
@@ -160,6 +163,7 @@ def _parser() -> argparse.ArgumentParser:
         help="serve the run's Prometheus metrics at http://127.0.0.1:N/metrics",
     )
     _traceback_flag(run)
+    _serve.add_parser(commands, _count, _seconds)
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
     _traceback_flag(test)
