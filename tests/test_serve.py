@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import os
 import signal
 from collections.abc import Iterator
@@ -10,7 +13,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
-from _serve import SERVE_APP, Server, Visitor, alive, get_json, shm_segments
+from _serve import ROOT, SERVE_APP, Server, Visitor, alive, get_json, shm_segments
 
 pytestmark = pytest.mark.slow
 
@@ -250,3 +253,49 @@ def test_idle_and_maximum_sessions_end_and_a_stop_leaves_no_process(tmp_path: Pa
     assert not [pid for pid in pids if alive(pid)]
     assert shm_segments() <= shm
     assert "rxstream serve: SIGTERM: every session ended, every worker stopped" in server.lines
+
+
+def test_timing_lines_carry_the_session_and_timing_picks_one(tmp_path: Path) -> None:
+    """Every timing line of a served session carries its id; ``rxstream timing --session``
+    summarises that session's records and names the sessions when given another."""
+    log = tmp_path / "timing.jsonl"
+    with Server(SERVE_APP, "--workers", "2", "--log", str(log)) as server:
+
+        async def check() -> tuple[str, str]:
+            async with aiohttp.ClientSession() as http:
+                a, b = await Visitor(http, server).open(), await Visitor(http, server).open()
+                await asyncio.gather(a.frames_until(2), b.frames_until(2))
+                for visitor, shade in ((a, 10), (a, 20), (a, 30), (b, 99)):
+                    await visitor.steer(shade=shade)
+                    async with asyncio.timeout(20):
+                        while visitor.shades[-1:] != [shade]:
+                            await visitor.frames_until(1)
+                return a.id, b.id
+
+        a_id, b_id = asyncio.run(check())
+        server.stop()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    timing = [x for x in lines if x["event"].startswith("[timing:") and not x.get("self_test")]
+    assert {x["session"] for x in timing} == {a_id, b_id}
+    assert sum(x["session"] == a_id for x in timing) == 3
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    summary = subprocess.run(
+        [sys.executable, "-m", "rxstream", "timing", str(log), "--session", a_id, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    assert json.loads(summary.stdout)["records"] == 3
+    refused = subprocess.run(
+        [sys.executable, "-m", "rxstream", "timing", str(log), "--session", "nope"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(
+        f"rxstream timing: {log}: --session must be a session with timing records in the "
+        "log, got 'nope'; the sessions with some: "
+    )
+    assert a_id in refused.stderr and b_id in refused.stderr

@@ -189,6 +189,12 @@ def _parser() -> argparse.ArgumentParser:
         "one, 'last' (the default: the run that started last) or 'all' (pooled)",
     )
     timing.add_argument(
+        "--session",
+        metavar="ID",
+        help="only the records of this session of `rxstream serve` (its run; its id is in "
+        "every line and in /sessions)",
+    )
+    timing.add_argument(
         "--include-self-test",
         action="store_true",
         help="keep the records of the app's self test (left out by default)",
@@ -301,6 +307,31 @@ def _print_tail(exc: BaseException) -> None:
 # --- rxstream timing, rxstream topology ---------------------------------------------------------
 
 
+def _session_run(args: argparse.Namespace) -> str | None:
+    """The ``--run`` that ``--session`` picks (``id:RUN``); ``None`` once said why not."""
+    from rxstream.timing._sessions import session_runs
+
+    def refuse(problem: str) -> None:
+        print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
+
+    if args.run != "last":
+        refuse(f"--session picks its own run: give it or --run, not both (got --run {args.run})")
+        return None
+    try:
+        sessions = session_runs(args.log)
+    except OSError:
+        return "last"  # (the load says why it cannot be read)
+    runs = sessions.get(args.session)
+    if not runs:
+        having = [s for s, r in sessions.items() if r]
+        refuse(
+            f"--session must be a session with timing records in the log, got "
+            f"{args.session!r}; the sessions with some: {listing(having)}"
+        )
+        return None
+    return f"id:{runs[-1]}"
+
+
 def _timing(args: argparse.Namespace) -> int:
     target = None
     if args.plot:
@@ -313,6 +344,11 @@ def _timing(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"rxstream timing: cannot read {args.log}: {exc.strerror}", file=sys.stderr)
         return 2
+    if args.session is not None:
+        picked = _session_run(args)
+        if picked is None:
+            return 2
+        args.run = picked
     problem = _no_records(args, log)
     if problem is not None:  # one line, and no table of nan nor an empty plot
         print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
