@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 import os
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -298,4 +298,5 @@ def test_timing_lines_carry_the_session_and_timing_picks_one(tmp_path: Path) -> 
         f"rxstream timing: {log}: --session must be a session with timing records in the "
         "log, got 'nope'; the sessions with some: "
     )
-    assert a_id in refused.stderr and b_id in refused.stderr
+    assert a_id in refused.stderr
+    assert b_id in refused.stderr
