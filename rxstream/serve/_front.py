@@ -44,6 +44,8 @@ OPEN_S = 60.0
 """How long a session's page request waits for its worker to open the session."""
 TICK_S = 0.25
 """How often the front checks idle and maximum durations, expires tickets, redraws status."""
+ENDED_LISTED = 20
+"""The newest ended sessions ``/sessions`` lists (with why and their books)."""
 INPUT_TYPES = frozenset({"input", "set", "steer"})
 """The page messages that count as a visitor's input (``idle_s``)."""
 PAGE_HEADERS = (
@@ -208,7 +210,15 @@ class Front:
 
     def _end(self, session: Session, why: str) -> None:
         self.sessions.end(session, why)
-        self._say(f"session {session.id} ended on worker {session.worker}: {why}")
+        books = session.books
+        said = ""
+        if books:
+            dropped = books["unattached"] + books["dropped"]
+            said = (
+                f" ({books['produced']} frames produced: {session.delivered} delivered, "
+                f"{dropped} dropped)"
+            )
+        self._say(f"session {session.id} ended on worker {session.worker}: {why}{said}")
 
     # --- giving out sessions -----------------------------------------------------------------
 
@@ -375,6 +385,10 @@ class Front:
             "queue": len(self.sessions.queue),
             "served": self.served,
             "sessions": [s.describe(now) for s in self.sessions.live.values()],
+            "ended": [
+                {**s.describe(now), "why": s.why, "books": s.books}
+                for s in list(self.sessions.ended.values())[-ENDED_LISTED:]
+            ],
         }
 
     # --- limits and the status line ----------------------------------------------------------

@@ -64,6 +64,7 @@ class Session:
             "idle_s": round(now - self.last_input, 1),
             "fps": round(self.fps, 1),
             "delivered": self.delivered,
+            "port": self.port,
         }
 
 

@@ -1,0 +1,129 @@
+"""A soak of ``rxstream serve``: N short sessions come and go on 2 workers.
+
+Two scripted visitors at a time (aiohttp, real sockets) each take a session, read
+``--frames`` frames, write the doc, and leave; the next one comes at once. Measured: the
+front's and each worker's RSS and the count of /dev/shm segments after the warm-up
+(``--warmup`` sessions) and at the end; every session's books as the front says them when it
+ends (produced == delivered + dropped: frames relayed to the page, frames no page took);
+and, once the server stopped, that no process of it is left.
+
+    python bench/serve_soak.py [--app tests/apps/serve_app.py] [--sessions 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import signal
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from _serve import SERVE_APP, Server, Visitor, alive, shm_segments  # noqa: E402
+
+ENDED = re.compile(
+    r"session (\w+) ended on worker \d+: (.*) \((\d+) frames produced: (\d+) delivered, "
+    r"(\d+) dropped\)$"
+)
+
+
+def rss_mb(pid: int) -> float:
+    """The process's resident set (MB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+async def soak(server: Server, sessions: int, frames: int, warmup: int) -> dict[str, object]:
+    assert server.process is not None
+    done = 0
+    marks: dict[str, object] = {}
+
+    async def sample(http: aiohttp.ClientSession) -> dict[str, object]:
+        async with http.get(f"{server.base}/sessions?token={server.token}") as got:
+            workers = [w["pid"] for w in (await got.json())["workers"]]
+        return {
+            "front_mb": rss_mb(server.process.pid),  # type: ignore[union-attr]
+            "workers_mb": [round(rss_mb(pid), 1) for pid in workers],
+            "shm": len(shm_segments()),
+            "pids": workers,
+        }
+
+    async def visitor(http: aiohttp.ClientSession, index: int) -> None:
+        nonlocal done
+        while done < sessions:
+            done += 1
+            mine = done
+            async with asyncio.timeout(60):
+                while True:  # the other visitor's worker may still be resetting
+                    async with http.get(f"{server.base}/readyz") as ready:
+                        if ready.status == 200:
+                            break
+                    await asyncio.sleep(0.02)
+            seen = Visitor(http, server)
+            await seen.open()
+            await seen.frames_until(frames // 2)
+            await seen.set(shade=mine % 250)
+            await seen.frames_until(frames - frames // 2)
+            await seen.close()
+            if mine == warmup:
+                marks["warm"] = await sample(http)
+
+    async with aiohttp.ClientSession() as http:
+        started = time.monotonic()
+        await asyncio.gather(visitor(http, 0), visitor(http, 1))
+        took = time.monotonic() - started
+        async with asyncio.timeout(30):
+            while True:
+                listing = f"{server.base}/sessions?token={server.token}"
+                async with http.get(f"{server.base}/readyz") as ready, http.get(listing) as got:
+                    if ready.status == 200 and not (await got.json())["sessions"]:
+                        break
+                await asyncio.sleep(0.05)
+        marks["end"] = await sample(http)
+        marks["seconds"] = took
+    return marks
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--app", default=SERVE_APP)
+    parser.add_argument("--sessions", type=int, default=100)
+    parser.add_argument("--frames", type=int, default=20, help="frames each visitor reads")
+    parser.add_argument("--warmup", type=int, default=10)
+    args = parser.parse_args()
+    shm_before = len(shm_segments())
+    with Server(args.app, "--workers", "2", "--grace", "0.2") as server:
+        marks = asyncio.run(soak(server, args.sessions, args.frames, args.warmup))
+        status = server.stop(signal.SIGINT)
+    warm, end = marks["warm"], marks["end"]
+    assert isinstance(warm, dict)
+    assert isinstance(end, dict)
+    books = [m.groups() for m in map(ENDED.search, server.lines) if m]
+    balanced = [b for b in books if int(b[2]) == int(b[3]) + int(b[4])]
+    left = [pid for pid in (*warm["pids"], *end["pids"]) if alive(pid)]
+    print(
+        f"soak: {args.sessions} sessions of {Path(args.app).name} on 2 workers in "
+        f"{marks['seconds']:.1f} s; server exit status {status}"
+    )
+    print(f"{'':<24} {'after warm-up':>14} {'at the end':>14}")
+    print(f"{'front RSS (MB)':<24} {warm['front_mb']:>14.1f} {end['front_mb']:>14.1f}")
+    print(f"{'worker RSS (MB)':<24} {warm['workers_mb']!s:>14} {end['workers_mb']!s:>14}")
+    print(f"{'/dev/shm segments':<24} {warm['shm']:>14} {end['shm']:>14}   (before: {shm_before})")
+    print(f"sessions ended with books: {len(books)}; balanced: {len(balanced)}")
+    for sid, _, produced, delivered, dropped in [b for b in books if b not in balanced][:5]:
+        print(
+            f"  unbalanced {sid}: produced {produced}, delivered {delivered}, dropped {dropped} ({why})"
+        )
+    print(f"processes left after the stop: {len(left)}; /dev/shm after: {len(shm_segments())}")
+
+
+if __name__ == "__main__":
+    main()
