@@ -76,9 +76,8 @@ def main() -> None:
     cuts = statistics.quantiles(added, n=20)
     print(f"relay of {Path(args.app).name}: {frames} frames in {args.seconds:g} s")
     print(f"added latency per frame: p50 {statistics.median(added):.3f} ms, p95 {cuts[18]:.3f} ms")
-    print(
-        f"front CPU: {cpu * 1000 / max(frames, 1):.3f} ms per frame ({cpu / args.seconds:.1%} of a core)"
-    )
+    per_frame = cpu * 1000 / max(frames, 1)
+    print(f"front CPU: {per_frame:.3f} ms per frame ({cpu / args.seconds:.1%} of a core)")
 
 
 if __name__ == "__main__":

@@ -119,9 +119,7 @@ def main() -> None:
     print(f"{'/dev/shm segments':<24} {warm['shm']:>14} {end['shm']:>14}   (before: {shm_before})")
     print(f"sessions ended with books: {len(books)}; balanced: {len(balanced)}")
     for sid, _, produced, delivered, dropped in [b for b in books if b not in balanced][:5]:
-        print(
-            f"  unbalanced {sid}: produced {produced}, delivered {delivered}, dropped {dropped} ({why})"
-        )
+        print(f"  unbalanced {sid}: {produced} produced, {delivered} delivered, {dropped} dropped")
     print(f"processes left after the stop: {len(left)}; /dev/shm after: {len(shm_segments())}")
 
 
