@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import re
 import signal
 import sys
@@ -25,12 +27,30 @@ import aiohttp
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from _serve import SERVE_APP, Server, Visitor, alive, shm_segments  # noqa: E402
+from _serve import SERVE_APP, Server, Visitor, alive  # noqa: E402
 
 ENDED = re.compile(
     r"session (\w+) ended on worker \d+: (.*) \((\d+) frames produced: (\d+) delivered, "
     r"(\d+) dropped\)$"
 )
+
+
+def shm_of(pid: int) -> set[str]:
+    """The /dev/shm segments the process ``pid`` has mapped or open (its own, whatever other
+    programs on the machine hold)."""
+    held: set[str] = set()
+    try:
+        for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+            if "/dev/shm/" in line:
+                held.add(line.split("/dev/shm/", 1)[1].split()[0])
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    held.add(target.removeprefix("/dev/shm/"))
+    except OSError:
+        pass
+    return held
 
 
 def rss_mb(pid: int) -> float:
@@ -41,18 +61,23 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-async def soak(server: Server, sessions: int, frames: int, warmup: int) -> dict[str, object]:
+async def soak(
+    server: Server, sessions: int, frames: int, warmup: int, every: int
+) -> dict[str, object]:
     assert server.process is not None
     done = 0
     marks: dict[str, object] = {}
+    series: list[tuple[int, dict[str, object]]] = []
+    marks["series"] = series
 
     async def sample(http: aiohttp.ClientSession) -> dict[str, object]:
         async with http.get(f"{server.base}/sessions?token={server.token}") as got:
             workers = [w["pid"] for w in (await got.json())["workers"]]
+        front = server.process.pid  # type: ignore[union-attr]
         return {
-            "front_mb": rss_mb(server.process.pid),  # type: ignore[union-attr]
+            "front_mb": rss_mb(front),
             "workers_mb": [round(rss_mb(pid), 1) for pid in workers],
-            "shm": len(shm_segments()),
+            "shm": len(set().union(*(shm_of(pid) for pid in (front, *workers)))),
             "pids": workers,
         }
 
@@ -61,20 +86,16 @@ async def soak(server: Server, sessions: int, frames: int, warmup: int) -> dict[
         while done < sessions:
             done += 1
             mine = done
-            async with asyncio.timeout(60):
-                while True:  # the other visitor's worker may still be resetting
-                    async with http.get(f"{server.base}/readyz") as ready:
-                        if ready.status == 200:
-                            break
-                    await asyncio.sleep(0.02)
             seen = Visitor(http, server)
-            await seen.open()
+            await seen.open(busy_s=60)  # the worker this visitor left may still be resetting
             await seen.frames_until(frames // 2)
             await seen.set(shade=mine % 250)
             await seen.frames_until(frames - frames // 2)
             await seen.close()
             if mine == warmup:
                 marks["warm"] = await sample(http)
+            if mine % every == 0:
+                series.append((mine, await sample(http)))
 
     async with aiohttp.ClientSession() as http:
         started = time.monotonic()
@@ -98,10 +119,10 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--frames", type=int, default=20, help="frames each visitor reads")
     parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--every", type=int, default=25, help="sample every this many sessions")
     args = parser.parse_args()
-    shm_before = len(shm_segments())
     with Server(args.app, "--workers", "2", "--grace", "0.2") as server:
-        marks = asyncio.run(soak(server, args.sessions, args.frames, args.warmup))
+        marks = asyncio.run(soak(server, args.sessions, args.frames, args.warmup, args.every))
         status = server.stop(signal.SIGINT)
     warm, end = marks["warm"], marks["end"]
     assert isinstance(warm, dict)
@@ -116,11 +137,18 @@ def main() -> None:
     print(f"{'':<24} {'after warm-up':>14} {'at the end':>14}")
     print(f"{'front RSS (MB)':<24} {warm['front_mb']:>14.1f} {end['front_mb']:>14.1f}")
     print(f"{'worker RSS (MB)':<24} {warm['workers_mb']!s:>14} {end['workers_mb']!s:>14}")
-    print(f"{'/dev/shm segments':<24} {warm['shm']:>14} {end['shm']:>14}   (before: {shm_before})")
+    print(f"{'/dev/shm segments held':<24} {warm['shm']:>14} {end['shm']:>14}")
+    series = marks["series"]
+    assert isinstance(series, list)
+    for count, taken in series:
+        print(
+            f"  after {count:>4} sessions: front {taken['front_mb']:.1f} MB, workers "
+            f"{taken['workers_mb']} MB, /dev/shm held {taken['shm']}"
+        )
     print(f"sessions ended with books: {len(books)}; balanced: {len(balanced)}")
     for sid, _, produced, delivered, dropped in [b for b in books if b not in balanced][:5]:
         print(f"  unbalanced {sid}: {produced} produced, {delivered} delivered, {dropped} dropped")
-    print(f"processes left after the stop: {len(left)}; /dev/shm after: {len(shm_segments())}")
+    print(f"processes left after the stop: {len(left)}")
 
 
 if __name__ == "__main__":

@@ -138,13 +138,20 @@ class Visitor:
     def id(self) -> str:
         return str(self.info["id"])
 
-    async def open(self) -> Self:
-        """Ask for a session (as an API client) and attach its socket."""
-        self.opened_at = time.monotonic()
+    async def open(self, *, busy_s: float = 0.0) -> Self:
+        """Ask for a session (as an API client) and attach its socket; while every worker is
+        busy (503) ask again, for ``busy_s`` seconds at most."""
         url = f"{self.server.base}/?token={self.server.token}"
-        async with self.http.get(url, headers={"Accept": "application/json"}) as got:
-            assert got.status == 200, (got.status, await got.text())
-            self.info = await got.json()
+        async with asyncio.timeout(busy_s + 30):
+            while True:
+                self.opened_at = time.monotonic()
+                async with self.http.get(url, headers={"Accept": "application/json"}) as got:
+                    if got.status == 503 and busy_s > 0:
+                        await asyncio.sleep(0.02)
+                        continue
+                    assert got.status == 200, (got.status, await got.text())
+                    self.info = await got.json()
+                    break
         await self.attach()
         return self
 
