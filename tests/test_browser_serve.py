@@ -7,6 +7,7 @@ Runs where Debian's chromium is installed and skips, saying so, elsewhere.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,10 +49,14 @@ def _prompt(page: Any) -> str:
     return str(page.evaluate("window.rxstream.docs.control.desired.prompt"))
 
 
-def test_two_visitors_steer_their_own_sessions_and_a_third_waits(browser: Any) -> None:
+def test_two_visitors_steer_their_own_sessions_and_a_third_waits(
+    browser: Any, tmp_path: Path
+) -> None:
     """Two pages of the demo each get a session; a prompt typed in one never shows in the
-    other; a third page shows place 1 in the queue and plays once one of them closed."""
-    with Server(DEMO, "--workers", "2", "--grace", "0.3") as server:
+    other; a third page shows place 1 in the queue and plays once one of them closed. Every
+    timing and photon line of the log names its session."""
+    log = tmp_path / "timing.jsonl"
+    with Server(DEMO, "--workers", "2", "--grace", "0.3", "--log", str(log)) as server:
         a, b = _visit(browser, server.url), _visit(browser, server.url)
         for page in (a, b):
             assert "/s/" in page.url
@@ -73,6 +78,7 @@ def test_two_visitors_steer_their_own_sessions_and_a_third_waits(browser: Any) -
         c = _visit(browser, server.url)
         assert "/q/" in c.url
         c.wait_for_function("document.getElementById('place').textContent === '1'")
+        a_id = a.url.split("/s/")[1].split("/")[0]
         a.close()
         c.wait_for_url("**/s/**", timeout=30_000)
         c.wait_for_function("window.rxstream.frames > 5", timeout=30_000)
@@ -80,6 +86,17 @@ def test_two_visitors_steer_their_own_sessions_and_a_third_waits(browser: Any) -
         assert b.evaluate("window.rxstream.errors") == []
         frames = b.evaluate("window.rxstream.frames")
         b.wait_for_function(f"window.rxstream.frames > {frames + 10}", timeout=20_000)
+        box = b.locator("#view").bounding_box()
+        for step in range(10):  # pointer moves: their frames' photon lines
+            b.mouse.move(box["x"] + 20 + 15 * step, box["y"] + 40)
+        b.wait_for_function("Object.keys(window.rxstream.photon).length > 0", timeout=20_000)
+        ids = {page.url.split("/s/")[1].split("/")[0] for page in (b, c)} | {a_id}
+        server.stop()
+    lines = [json.loads(line) for line in log.read_text().splitlines()]
+    photon = [x for x in lines if x["event"].startswith("[photon:")]
+    timing = [x for x in lines if x["event"].startswith("[timing:")]
+    assert photon
+    assert {x["session"] for x in photon + timing} <= ids
 
 
 def test_a_failing_session_says_so_on_its_page_and_the_other_plays_on(browser: Any) -> None:
