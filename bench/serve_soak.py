@@ -31,7 +31,7 @@ from _serve import SERVE_APP, Server, Visitor, alive  # noqa: E402
 
 ENDED = re.compile(
     r"session (\w+) ended on worker \d+: (.*) \((\d+) frames produced: (\d+) delivered, "
-    r"(\d+) dropped\)$"
+    r"(\d+) dropped(?:, (\d+) in flight as the page left)?\)$"
 )
 
 
@@ -145,8 +145,11 @@ def main() -> None:
             f"  after {count:>4} sessions: front {taken['front_mb']:.1f} MB, workers "
             f"{taken['workers_mb']} MB, /dev/shm held {taken['shm']}"
         )
+    in_flight = [int(b[5]) for b in books if b[5]]
     print(f"sessions ended with books: {len(books)}; balanced: {len(balanced)}")
-    for sid, _, produced, delivered, dropped in [b for b in books if b not in balanced][:5]:
+    if in_flight:
+        print(f"  the others had {sum(in_flight)} frame(s) in flight as their page left")
+    for sid, _, produced, delivered, dropped, _ in [b for b in books if b not in balanced][:5]:
         print(f"  unbalanced {sid}: {produced} produced, {delivered} delivered, {dropped} dropped")
     print(f"processes left after the stop: {len(left)}")
 

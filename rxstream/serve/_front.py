@@ -214,9 +214,12 @@ class Front:
         said = ""
         if books:
             dropped = books["unattached"] + books["dropped"]
+            lost = books["produced"] - session.delivered - dropped
             said = (
                 f" ({books['produced']} frames produced: {session.delivered} delivered, "
-                f"{dropped} dropped)"
+                f"{dropped} dropped"
+                + (f", {lost} in flight as the page left" if lost else "")
+                + ")"
             )
         self._say(f"session {session.id} ended on worker {session.worker}: {why}{said}")
 
