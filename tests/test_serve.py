@@ -313,3 +313,26 @@ def test_timing_lines_carry_the_session_and_timing_picks_one(tmp_path: Path) -> 
     )
     assert a_id in refused.stderr
     assert b_id in refused.stderr
+
+
+def test_public_serves_without_a_token_and_limits_each_address() -> None:
+    """With ``--public`` anyone opens a session without the token; an address that asks
+    for more than 4 new sessions at once gets 429 with Retry-After; /sessions keeps its
+    token (printed on a line of its own)."""
+    with Server(SERVE_APP, "--workers", "1", "--public") as server:
+        assert server.token == ""
+        listing = server.wait_line(r"the sessions at ")
+        token = listing.rsplit("token=", 1)[1]
+
+        async def check() -> None:
+            async with aiohttp.ClientSession() as http:
+                answers = [(await get_json(http, f"{server.base}/"))[0] for _ in range(4)]
+                assert answers == [200, 503, 503, 503]
+                status, body, headers = await get_json(http, f"{server.base}/")
+                assert status == 429
+                assert body["error"] == "too many new sessions from this address"
+                assert int(headers["Retry-After"]) >= 1
+                assert (await get_json(http, f"{server.base}/sessions"))[0] == 403
+                assert (await get_json(http, f"{server.base}/sessions?token={token}"))[0] == 200
+
+        asyncio.run(check())
