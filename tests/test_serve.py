@@ -166,7 +166,8 @@ def test_a_session_whose_stage_raises_ends_with_a_message_and_the_other_goes_on(
 
 def test_a_session_token_opens_no_other_session(server: Server) -> None:
     """A session's token opens its own page and socket only; the server's token is needed
-    for a new session and for /sessions; /healthz answers without one."""
+    for a new session and for /sessions; /healthz answers without one; another Host (a
+    rebound DNS name) or another site's Origin is refused."""
 
     async def check() -> None:
         async with aiohttp.ClientSession() as http:
@@ -182,6 +183,15 @@ def test_a_session_token_opens_no_other_session(server: Server) -> None:
             assert (await get_json(http, f"{server.base}/"))[0] == 403
             assert (await get_json(http, f"{server.base}/sessions?token={a_token}"))[0] == 403
             assert (await get_json(http, f"{server.base}/healthz"))[0] == 200
+            rebound = {"Host": "rebound.example:80", "Accept": "application/json"}
+            async with http.get(server.base + a.info["url"], headers=rebound) as got:
+                assert got.status == 403
+                assert (await got.text()).startswith("Host 'rebound.example:80' is not this")
+            async with http.get(f"{server.base}/healthz", headers=rebound) as got:
+                assert got.status == 200  # a probe under the balancer's own name
+            with pytest.raises(aiohttp.WSServerHandshakeError) as foreign:
+                await http.ws_connect(server.base + a.info["ws"], origin="http://other.example")
+            assert foreign.value.status == 403
             await a.close()
             await b.close()
             await _free(http, server)

@@ -119,6 +119,7 @@ def serve(args: argparse.Namespace) -> int:
         public=args.public,
         tls=tls,
         allowed_hosts=tuple(args.allowed_host),
+        allow_remote=args.allow_remote,
     )
 
     def ready(front: Any) -> None:

@@ -35,6 +35,7 @@ from rxstream.serve._pool import Worker, WorkerPool
 from rxstream.serve._relay import relay
 from rxstream.serve._sessions import AddressRate, Session, Sessions, Ticket, new_secret, same
 from rxstream.serve._worker import WorkerSpec
+from rxstream.transport._guard import Gate
 
 __all__ = ["Front", "ServeOptions"]
 
@@ -42,8 +43,12 @@ RETRY_S = 5
 """The ``Retry-After`` (seconds) of a 503: every worker busy, or the queue full."""
 OPEN_S = 60.0
 """How long a session's page request waits for its worker to open the session."""
+END_WAIT_S = 3.0
+"""How long a page request whose worker closed waits for the worker to say why."""
 TICK_S = 0.25
 """How often the front checks idle and maximum durations, expires tickets, redraws status."""
+PROBES = frozenset({"/healthz", "/readyz"})
+"""The paths a load balancer's probes ask for under any ``Host`` (they say nothing private)."""
 ENDED_LISTED = 20
 """The newest ended sessions ``/sessions`` lists (with why and their books)."""
 INPUT_TYPES = frozenset({"input", "set", "steer"})
@@ -78,6 +83,9 @@ class ServeOptions:
     tls: ssl.SSLContext | None = None
     allowed_hosts: tuple[str, ...] = ()
     """Names a visitor's ``Host`` may carry besides the bound address and ``localhost``."""
+    allow_remote: bool = False
+    """A ``host`` that is not loopback was asked for (``--allow-remote``): a ``Host`` that is
+    an IP literal is then accepted too."""
 
 
 class Front:
@@ -92,6 +100,12 @@ class Front:
         self.sessions = Sessions(options.queue)
         self.pool = WorkerPool(spec, options.workers, self._on_message)
         self.rate = AddressRate()
+        self._gate = Gate(
+            host=options.host,
+            token=None,
+            allow_remote=options.allow_remote,
+            allowed_hosts=options.allowed_hosts,
+        )
         self.port: int | None = None
         self.ready = asyncio.Event()
         """Set once every worker imported the app (or one could not: :attr:`failed`)."""
@@ -124,7 +138,7 @@ class Front:
             connector=aiohttp.TCPConnector(limit=0), auto_decompress=False
         )
         self.pool.start()
-        app = web.Application()
+        app = web.Application(middlewares=[self._guard])
         app.router.add_get("/", self._root)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -325,10 +339,17 @@ class Front:
             return web.json_response({"ended": why}, status=410)
         assert self._client is not None
         url = f"http://127.0.0.1:{session.port}/?token={session.token}"
-        async with self._client.get(url) as got:
-            body = await got.read()
-            headers = {k: got.headers[k] for k in PAGE_HEADERS if k in got.headers}
-            return web.Response(status=got.status, body=body, headers=headers)
+        try:
+            async with self._client.get(url) as got:
+                body = await got.read()
+                headers = {k: got.headers[k] for k in PAGE_HEADERS if k in got.headers}
+                return web.Response(status=got.status, body=body, headers=headers)
+        except aiohttp.ClientError:  # its worker closed it in between: why, once said
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(END_WAIT_S):
+                    await session.ended.wait()
+            why = session.why or "its worker did not answer"
+            return web.json_response({"ended": why}, status=410)
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         token = request.query.get("token")
@@ -339,12 +360,25 @@ class Front:
             if ended is not None and ended.ended.is_set() and same(token, ended.token):
                 raise web.HTTPGone(text=f"session ended: {ended.why}")
             raise web.HTTPForbidden(text="no live session has this token")
-        origin = request.headers.get("Origin")
-        if origin is not None and origin != f"{self.scheme}://{request.host}":
-            raise web.HTTPForbidden(text=f"Origin {origin!r} is not this server's page")
         if session.port is None:
             raise web.HTTPServiceUnavailable(text="the session is not open yet")
         return await relay(request, session, self._client, self._noted)
+
+    @web.middleware
+    async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """Every request but the probes: a ``Host`` that is this server (a page of a rebound
+        DNS name is refused) and, when present, an ``Origin`` that is its own."""
+        if request.path not in PROBES:
+            refused = self._gate.refuse(
+                host=request.headers.get("Host"),
+                origin=request.headers.get("Origin"),
+                token=None,
+                scheme=self.scheme,
+            )
+            if refused is not None:
+                return _refuse(403, refused)
+        response: web.StreamResponse = await handler(request)
+        return response
 
     def _noted(self, session: Session, text: str) -> None:
         """A text message of the page: an input resets its idle clock."""

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
+from urllib.parse import urlsplit
 
 from rxstream.item import PipelineItem
 from rxstream.transport import WebTransport
@@ -164,8 +165,7 @@ def _session(
     rate = _Rate(web)
 
     def opened() -> None:
-        port = int(web.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
-        pipe.send("open", sid, port)
+        pipe.send("open", sid, urlsplit(web.url).port)
 
     def status(_: Mapping[int, Any]) -> None:
         pipe.send("status", sid, rate.fps())
