@@ -19,7 +19,7 @@ from _serve import ROOT, SERVE_APP, Server, Visitor, alive, get_json, shm_segmen
 pytestmark = pytest.mark.slow
 
 BOOKS = re.compile(
-    r"the page left \((\d+) frames produced: (\d+) delivered, (\d+) dropped"
+    r" \((\d+) frames produced: (\d+) delivered, (\d+) dropped"
     r"(?:, (\d+) in flight as the page left)?\)$"
 )
 
@@ -74,7 +74,7 @@ def test_two_sessions_are_steered_each_by_its_own_socket(server: Server) -> None
             await b.close()
             await _free(http, server)
             for visitor in (a, b):
-                said = server.wait_line(rf"session {visitor.id} ended on worker \d: ")
+                said = server.wait_line(rf"session {visitor.id} ended on worker \d: the page left")
                 found = BOOKS.search(said)
                 assert found is not None, said
                 produced, delivered, dropped, in_flight = (int(n or 0) for n in found.groups())
@@ -151,6 +151,11 @@ def test_a_session_whose_stage_raises_ends_with_a_message_and_the_other_goes_on(
             before = b.frames
             await b.frames_until(15)  # 0.5 s of frames at 30 fps, after the other's end
             assert b.frames - before == 15
+            said_end = server.wait_line(rf"session {a.id} ended on worker \d: the app failed")
+            books = BOOKS.search(said_end)
+            assert books is not None, said_end
+            produced, delivered, dropped, in_flight = (int(n or 0) for n in books.groups())
+            assert produced == delivered + dropped + in_flight >= a.frames
             status, body, _ = await get_json(http, server.base + a.info["url"])
             assert status == 410
             assert body["ended"] == said["error"].removeprefix("session ended: ")

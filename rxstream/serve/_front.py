@@ -224,17 +224,7 @@ class Front:
 
     def _end(self, session: Session, why: str) -> None:
         self.sessions.end(session, why)
-        books = session.books
-        said = ""
-        if books:
-            dropped = books["unattached"] + books["dropped"]
-            lost = books["produced"] - session.delivered - dropped
-            said = (
-                f" ({books['produced']} frames produced: {session.delivered} delivered, "
-                f"{dropped} dropped"
-                + (f", {lost} in flight as the page left" if lost else "")
-                + ")"
-            )
+        said = "" if not session.books else f" ({books_line(session)})"
         self._say(f"session {session.id} ended on worker {session.worker}: {why}{said}")
 
     # --- giving out sessions -----------------------------------------------------------------
@@ -468,6 +458,21 @@ class Front:
         out = self._status or sys.stderr
         prefix = "\r\x1b[2K" if self._status is not None else ""
         print(f"{prefix}rxstream serve: {line}", file=out, flush=True)
+
+
+def books_line(session: Session) -> str:
+    """An ended session's books: ``N frames produced: D delivered, X dropped`` (frames the
+    relay had not passed on when the page left said too: the page took them or not)."""
+    books = session.books
+    produced, delivered = books["produced"], session.delivered
+    dropped = books["unattached"] + books["dropped"]
+    said = f"{produced} frames produced: {delivered} delivered, {dropped} dropped"
+    lost = produced - delivered - dropped
+    if lost > 0:
+        said += f", {lost} in flight as the page left"
+    elif lost < 0:
+        said += f"; {-lost} more delivered and dropped than produced"
+    return said
 
 
 async def _first(*events: asyncio.Event) -> None:

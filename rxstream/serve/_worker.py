@@ -171,7 +171,7 @@ def _session(
         pipe.send("status", sid, rate.fps())
 
     why = "the page left"
-    egressed = 0
+    egressed: int | None = None
     tag_lines(session=sid)
     try:
         result = launch(
@@ -190,8 +190,8 @@ def _session(
         why = f"the app failed: {describe(exc, app_files(spec.entry))}"
     finally:
         tag_lines(session=None)
-    books = {
-        "produced": egressed,
+    books = {  # produced: what the sinks egressed (what they handed the page, when it failed)
+        "produced": web.offered if egressed is None else egressed,
         "offered": web.offered,
         "unattached": web.unattached,
         "dropped": web.dropped,
