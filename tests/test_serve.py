@@ -351,3 +351,32 @@ def test_public_serves_without_a_token_and_limits_each_address() -> None:
                 assert (await get_json(http, f"{server.base}/sessions?token={token}"))[0] == 200
 
         asyncio.run(check())
+
+
+@pytest.mark.parametrize(
+    ("app", "args", "status", "said"),
+    [
+        ("nope.py", (), 1, "rxstream serve: app file 'nope.py' does not exist"),
+        (
+            SERVE_APP,
+            ("--host", "0.0.0.0"),
+            2,
+            "rxstream serve: --host must be a loopback address unless --allow-remote, "
+            "got '0.0.0.0'",
+        ),
+    ],
+)
+def test_an_app_that_will_not_load_or_a_bad_flag_is_one_line(
+    app: str, args: tuple[str, ...], status: int, said: str
+) -> None:
+    """An app that cannot be imported exits 1, a refused flag 2, each said in one line."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    ran = subprocess.run(
+        [sys.executable, "-m", "rxstream", "serve", app, "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert (ran.returncode, ran.stderr.splitlines()) == (status, [said])

@@ -138,8 +138,10 @@ def serve(args: argparse.Namespace) -> int:
         signum, failed = run_front(spec, options, on_ready=ready)
     except OSError as exc:
         return fail(f"cannot listen on {args.host}:{args.port}: {exc.strerror}", 2)
+    if failed is not None and failed.startswith("usage: "):
+        return fail(failed.removeprefix("usage: "), 2)
     if failed is not None:
-        return fail(f"app {args.app!r}: {failed}", 1)
+        return fail(failed, 1)
     if signum:
         import signal
 

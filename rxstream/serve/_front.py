@@ -111,6 +111,9 @@ class Front:
         """Set once every worker imported the app (or one could not: :attr:`failed`)."""
         self.failed: str | None = None
         """Why a worker could not import the app."""
+        self.usage = False
+        """Whether :attr:`failed` is a flag the app refuses (``--ranks``), not the app's own
+        failure."""
         self._status = status
         self._client: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -193,6 +196,7 @@ class Front:
         elif kind == "failed":
             worker.state = "dead"
             self.failed = str(message[1])
+            self.usage = bool(message[2])
             self.ready.set()
         elif kind == "open":
             session = self.sessions.live.get(message[1])

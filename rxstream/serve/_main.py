@@ -58,7 +58,7 @@ async def _serve(
         await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
         waiting.cancel()
         if front.failed is not None:
-            return 0, front.failed
+            return 0, front.failed if not front.usage else f"usage: {front.failed}"
         if not stop.is_set():
             if on_ready is not None:
                 on_ready(front)

@@ -5,10 +5,10 @@ The front (``_pool.py``) talks to it over a pipe, one tuple a message:
 
 - front to worker: ``("start", sid, token)`` a session; ``("stop", sid, why)`` ends it;
   ``("quit",)`` ends the session there is and the process.
-- worker to front: ``("ready", pid)`` once the app is imported, ``("failed", why)`` when it
-  cannot be; ``("open", sid, port)`` once the session's page is served on
-  ``127.0.0.1:port``; ``("status", sid, fps)`` every half second; ``("ended", sid, why,
-  books)`` when it is over (``why`` ``""`` when the front's own stop ended it).
+- worker to front: ``("ready", pid)`` once the app is imported; ``("failed", why, usage)``
+  when it cannot be (``usage``: a flag the app refuses, such as ``--ranks``); ``("open", sid,
+  port)`` once the session's page is served on ``127.0.0.1:port``; ``("status", sid, fps)``
+  every half second; ``("ended", sid, why, books)`` when it is over.
 
 Per session the launch builds a fresh ``Context``, doc, generations and pipeline with its own
 run id; what the app made with ``ctx.resource`` stays loaded (its registry is per process).
@@ -29,6 +29,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 from urllib.parse import urlsplit
 
+from rxstream._exceptions import ArgumentError, RxStreamError
 from rxstream.item import PipelineItem
 from rxstream.transport import WebTransport
 
@@ -122,9 +123,7 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     try:
         _warm(spec)
     except BaseException as exc:
-        from rxstream.ranks._app import app_files, describe
-
-        pipe.send("failed", describe(exc, app_files(spec.entry)))
+        pipe.send("failed", _load_failure(exc, spec.entry), isinstance(exc, ArgumentError))
         return
     threading.Thread(target=read, name="rxstream-serve-orders", daemon=True).start()
     pipe.send("ready", os.getpid())
@@ -139,6 +138,18 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
         with lock:
             del stops[sid]
         pipe.send("ended", sid, said[0] if said else why, books)
+
+
+def _load_failure(exc: BaseException, entry: str) -> str:
+    """Why the app ``entry`` would not load, in one line, as ``rxstream run`` says it: a
+    missing file, a syntax error or a refused flag as they read; what the app's own code
+    raised with its type and line."""
+    from rxstream.ranks._app import app_files, app_frame, describe
+
+    files = app_files(entry)
+    if isinstance(exc, SyntaxError | RxStreamError | OSError) and app_frame(exc, files) is None:
+        return str(exc)
+    return describe(exc, files)
 
 
 def _warm(spec: WorkerSpec) -> None:
