@@ -481,6 +481,9 @@ class Pipeline:
         run = self._run
         if isinstance(run, DrivenRun):
             run.close()
+        if self._session_end is not None:  # its callback holds the run, and so this pipeline:
+            self._session_end.detach()  # left registered, neither would ever be collected
+            self._session_end = None
             return
         if not isinstance(run, ThreadedRun) or self._stopped:
             return
@@ -621,6 +624,9 @@ class Pipeline:
         run = self._run
         if isinstance(run, DrivenRun):
             run.close()
+        if self._session_end is not None:  # its callback holds the run, and so this pipeline:
+            self._session_end.detach()  # left registered, neither would ever be collected
+            self._session_end = None
 
     def statistics(self) -> Mapping[str, StageStatistics]:
         """Each stage's statistics for the current (or last) run, by name; empty before one."""

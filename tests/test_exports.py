@@ -15,6 +15,7 @@ PACKAGES = [
     "rxstream.ipc",
     "rxstream.notebook",
     "rxstream.runtime",
+    "rxstream.serve",
     "rxstream.testing",
     "rxstream.timing",
     "rxstream.topology",

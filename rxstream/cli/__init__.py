@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import ArgumentError
+from rxstream.cli import _serve
 from rxstream.cli._failure import (
     TRACEBACK_ENV,
     app_failure,
@@ -84,6 +85,8 @@ def _command(args: argparse.Namespace) -> int:
     try:
         if args.command == "run":
             return run(args)
+        if args.command == "serve":
+            return _serve.serve(args)
         if args.command == "test":
             return _test(args)
         return _topology(args)
@@ -174,6 +177,7 @@ def _parser() -> argparse.ArgumentParser:
         "/metrics, behind its token (?token=… or Authorization: Bearer)",
     )
     _traceback_flag(run)
+    _serve.add_parser(commands, _count, _seconds)
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")
     _traceback_flag(test)
@@ -197,6 +201,12 @@ def _parser() -> argparse.ArgumentParser:
         help="the run to summarise when the log holds several: its id (a unique prefix is "
         "enough; 'id:ID' for an id named all or last), '(no id)' for lines written without "
         "one, 'last' (the default: the run that started last) or 'all' (pooled)",
+    )
+    timing.add_argument(
+        "--session",
+        metavar="ID",
+        help="only the records of this session of `rxstream serve` (its run; its id is in "
+        "every line and in /sessions)",
     )
     timing.add_argument(
         "--include-self-test",
@@ -311,6 +321,31 @@ def _print_tail(exc: BaseException) -> None:
 # --- rxstream timing, rxstream topology ---------------------------------------------------------
 
 
+def _session_run(args: argparse.Namespace) -> str | None:
+    """The ``--run`` that ``--session`` picks (``id:RUN``); ``None`` once said why not."""
+    from rxstream.timing._sessions import session_runs
+
+    def refuse(problem: str) -> None:
+        print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)
+
+    if args.run != "last":
+        refuse(f"--session picks its own run: give it or --run, not both (got --run {args.run})")
+        return None
+    try:
+        sessions = session_runs(args.log)
+    except OSError:
+        return "last"  # (the load says why it cannot be read)
+    runs = sessions.get(args.session)
+    if not runs:
+        having = [s for s, r in sessions.items() if r]
+        refuse(
+            f"--session must be a session with timing records in the log, got "
+            f"{args.session!r}; the sessions with some: {listing(having)}"
+        )
+        return None
+    return f"id:{runs[-1]}"
+
+
 def _timing(args: argparse.Namespace) -> int:
     target = None
     if args.plot:
@@ -323,6 +358,11 @@ def _timing(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"rxstream timing: cannot read {args.log}: {exc.strerror}", file=sys.stderr)
         return 2
+    if args.session is not None:
+        picked = _session_run(args)
+        if picked is None:
+            return 2
+        args.run = picked
     problem = _no_records(args, log)
     if problem is not None:  # one line, and no table of nan nor an empty plot
         print(f"rxstream timing: {args.log}: {problem}", file=sys.stderr)

@@ -26,6 +26,7 @@ __all__ = [
     "listen",
     "listen_photon",
     "strict_json",
+    "tag_lines",
 ]
 
 _log = library_logger("rxstream.timing")
@@ -33,6 +34,25 @@ _listeners: list[Callable[[TimingRecord], None]] = []
 _listeners_lock = threading.Lock()
 _opened: TextIO | None = None
 _photon_listeners: list[Callable[[TimingRecord, ClientTiming], None]] = []
+_tags: dict[str, str] = {}
+
+
+def tag_lines(**fields: str | None) -> None:
+    """Write ``fields`` into every line this process logs from now on, timing and photon lines
+    included (a value ``None`` stops writing that one): a worker of ``rxstream serve`` tags
+    its session's lines with ``session``, its id (``rxstream timing --session ID``)."""
+    for key, value in fields.items():
+        if value is None:
+            _tags.pop(key, None)
+        else:
+            _tags[key] = value
+
+
+def _tagged(logger: Any, method: str, event: Any) -> Any:
+    """The processor that writes :func:`tag_lines`' fields (a line's own win)."""
+    for key, value in tuple(_tags.items()):
+        event.setdefault(key, value)
+    return event
 
 
 def emit(record: TimingRecord, hook: Callable[[TimingRecord], None] | None = None) -> None:
@@ -128,6 +148,7 @@ def _configure(
         else structlog.dev.ConsoleRenderer(colors=False)
     )
     processors: list[Any] = [
+        _tagged,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         renderer,
