@@ -22,6 +22,16 @@ from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream._kernel._resources import resources_in
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
+    COMBINE_KIND,
+    MERGE_KIND,
+    PACE_KIND,
+    PIPE_KIND,
+    RX_KIND,
+    STREAM_KIND,
+    TAP_KIND,
+    UNBATCH_KIND,
+    WINDOW_KIND,
+    ZIP_KIND,
     check_source,
     combine_operator,
     merge_operator,
@@ -34,12 +44,13 @@ from rxstream.operators import (
     window_operator,
     zip_operator,
 )
-from rxstream.operators._bind import bind_declaration, bind_operator
-from rxstream.operators._input import InputFeed
-from rxstream.operators._walks import WalkPick, walks_declaration
+from rxstream.operators._bind import BIND_KIND, bind_declaration, bind_operator
+from rxstream.operators._input import INPUT_KIND, InputFeed
+from rxstream.operators._source import SOURCE_KIND
+from rxstream.operators._walks import WALKS_KIND, WalkPick, walks_declaration
 from rxstream.pipeline import Pipeline, chain_stages, running_pipelines
 from rxstream.runtime._fuse import check_fuse
-from rxstream.stage import Node, Stage
+from rxstream.stage import Node, Stage, StageKind
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
 from rxstream.topology._edges import WALKS, check_chunks
@@ -95,7 +106,7 @@ class Context(Environment):
 
     def _stage(
         self,
-        kind: str,
+        kind: StageKind,
         name: str | None,
         default_name: str,
         build: Any,
@@ -136,7 +147,7 @@ class Context(Environment):
         check_source(it_or_fn, name or default)
         read = _inputs_read(reads, name or default)
         return self._stage(
-            "source",
+            SOURCE_KIND,
             name,
             default,
             build=_no_operator,
@@ -178,7 +189,7 @@ class Context(Environment):
             )
         check_chunks(chunks, name)
         return self._stage(
-            "input",
+            INPUT_KIND,
             name,
             name,
             build=_no_operator,
@@ -223,7 +234,7 @@ class Context(Environment):
             chunks=chunks,
         )
         return self._stage(
-            "pipe",
+            PIPE_KIND,
             name,
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
@@ -249,7 +260,7 @@ class Context(Environment):
         """A side effect ``fn(payload)``; the item passes on unchanged."""
         _check_callable(fn, "tap")
         return self._stage(
-            "tap",
+            TAP_KIND,
             name,
             _fn_name(fn, "tap"),
             build=tap_operator(fn),
@@ -302,7 +313,7 @@ class Context(Environment):
                 f"got {time_base} for stage {label!r}"
             )
         return self._stage(
-            "pace",
+            PACE_KIND,
             name,
             "pace",
             build=pace_operator(float(period), int(ratio), capacity, overflow, phase),
@@ -326,7 +337,7 @@ class Context(Environment):
                 f"pts_step must be an int or None, got {pts_step!r} for stage {name or 'unbatch'!r}"
             )
         return self._stage(
-            "unbatch",
+            UNBATCH_KIND,
             name,
             "unbatch",
             build=unbatch_operator(pts_step),
@@ -372,7 +383,7 @@ class Context(Environment):
         ):
             raise StageBuildError(f"window ms must be > 0, got {ms!r} for stage {label!r}")
         return self._stage(
-            "window",
+            WINDOW_KIND,
             name,
             "window",
             build=window_operator(count, ms, until),
@@ -408,7 +419,7 @@ class Context(Environment):
             )
         chosen = transport
         return self._stage(
-            "stream",
+            STREAM_KIND,
             name,
             name,
             build=sink_operator(
@@ -425,7 +436,7 @@ class Context(Environment):
 
     def merge(self, *, name: str | None = None, capacity: int = DEFAULT_CAPACITY) -> Stage:
         """Fan-in: every item of every input, in arrival order."""
-        return self._fan_in("merge", name, merge_operator(), capacity)
+        return self._fan_in(MERGE_KIND, name, merge_operator(), capacity)
 
     def zip(
         self,
@@ -435,7 +446,7 @@ class Context(Environment):
         capacity: int = DEFAULT_CAPACITY,
     ) -> Stage:
         """Fan-in: the inputs paired index by index; ``fn(*payloads)`` or the tuple."""
-        return self._fan_in("zip", name, zip_operator(fn), capacity)
+        return self._fan_in(ZIP_KIND, name, zip_operator(fn), capacity)
 
     def combine(
         self,
@@ -445,11 +456,11 @@ class Context(Environment):
         capacity: int = DEFAULT_CAPACITY,
     ) -> Stage:
         """Fan-in: the latest of every input on each arrival; ``fn(*payloads)`` or the tuple."""
-        return self._fan_in("combine", name, combine_operator(fn), capacity)
+        return self._fan_in(COMBINE_KIND, name, combine_operator(fn), capacity)
 
-    def _fan_in(self, kind: str, name: str | None, build: Any, capacity: int) -> Stage:
+    def _fan_in(self, kind: StageKind, name: str | None, build: Any, capacity: int) -> Stage:
         return self._stage(
-            kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
+            kind, name, kind.name, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
         )
 
     def bind(
@@ -465,7 +476,7 @@ class Context(Environment):
         label, paths = bind_declaration(doc, construct, deps)
         build = bind_operator(doc, self.pipe, construct, paths)
         return self._stage(
-            "bind",
+            BIND_KIND,
             name,
             label,
             build=build,
@@ -505,7 +516,7 @@ class Context(Environment):
             chain_of=chain_stages,
         )
         return self._stage(
-            WALKS,
+            WALKS_KIND,
             name,
             WALKS,
             build=build,
@@ -529,7 +540,7 @@ class Context(Environment):
         """Lift a reactivex operator (over payloads; ``items=True``: over items) into a stage."""
         _check_callable(op, "rx")
         return self._stage(
-            "rx",
+            RX_KIND,
             name,
             _fn_name(op, "rx"),
             build=rx_operator(op, items=items),

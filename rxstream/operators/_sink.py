@@ -28,6 +28,7 @@ from typing import Any
 from reactivex import abc
 
 from rxstream._exceptions import CodecError, ItemRefused
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
@@ -37,7 +38,10 @@ from rxstream.transport import Transport
 from rxstream.transport._codecs import RANGE_EVERY, FrameCheck
 from rxstream.typing import Operator
 
-__all__ = ["producer_of", "sink_operator"]
+__all__ = ["STREAM_KIND", "producer_of", "sink_operator"]
+
+STREAM_KIND = StageKind("stream", "1:1", sink=True)
+"""``ctx.stream``: the egress sink."""
 
 _CHECKED = frozenset({"jpeg", "h264"})
 """The codecs whose sinks check their payloads (a ``raw`` sink may carry anything to a memory
