@@ -47,6 +47,7 @@ from rxstream.operators import (
 from rxstream.operators._bind import BIND_KIND, bind_declaration, bind_operator
 from rxstream.operators._input import INPUT_KIND, InputFeed
 from rxstream.operators._source import SOURCE_KIND
+from rxstream.operators._throttle import THROTTLE_KIND, throttle_operator
 from rxstream.operators._walks import WALKS_KIND, WalkPick, walks_declaration
 from rxstream.pipeline import Pipeline, chain_stages, running_pipelines
 from rxstream.runtime._fuse import check_fuse
@@ -320,6 +321,36 @@ class Context(Environment):
             rank=rank,
             inbox=InboxSpec(capacity, "latest" if overflow == "latest" else "block"),
             options={"fps": fps, "time_base": base, "overflow": overflow, "phase": phase},
+        )
+
+    def throttle(
+        self,
+        ms: float,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """At most one item per ``ms`` milliseconds: an item passes and the ones arriving in
+        the next ``ms`` are dropped (counted ``throttled``); nothing is held or repeated."""
+        if (
+            isinstance(ms, bool)
+            or not isinstance(ms, int | float)
+            or not math.isfinite(ms)
+            or ms <= 0
+        ):
+            raise StageBuildError(
+                f"throttle ms must be a finite number > 0, got {ms!r} "
+                f"for stage {name or 'throttle'!r}"
+            )
+        return self._stage(
+            THROTTLE_KIND,
+            name,
+            "throttle",
+            build=throttle_operator(ms),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
         )
 
     def unbatch(

@@ -41,6 +41,7 @@ BUILT: dict[str, Callable[[rxstream.Context], Stage]] = {
     "bind": lambda ctx: ctx.bind(_doc(ctx), lambda snapshot: _ident, [_doc(ctx).desired.k]),
     "walks": lambda ctx: ctx.walks({"a": ctx.pipe(_ident)}, pick=lambda snapshot: "a"),
     "rx": lambda ctx: ctx.rx(lambda o: o),
+    "throttle": lambda ctx: ctx.throttle(ms=100),
 }
 """One call of each builder of ``Context`` that makes a stage, by the kind it makes."""
 
