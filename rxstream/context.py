@@ -12,7 +12,7 @@ import asyncio
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from fractions import Fraction
-from typing import Any, get_args
+from typing import Any, ClassVar, get_args
 
 from reactivex import Observable
 
@@ -75,6 +75,10 @@ class Context(Environment):
     ``replicas`` and ``cuda_api``; ``nvtx=True`` makes each stage call an NVTX range (``None``:
     ``RXSTREAM_NVTX``; see :class:`~rxstream._environment.Environment`).
     """
+
+    _composes: ClassVar[type[Pipeline]] = Pipeline
+    """What ``stage | x`` builds for this context's stages (``Stage.__or__`` asks its
+    stage's context: ``stage.py``, below ``pipeline``, does not import it)."""
 
     def _builders(self) -> Context:
         return self

@@ -28,7 +28,7 @@ from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import DoneEvent, Run
 from rxstream.runtime._threaded import ThreadedRun
-from rxstream.stage import Node, Stage, compose_with
+from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
 from rxstream.transport import Session
 
@@ -632,9 +632,6 @@ class Pipeline:
         if self._run is None:
             raise PipelineStateError(f"{call} before start(): nothing is running")
         return self._run
-
-
-compose_with(Pipeline)  # `stage | x` builds a Pipeline (stage.py is the layer below)
 
 
 def running_pipelines(context: Context) -> list[Pipeline]:

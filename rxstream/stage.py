@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from rxstream.context import Context
     from rxstream.pipeline import Pipeline
 
-__all__ = ["Node", "Stage", "StageKind", "compose_with", "cuda_path"]
+__all__ = ["Node", "Stage", "StageKind", "cuda_path"]
 
 _ON_ERROR = get_args(OnError)
 _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
@@ -159,34 +159,13 @@ class Stage:
             )
         return self.source.latest(default)  # type: ignore[attr-defined]
 
+    # ``stage | x`` builds the stage's context's Pipeline class: this layer, below it, never
+    # imports it, and every stage has the Context that made it.
     def __or__(self, other: Stage | Pipeline) -> Pipeline:
-        return _Composition.pipeline().of(self) | other
+        return self.context._composes.of(self) | other
 
     def __ror__(self, left: Sequence[Stage | Pipeline]) -> Pipeline:
-        return _Composition.pipeline().fan_in(left, self)
-
-
-class _Composition:
-    """The class ``stage | x`` builds: :class:`~rxstream.pipeline.Pipeline`, which registers
-    itself when imported (:func:`compose_with`), so that this layer, below it, never imports
-    it. ``import rxstream`` imports it, and every stage is made by a ``Context``, which does."""
-
-    made: type[Pipeline] | None = None
-
-    @classmethod
-    def pipeline(cls) -> type[Pipeline]:
-        if cls.made is None:
-            raise StageBuildError(
-                "stage | x builds a Pipeline, and rxstream.pipeline was not imported: "
-                "import rxstream (its package import does)"
-            )
-        return cls.made
-
-
-def compose_with(pipeline: type[Pipeline]) -> None:
-    """Make ``stage | x`` and ``[a, b] | stage`` build ``pipeline`` (``rxstream.pipeline``
-    registers its ``Pipeline`` at import)."""
-    _Composition.made = pipeline
+        return self.context._composes.fan_in(left, self)
 
 
 def cuda_path(upstream: Stage, downstream: Stage) -> bool:
