@@ -87,19 +87,21 @@ def _outcome(fused: bool, arrivals: list[Any], actions: list[Any], steered: bool
                 PipelineMetadata(prompt_generation=prompt, cutover=cutover, flush_generation=flush),
             )
 
-    pipeline = ctx.source(items, name="src")
+    pipeline: Any = ctx.source(items, name="src")
     for i, member in enumerate(members):
         pipeline = pipeline | ctx.pipe(member, name=f"m{i}", on_error="skip")
     pipeline = pipeline | ctx.stream("out")
-    chains, made = DrivenRun._chains, []
-    if not fused:
-        DrivenRun._chains = lambda self: {}  # type: ignore[method-assign]
-    _run.fused_chain = lambda *args: made.append(args) or fused_chain(*args)  # type: ignore[assignment]
-    try:
+    made: list[object] = []
+
+    def counted(*args: Any) -> Any:
+        made.append(args)
+        return fused_chain(*args)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(_run, "fused_chain", counted)
+        if not fused:
+            patch.setattr(DrivenRun, "_chains", lambda self: {})
         out = pipeline.drive(len(arrivals))
-    finally:
-        DrivenRun._chains = chains  # type: ignore[method-assign]
-        _run.fused_chain = fused_chain
     assert len(made) == (1 if fused else 0)  # the path under test ran
     stats = pipeline.statistics()
     books = {
