@@ -82,7 +82,7 @@ def test_a_kind_given_by_name_is_refused(ctx: rxstream.Context) -> None:
 
 def test_a_kind_with_an_unknown_shape_is_refused() -> None:
     """A ``StageKind`` names one of the books' shapes; another is refused, naming it."""
-    with pytest.raises(ValueError, match=r"stage kind 'blur': shape must be one of .*'2:1'"):
+    with pytest.raises(StageBuildError, match=r"stage kind 'blur': shape must be one of .*'2:1'"):
         StageKind("blur", "2:1")  # type: ignore[arg-type]
 
 

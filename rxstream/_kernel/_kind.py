@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from rxstream._exceptions import StageBuildError
+
 __all__ = ["SHAPES", "Shape", "StageKind"]
 
 Shape = Literal["source", "1:1", "N:1", "1:N", "repeats", "free"]
@@ -51,10 +53,10 @@ class StageKind:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
-            raise ValueError(f"stage kind name must be an identifier, got {self.name!r}")
+            raise StageBuildError(f"stage kind name must be an identifier, got {self.name!r}")
         for field, shape in (("shape", self.shape), ("fan_in", self.fan_in)):
             if shape not in SHAPES and not (field == "fan_in" and shape is None):
-                raise ValueError(
+                raise StageBuildError(
                     f"stage kind {self.name!r}: {field} must be one of {', '.join(SHAPES)}, "
                     f"got {shape!r}"
                 )
