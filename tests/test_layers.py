@@ -42,6 +42,7 @@ def _hoisted(source: str) -> tuple[str, int]:
     return "\n".join([*lines[:at], *lazy, *lines[at:]]), len(lazy)
 
 
+@pytest.mark.slow
 def test_every_lazy_import_hoisted_the_package_still_imports(tmp_path: Path) -> None:
     """Every function-level rxstream import, hoisted to its module's top, still imports."""
     copy = tmp_path / "rxstream"
