@@ -4,6 +4,9 @@ Scripts, tests and notebooks make one with ``rxstream.Context()``; the CLI hands
 app's ``build(ctx)``. The builders (``ctx.source``, ``ctx.pipe``, …) are here; what a process's
 pipelines share (the transport, rank and world, the docs, ``self_test``…) is its base class,
 :class:`~rxstream._environment.Environment`.
+
+Over ~600 lines on purpose: one builder per stage kind, each its kind's public signature,
+docstring and argument checks, read side by side; what a kind runs is its operator module's.
 """
 
 from __future__ import annotations

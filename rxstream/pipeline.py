@@ -1,4 +1,8 @@
-"""``Pipeline``: an immutable stage graph plus its lifecycle (start, stop, run, drive…)."""
+"""``Pipeline``: an immutable stage graph plus its lifecycle (start, stop, run, drive…).
+
+Over ~600 lines on purpose: it is one public class, whose lifecycle calls share one lock and
+one state (started, running, a drive's session), and splitting them would spread that state.
+"""
 
 from __future__ import annotations
 
