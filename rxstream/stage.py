@@ -126,7 +126,15 @@ class Stage:
         self.on_error: OnError = on_error
         self.source = source
         self.target = target if target is not None else source
+        undeclared = sorted(set(options or ()) - set(kind.options))
+        if undeclared:
+            raise StageBuildError(
+                f"stage {name!r}: option {undeclared[0]!r} is not one a {kind.name} stage "
+                f"declares ({', '.join(kind.options) or 'none'})"
+            )
         self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
+        """The options its builder gave it, by the names its kind declares
+        (``StageKind.options``)."""
         self.uses = uses
         """The resources (``ctx.resource``) the stage reads, as found in what it is made
         from: a run loads them on the stage's rank before its first item."""

@@ -68,6 +68,7 @@ def test_every_builder_makes_a_declared_kind(ctx: rxstream.Context, kind: str) -
     assert stage.kind == stage.declared.name == kind
     assert stage.is_source == (stage.max_inputs == 0)
     assert stage.is_sink == (kind == "stream")
+    assert set(stage.options) <= set(stage.declared.options)
 
 
 def test_a_kind_given_by_name_is_refused(ctx: rxstream.Context) -> None:
@@ -78,6 +79,18 @@ def test_a_kind_given_by_name_is_refused(ctx: rxstream.Context) -> None:
     assert "\n" not in message
     assert "'blur' has no declared shape" in message
     assert "stage 'b'" in message
+
+
+def test_an_option_the_kind_does_not_declare_is_refused(ctx: rxstream.Context) -> None:
+    """A stage's options are the ones its kind declares: another is refused, naming both."""
+    kind = StageKind("blur", "1:1", options=("radius",))
+    stage = Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx, options={})
+    assert dict(stage.options) == {}
+    with pytest.raises(StageBuildError) as caught:
+        Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx, options={"fuse": True})
+    assert str(caught.value) == (
+        "stage 'b': option 'fuse' is not one a blur stage declares (radius)"
+    )
 
 
 def test_a_kind_with_an_unknown_shape_is_refused() -> None:

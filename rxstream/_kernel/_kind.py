@@ -40,7 +40,8 @@ class StageKind:
     ``StageCounters.held`` (a run is not idle while it holds one). ``sink``: it egresses and
     so must end a pipeline. ``timed``: it calls the user's function per item (a GPU timer and
     NVTX range around the call). ``fusable``: with one input it may run on its upstream's
-    thread (``fuse=True``, and the chains of a driven run).
+    thread (``fuse=True``, and the chains of a driven run). ``options``: the names of the
+    options its builder gives the stage (``Stage.options``); a stage given another is refused.
     """
 
     name: str
@@ -50,6 +51,7 @@ class StageKind:
     sink: bool = False
     timed: bool = False
     fusable: bool = False
+    options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -37,7 +37,7 @@ from rxstream.typing import ItemStream, Operator
 
 __all__ = ["BIND_KIND", "bind_declaration", "bind_operator"]
 
-BIND_KIND = StageKind("bind", "free")
+BIND_KIND = StageKind("bind", "free", options=("deps",))
 """``doc.bind``: whatever the stage it builds does."""
 
 Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]

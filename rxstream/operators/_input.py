@@ -52,7 +52,7 @@ from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
 __all__ = ["INPUT_KIND", "READING", "InputFeed", "InputSample", "PullReads", "SampleRead"]
 
-INPUT_KIND = StageKind("input", "source")
+INPUT_KIND = StageKind("input", "source", options=("limits", "chunks", "schema"))
 """An input: what ``feed`` accepted, pulled."""
 
 _MAX_AT_MS = 2.0**53

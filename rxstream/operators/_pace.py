@@ -69,7 +69,9 @@ from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
 __all__ = ["AHEAD_S", "PACE_KIND", "SLEW", "pace_operator"]
 
-PACE_KIND = StageKind("pace", "repeats", holds=True)
+PACE_KIND = StageKind(
+    "pace", "repeats", holds=True, options=("fps", "time_base", "overflow", "phase")
+)
 """``ctx.pace``: a tick with nothing new repeats the last frame."""
 
 SLEW = 0.1

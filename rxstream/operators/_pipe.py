@@ -18,7 +18,9 @@ from rxstream.typing import ItemStream, Operator, StageFn
 
 __all__ = ["PIPE_KIND", "TAP_KIND", "caller", "pipe_operator", "tap_operator"]
 
-PIPE_KIND = StageKind("pipe", "1:1", fan_in="N:1", timed=True, fusable=True)
+PIPE_KIND = StageKind(
+    "pipe", "1:1", fan_in="N:1", timed=True, fusable=True, options=("items", "chunks", "fuse")
+)
 """``ctx.pipe``: 1:1, and N:1 under fan-in (the latest of each input)."""
 
 TAP_KIND = StageKind("tap", "1:1", timed=True)

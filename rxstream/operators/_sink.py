@@ -40,7 +40,7 @@ from rxstream.typing import Operator
 
 __all__ = ["STREAM_KIND", "producer_of", "sink_operator"]
 
-STREAM_KIND = StageKind("stream", "1:1", sink=True)
+STREAM_KIND = StageKind("stream", "1:1", sink=True, options=("codec",))
 """``ctx.stream``: the egress sink."""
 
 _CHECKED = frozenset({"jpeg", "h264"})

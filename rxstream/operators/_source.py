@@ -55,7 +55,7 @@ from rxstream.operators._input import READING, InputFeed, InputSample, PullReads
 
 __all__ = ["SKIPPED", "SOURCE_KIND", "SourcePuller", "batch_hint", "check_source"]
 
-SOURCE_KIND = StageKind("source", "source")
+SOURCE_KIND = StageKind("source", "source", options=("reads",))
 """A source: its pulls make the items."""
 
 _log = library_logger("rxstream")

@@ -46,7 +46,9 @@ if TYPE_CHECKING:
 
 __all__ = ["WALKS_KIND", "ChainOf", "WalkPick", "producer_operator", "walks_declaration"]
 
-WALKS_KIND = StageKind(WALKS, "free")
+WALKS_KIND = StageKind(
+    WALKS, "free", options=("walks", "chains", "pick", "consumer_walk", "chunks")
+)
 """``ctx.walks``: whatever the walk of each pass does."""
 
 WalkPick: TypeAlias = "Ref | Callable[[Snapshot], str]"
