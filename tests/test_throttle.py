@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pytest
 
 import rxstream
@@ -56,3 +57,20 @@ def test_a_threaded_throttle_balances_its_books(
     t = pipeline.statistics()["t"]
     assert (t.items_out, t.dropped["throttled"]) == (1, 19)
     assert unbalanced(balanced_books[0]) == []
+
+
+def test_a_codec_error_after_a_throttle_names_the_stage_before_it(
+    ctx: rxstream.Context,
+) -> None:
+    """A throttle hands payloads on as they came (its kind declares ``passes``): a sink's
+    refusal names the stage that made the frame, not the throttle."""
+    bad = np.zeros((1, 32, 48, 3), np.uint8)
+    pipeline = (
+        ctx.source(range(10), name="counter")
+        | ctx.pipe(lambda _: bad, name="paint")
+        | ctx.throttle(ms=10)
+        | ctx.stream("video", codec="h264")
+    )
+    with pytest.raises(rxstream.PipelineError) as failed:
+        pipeline.drive(frames=1)
+    assert str(failed.value.__cause__).endswith("got shape (1, 32, 48, 3) from stage 'paint'")

@@ -40,7 +40,9 @@ class StageKind:
     ``StageCounters.held`` (a run is not idle while it holds one). ``sink``: it egresses and
     so must end a pipeline. ``timed``: it calls the user's function per item (a GPU timer and
     NVTX range around the call). ``fusable``: with one input it may run on its upstream's
-    thread (``fuse=True``, and the chains of a driven run). ``options``: the names of the
+    thread (``fuse=True``, and the chains of a driven run). ``passes``: it hands each payload
+    on as it came (or its parts, or again), so it is never the stage that made a payload an
+    error names (``operators/_sink.py``'s ``producer_of``). ``options``: the names of the
     options its builder gives the stage (``Stage.options``); a stage given another is refused.
     """
 
@@ -51,6 +53,7 @@ class StageKind:
     sink: bool = False
     timed: bool = False
     fusable: bool = False
+    passes: bool = False
     options: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:

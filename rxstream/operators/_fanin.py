@@ -44,7 +44,7 @@ __all__ = [
     "zip_operator",
 ]
 
-MERGE_KIND = StageKind("merge", "1:1")
+MERGE_KIND = StageKind("merge", "1:1", passes=True)
 """``ctx.merge``: every item of every input."""
 
 ZIP_KIND = StageKind("zip", "N:1")

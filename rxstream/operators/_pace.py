@@ -70,7 +70,7 @@ from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 __all__ = ["AHEAD_S", "PACE_KIND", "SLEW", "pace_operator"]
 
 PACE_KIND = StageKind(
-    "pace", "repeats", holds=True, options=("fps", "time_base", "overflow", "phase")
+    "pace", "repeats", holds=True, passes=True, options=("fps", "time_base", "overflow", "phase")
 )
 """``ctx.pace``: a tick with nothing new repeats the last frame."""
 

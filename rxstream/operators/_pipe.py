@@ -23,7 +23,7 @@ PIPE_KIND = StageKind(
 )
 """``ctx.pipe``: 1:1, and N:1 under fan-in (the latest of each input)."""
 
-TAP_KIND = StageKind("tap", "1:1", timed=True)
+TAP_KIND = StageKind("tap", "1:1", timed=True, passes=True)
 """``ctx.tap``: the item passes on."""
 
 

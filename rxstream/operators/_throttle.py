@@ -21,8 +21,8 @@ from rxstream.typing import Operator
 
 __all__ = ["THROTTLE_KIND", "throttle_operator"]
 
-THROTTLE_KIND = StageKind("throttle", "1:1")
-"""``ctx.throttle``: what it does not drop passes on (its drops are counted)."""
+THROTTLE_KIND = StageKind("throttle", "1:1", passes=True)
+"""``ctx.throttle``: what it does not drop passes on as it came (its drops are counted)."""
 
 
 def throttle_operator(ms: float) -> Callable[[StageShell], Operator]:

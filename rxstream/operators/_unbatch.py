@@ -20,7 +20,7 @@ from rxstream.typing import Operator
 
 __all__ = ["UNBATCH_KIND", "split_batch", "unbatch_operator"]
 
-UNBATCH_KIND = StageKind("unbatch", "1:N")
+UNBATCH_KIND = StageKind("unbatch", "1:N", passes=True)
 """``ctx.unbatch``: a batch becomes its children."""
 
 

@@ -154,7 +154,7 @@ class Run(ABC):
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._subscriptions = CompositeDisposable()
-        self._kinds = {plan.names[node]: node.stage.kind for node in plan.nodes}
+        self._kinds = {plan.names[node]: node.stage.declared for node in plan.nodes}
         api = cuda_api if cuda_api is not None else _real_cuda_api()
         self.gpu_clock: GpuClock | None = None
         """The stages' CUDA event timing and NVTX ranges (``None``: no CUDA api here)."""
