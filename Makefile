@@ -1,10 +1,10 @@
-# The two commands of README.md: `make demo` and `make test`. Each creates .venv when missing.
+# The commands of README.md: `make demo`, `make test` and `make test-fast`. Each creates .venv when missing.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ test: $(STAMP)
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# The fast lane while you work: the suite without the slow, browser, notebook and distributed
+# marks (no lint). `make test` before a commit.
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow and not browser and not notebook and not distributed"
 
 bench: $(STAMP)
 	$(PY) bench/hop.py

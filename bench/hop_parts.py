@@ -58,9 +58,10 @@ from rxstream.operators._core import attach
 from rxstream.operators._pipe import pipe_operator
 from rxstream.operators._source import SourcePuller
 from rxstream.runtime._fuse import fused_chain
+from rxstream.runtime._handoff import TokenThread
 from rxstream.runtime._port import Port
 from rxstream.runtime._run import Run
-from rxstream.runtime._thread import DequeThread, StageThread, VirtualClock
+from rxstream.runtime._thread import StageThread, VirtualClock
 
 BATCH = 256
 """Items a backlog holds in these loops (``bench/hop.py``'s larger capacity)."""
@@ -454,16 +455,16 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(placement_table(placement_items, placement_reps)))
         return
     parts: list[tuple[str, Callable[[int], None]]] = [
-        ("put into the inbox, C queues (block, room)", off_main(put_part(StageThread))),
-        ("put into the inbox, deque under a lock (block, room)", off_main(put_part(DequeThread))),
-        ("  C queues, put from the main thread (Ctrl-C-safe)", put_part(StageThread)),
+        ("put into the inbox, C queues (block, room)", off_main(put_part(TokenThread))),
+        ("put into the inbox, deque under a lock (block, room)", off_main(put_part(StageThread))),
+        ("  C queues, put from the main thread (Ctrl-C-safe)", put_part(TokenThread)),
         (
             "put, then the thread's take + delivery (backlog), C queues",
-            off_main(take_part(StageThread)),
+            off_main(take_part(TokenThread)),
         ),
         (
             "put, then the thread's take + delivery (backlog), deque",
-            off_main(take_part(DequeThread)),
+            off_main(take_part(StageThread)),
         ),
         ("the port's admission (stale, cutover, flush checks)", admission_part),
         ("a pipe's on_next: counters, 2 stamps, no-op, new item", pipe_part),

@@ -4,6 +4,9 @@ Scripts, tests and notebooks make one with ``rxstream.Context()``; the CLI hands
 app's ``build(ctx)``. The builders (``ctx.source``, ``ctx.pipe``, …) are here; what a process's
 pipelines share (the transport, rank and world, the docs, ``self_test``…) is its base class,
 :class:`~rxstream._environment.Environment`.
+
+Over ~600 lines on purpose: one builder per stage kind, each its kind's public signature,
+docstring and argument checks, read side by side; what a kind runs is its operator module's.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import math
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from fractions import Fraction
-from typing import Any, get_args
+from typing import Any, ClassVar, get_args
 
 from reactivex import Observable
 
@@ -22,6 +25,16 @@ from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
 from rxstream._kernel._resources import Resource, resources_in
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
+    COMBINE_KIND,
+    MERGE_KIND,
+    PACE_KIND,
+    PIPE_KIND,
+    RX_KIND,
+    STREAM_KIND,
+    TAP_KIND,
+    UNBATCH_KIND,
+    WINDOW_KIND,
+    ZIP_KIND,
     check_source,
     combine_operator,
     merge_operator,
@@ -34,12 +47,14 @@ from rxstream.operators import (
     window_operator,
     zip_operator,
 )
-from rxstream.operators._bind import bind_declaration, bind_operator
-from rxstream.operators._input import InputFeed
-from rxstream.operators._walks import WalkPick, walks_declaration
+from rxstream.operators._bind import BIND_KIND, bind_declaration, bind_operator
+from rxstream.operators._input import INPUT_KIND, InputFeed
+from rxstream.operators._source import SOURCE_KIND
+from rxstream.operators._throttle import THROTTLE_KIND, throttle_operator
+from rxstream.operators._walks import WALKS_KIND, WalkPick, walks_declaration
 from rxstream.pipeline import Pipeline, chain_stages, running_pipelines
 from rxstream.runtime._fuse import check_fuse
-from rxstream.stage import Node, Stage
+from rxstream.stage import Node, Stage, StageKind
 from rxstream.timing._record import TimingRecord
 from rxstream.topology import ChunkPolicyFactory, ClientStreamLimits, ConsumerWalk
 from rxstream.topology._edges import WALKS, check_chunks
@@ -63,6 +78,10 @@ class Context(Environment):
     ``replicas`` and ``cuda_api``; ``nvtx=True`` makes each stage call an NVTX range (``None``:
     ``RXSTREAM_NVTX``; see :class:`~rxstream._environment.Environment`).
     """
+
+    _composes: ClassVar[type[Pipeline]] = Pipeline
+    """What ``stage | x`` builds for this context's stages (``Stage.__or__`` asks its
+    stage's context: ``stage.py``, below ``pipeline``, does not import it)."""
 
     def _builders(self) -> Context:
         return self
@@ -95,7 +114,7 @@ class Context(Environment):
 
     def _stage(
         self,
-        kind: str,
+        kind: StageKind,
         name: str | None,
         default_name: str,
         build: Any,
@@ -145,7 +164,7 @@ class Context(Environment):
         check_source(it_or_fn, name or default)
         read = _inputs_read(reads, name or default)
         return self._stage(
-            "source",
+            SOURCE_KIND,
             name,
             default,
             build=_no_operator,
@@ -188,7 +207,7 @@ class Context(Environment):
             )
         check_chunks(chunks, name)
         return self._stage(
-            "input",
+            INPUT_KIND,
             name,
             name,
             build=_no_operator,
@@ -236,7 +255,7 @@ class Context(Environment):
             chunks=chunks,
         )
         return self._stage(
-            "pipe",
+            PIPE_KIND,
             name,
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
@@ -265,7 +284,7 @@ class Context(Environment):
         :meth:`pipe`)."""
         _check_callable(fn, "tap")
         return self._stage(
-            "tap",
+            TAP_KIND,
             name,
             _fn_name(fn, "tap"),
             build=tap_operator(fn),
@@ -319,13 +338,43 @@ class Context(Environment):
                 f"got {time_base} for stage {label!r}"
             )
         return self._stage(
-            "pace",
+            PACE_KIND,
             name,
             "pace",
             build=pace_operator(float(period), int(ratio), capacity, overflow, phase),
             rank=rank,
             inbox=InboxSpec(capacity, "latest" if overflow == "latest" else "block"),
             options={"fps": fps, "time_base": base, "overflow": overflow, "phase": phase},
+        )
+
+    def throttle(
+        self,
+        ms: float,
+        *,
+        name: str | None = None,
+        rank: int | None = None,
+        capacity: int = DEFAULT_CAPACITY,
+        policy: InboxPolicy = "block",
+    ) -> Stage:
+        """At most one item per ``ms`` milliseconds: an item passes and the ones arriving in
+        the next ``ms`` are dropped (counted ``throttled``); nothing is held or repeated."""
+        if (
+            isinstance(ms, bool)
+            or not isinstance(ms, int | float)
+            or not math.isfinite(ms)
+            or ms <= 0
+        ):
+            raise StageBuildError(
+                f"throttle ms must be a finite number > 0, got {ms!r} "
+                f"for stage {name or 'throttle'!r}"
+            )
+        return self._stage(
+            THROTTLE_KIND,
+            name,
+            "throttle",
+            build=throttle_operator(ms),
+            rank=rank,
+            inbox=InboxSpec(capacity, policy),
         )
 
     def unbatch(
@@ -343,7 +392,7 @@ class Context(Environment):
                 f"pts_step must be an int or None, got {pts_step!r} for stage {name or 'unbatch'!r}"
             )
         return self._stage(
-            "unbatch",
+            UNBATCH_KIND,
             name,
             "unbatch",
             build=unbatch_operator(pts_step),
@@ -389,7 +438,7 @@ class Context(Environment):
         ):
             raise StageBuildError(f"window ms must be > 0, got {ms!r} for stage {label!r}")
         return self._stage(
-            "window",
+            WINDOW_KIND,
             name,
             "window",
             build=window_operator(count, ms, until),
@@ -425,7 +474,7 @@ class Context(Environment):
             )
         chosen = transport
         return self._stage(
-            "stream",
+            STREAM_KIND,
             name,
             name,
             build=sink_operator(
@@ -442,7 +491,7 @@ class Context(Environment):
 
     def merge(self, *, name: str | None = None, capacity: int = DEFAULT_CAPACITY) -> Stage:
         """Fan-in: every item of every input, in arrival order."""
-        return self._fan_in("merge", name, merge_operator(), capacity)
+        return self._fan_in(MERGE_KIND, name, merge_operator(), capacity)
 
     def zip(
         self,
@@ -452,7 +501,7 @@ class Context(Environment):
         capacity: int = DEFAULT_CAPACITY,
     ) -> Stage:
         """Fan-in: the inputs paired index by index; ``fn(*payloads)`` or the tuple."""
-        return self._fan_in("zip", name, zip_operator(fn), capacity)
+        return self._fan_in(ZIP_KIND, name, zip_operator(fn), capacity)
 
     def combine(
         self,
@@ -462,11 +511,11 @@ class Context(Environment):
         capacity: int = DEFAULT_CAPACITY,
     ) -> Stage:
         """Fan-in: the latest of every input on each arrival; ``fn(*payloads)`` or the tuple."""
-        return self._fan_in("combine", name, combine_operator(fn), capacity)
+        return self._fan_in(COMBINE_KIND, name, combine_operator(fn), capacity)
 
-    def _fan_in(self, kind: str, name: str | None, build: Any, capacity: int) -> Stage:
+    def _fan_in(self, kind: StageKind, name: str | None, build: Any, capacity: int) -> Stage:
         return self._stage(
-            kind, name, kind, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
+            kind, name, kind.name, build=build, inputs=(1, None), inbox=InboxSpec(capacity)
         )
 
     def bind(
@@ -490,7 +539,7 @@ class Context(Environment):
         build = bind_operator(doc, self.pipe, construct, paths, loading)
         made.append(
             self._stage(
-                "bind",
+                BIND_KIND,
                 name,
                 label,
                 build=build,
@@ -533,7 +582,7 @@ class Context(Environment):
             chain_of=chain_stages,
         )
         return self._stage(
-            WALKS,
+            WALKS_KIND,
             name,
             WALKS,
             build=build,
@@ -557,7 +606,7 @@ class Context(Environment):
         """Lift a reactivex operator (over payloads; ``items=True``: over items) into a stage."""
         _check_callable(op, "rx")
         return self._stage(
-            "rx",
+            RX_KIND,
             name,
             _fn_name(op, "rx"),
             build=rx_operator(op, items=items),

@@ -1,4 +1,8 @@
-"""``Pipeline``: an immutable stage graph plus its lifecycle (start, stop, run, drive…)."""
+"""``Pipeline``: an immutable stage graph plus its lifecycle (start, stop, run, drive…).
+
+Over ~600 lines on purpose: it is one public class, whose lifecycle calls share one lock and
+one state (started, running, a drive's session), and splitting them would spread that state.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +32,7 @@ from rxstream.runtime._driven import DrivenRun
 from rxstream.runtime._plan import Plan, compile_plan
 from rxstream.runtime._run import DoneEvent, Run
 from rxstream.runtime._threaded import ThreadedRun
-from rxstream.stage import Node, Stage, compose_with
+from rxstream.stage import Node, Stage
 from rxstream.topology import PartitionTopology, topology_of
 from rxstream.transport import Session
 
@@ -638,9 +642,6 @@ class Pipeline:
         if self._run is None:
             raise PipelineStateError(f"{call} before start(): nothing is running")
         return self._run
-
-
-compose_with(Pipeline)  # `stage | x` builds a Pipeline (stage.py is the layer below)
 
 
 def running_pipelines(context: Context) -> list[Pipeline]:

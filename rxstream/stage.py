@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, get_args
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._inbox import InboxSpec
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._resources import Resource
 from rxstream._kernel._shell import StageShell
 from rxstream.typing import OnError, Operator
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from rxstream.context import Context
     from rxstream.pipeline import Pipeline
 
-__all__ = ["Node", "Stage", "compose_with", "cuda_path"]
+__all__ = ["Node", "Stage", "StageKind", "cuda_path"]
 
 _ON_ERROR = get_args(OnError)
 _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
@@ -31,6 +32,9 @@ _DEVICE = re.compile(r"cpu|cuda(:(0|[1-9][0-9]*))?")
 
 class Stage:
     """One stage of a pipeline: what it is (name, kind, placement, inbox) and how it runs.
+
+    ``kind`` is the kind's declaration (:class:`StageKind`: its shape and how the runtime
+    treats it), which the stage keeps as ``declared``; ``stage.kind`` is its name.
 
     ``build(shell)`` returns the stage's Rx operator for one run. ``inputs`` is the range of
     input counts it accepts. ``target`` is the user's object behind it (the function or the
@@ -45,6 +49,7 @@ class Stage:
     __slots__ = (
         "build",
         "context",
+        "declared",
         "device",
         "explicit_name",
         "inbox",
@@ -63,7 +68,7 @@ class Stage:
     def __init__(
         self,
         *,
-        kind: str,
+        kind: StageKind,
         name: str,
         build: Callable[[StageShell], Operator],
         context: Context,
@@ -78,9 +83,21 @@ class Stage:
         options: Mapping[str, Any] | None = None,
         uses: tuple[Resource[Any], ...] = (),
     ) -> None:
+        if not isinstance(kind, StageKind):
+            raise StageBuildError(
+                f"stage kind {kind!r} has no declared shape: a Stage is built with a "
+                f"StageKind (its shape, 1:1, N:1, 1:N, ...), got {type(kind).__name__} "
+                f"for stage {name!r}"
+            )
+        if kind.is_source != (inputs[1] == 0):
+            raise StageBuildError(
+                f"stage {name!r}: a {kind.name} stage is shaped {kind.shape!r}, which "
+                f"{'takes no' if kind.is_source else 'takes an'} input, got inputs={inputs!r}"
+            )
         if not isinstance(name, str) or not name or "." in name:
             raise StageBuildError(
-                f"stage name must be a non-empty str without '.', got {name!r} for a {kind} stage"
+                f"stage name must be a non-empty str without '.', got {name!r} for a "
+                f"{kind.name} stage"
             )
         if on_error not in _ON_ERROR:
             raise StageBuildError(
@@ -97,7 +114,8 @@ class Stage:
             self.inbox = (inbox or InboxSpec()).check(name)
         except ValueError as exc:
             raise StageBuildError(str(exc)) from None
-        self.kind = kind
+        self.declared = kind
+        self.kind = kind.name
         self.name = name
         self.explicit_name = explicit_name
         self.build = build
@@ -108,7 +126,15 @@ class Stage:
         self.on_error: OnError = on_error
         self.source = source
         self.target = target if target is not None else source
+        undeclared = sorted(set(options or ()) - set(kind.options))
+        if undeclared:
+            raise StageBuildError(
+                f"stage {name!r}: option {undeclared[0]!r} is not one a {kind.name} stage "
+                f"declares ({', '.join(kind.options) or 'none'})"
+            )
         self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
+        """The options its builder gave it, by the names its kind declares
+        (``StageKind.options``)."""
         self.uses = uses
         """The resources (``ctx.resource``) the stage reads, as found in what it is made
         from: a run loads them on the stage's rank before its first item."""
@@ -116,12 +142,12 @@ class Stage:
     @property
     def is_source(self) -> bool:
         """Whether the stage takes no input and produces items."""
-        return self.max_inputs == 0
+        return self.declared.is_source
 
     @property
     def is_sink(self) -> bool:
         """Whether the stage egresses (``ctx.stream``) and so must end a pipeline."""
-        return self.kind == "stream"
+        return self.declared.sink
 
     def __repr__(self) -> str:
         return f"<Stage {self.kind} {self.name!r}>"
@@ -141,34 +167,13 @@ class Stage:
             )
         return self.source.latest(default)  # type: ignore[attr-defined]
 
+    # ``stage | x`` builds the stage's context's Pipeline class: this layer, below it, never
+    # imports it, and every stage has the Context that made it.
     def __or__(self, other: Stage | Pipeline) -> Pipeline:
-        return _Composition.pipeline().of(self) | other
+        return self.context._composes.of(self) | other
 
     def __ror__(self, left: Sequence[Stage | Pipeline]) -> Pipeline:
-        return _Composition.pipeline().fan_in(left, self)
-
-
-class _Composition:
-    """The class ``stage | x`` builds: :class:`~rxstream.pipeline.Pipeline`, which registers
-    itself when imported (:func:`compose_with`), so that this layer, below it, never imports
-    it. ``import rxstream`` imports it, and every stage is made by a ``Context``, which does."""
-
-    made: type[Pipeline] | None = None
-
-    @classmethod
-    def pipeline(cls) -> type[Pipeline]:
-        if cls.made is None:
-            raise StageBuildError(
-                "stage | x builds a Pipeline, and rxstream.pipeline was not imported: "
-                "import rxstream (its package import does)"
-            )
-        return cls.made
-
-
-def compose_with(pipeline: type[Pipeline]) -> None:
-    """Make ``stage | x`` and ``[a, b] | stage`` build ``pipeline`` (``rxstream.pipeline``
-    registers its ``Pipeline`` at import)."""
-    _Composition.made = pipeline
+        return self.context._composes.fan_in(left, self)
 
 
 def cuda_path(upstream: Stage, downstream: Stage) -> bool:

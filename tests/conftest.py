@@ -4,6 +4,7 @@ configuration put back after every test."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -35,27 +36,23 @@ def structlog_as_it_was() -> Iterator[None]:
         structlog.configure(**config)
 
 
-@pytest.fixture(autouse=True)
-def no_leaked_threads() -> Iterator[None]:
-    """Fail a test that leaves an rxstream thread running (after a short grace period)."""
-    yield
-    deadline = time.monotonic() + 1.0
-    while live_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    leaked = live_threads()
-    assert not leaked, f"threads left running: {[t.name for t in leaked]}"
+LEAK_GRACE_S = 1.0
+"""How long a test's threads may take to end after it returns before they count as leaked."""
+
+CLEANUP_S = 5.0
+"""How long the leak check waits for the runs it stops to end."""
 
 
 @pytest.fixture(autouse=True)
-def balanced_books(
-    monkeypatch: pytest.MonkeyPatch, no_leaked_threads: None
-) -> Iterator[list[ThreadedRun]]:
-    """Fail a test whose threaded runs (started in this process) end with unbalanced books.
+def no_leaked_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[ThreadedRun]]:
+    """Fail a test that leaves an rxstream thread running (after a short grace period), and
+    clean up after it: every threaded run the test started is stopped and its threads
+    joined, so that one leak fails one test, not every test after it. Only threads the test
+    started count (one that outlives the cleanup is reported by its own test alone).
 
-    Runs are recorded as they start, and checked once the test is over and their threads
-    have ended (a run still going is the thread check's to report); a test may read partial
-    statistics while it runs. Costs one list append per ``start()``.
+    Yields the threaded runs the test started, as they start (the books below read them).
     """
+    before = set(live_threads())
     runs: list[ThreadedRun] = []
     start = ThreadedRun.start
 
@@ -64,6 +61,38 @@ def balanced_books(
         start(run)
 
     monkeypatch.setattr(ThreadedRun, "start", recorded)
+    yield runs
+    deadline = time.monotonic() + LEAK_GRACE_S
+    while _new_threads(before) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    leaked = _new_threads(before)
+    if not leaked:
+        return
+    stuck = [name for run in runs for name in run.stop(CLEANUP_S)]
+    for thread in leaked:
+        thread.join(max(0.0, deadline + CLEANUP_S - time.monotonic()))
+    left = [thread.name for thread in _new_threads(before)]
+    pytest.fail(
+        f"threads left running: {[t.name for t in leaked]}; the check stopped the test's "
+        f"{len(runs)} threaded runs: "
+        + (f"still running: {sorted(set(left) | set(stuck))}" if left or stuck else "all ended")
+    )
+
+
+def _new_threads(before: set[threading.Thread]) -> list[threading.Thread]:
+    """The live rxstream threads that were not running before the test."""
+    return [thread for thread in live_threads() if thread not in before]
+
+
+@pytest.fixture(autouse=True)
+def balanced_books(no_leaked_threads: list[ThreadedRun]) -> Iterator[list[ThreadedRun]]:
+    """Fail a test whose threaded runs (started in this process) end with unbalanced books.
+
+    Runs are recorded as they start (by the thread check above), and checked once the test is
+    over and their threads have ended (a run still going is the thread check's to report); a
+    test may read partial statistics while it runs. Costs one list append per ``start()``.
+    """
+    runs = no_leaked_threads
     yield runs
     problems = [
         f"run {index}: {problem}"

@@ -22,8 +22,8 @@ import pytest
 import rxstream
 from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._stats import StageCounters
-from rxstream.runtime._handoff import TokenThread
-from rxstream.runtime._thread import DequeThread, StageThread
+from rxstream.runtime._handoff import TokenThread, stage_thread
+from rxstream.runtime._thread import StageThread
 from rxstream.runtime._threaded import ThreadedRun
 from rxstream.transport import MemoryTransport
 from rxstream.typing import InboxPolicy
@@ -40,8 +40,8 @@ def wait_until(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.002)
 
 
-KINDS = pytest.mark.parametrize("kind", [StageThread, DequeThread], ids=["tokens", "deque"])
-"""Both inboxes: ``StageThread`` picks the C-queue one for ``block`` and ``drop_new``."""
+KINDS = pytest.mark.parametrize("kind", [TokenThread, StageThread], ids=["tokens", "deque"])
+"""Both inboxes: ``stage_thread`` picks the C-queue one for ``block`` and ``drop_new``."""
 
 
 def blocked_in(thread: threading.Thread, *functions: str) -> bool:
@@ -65,7 +65,10 @@ class Stage:
     """A bare :class:`StageThread` whose deliveries are recorded; item 0 waits for ``go``."""
 
     def __init__(
-        self, capacity: int, policy: InboxPolicy = "block", kind: type[StageThread] = StageThread
+        self,
+        capacity: int,
+        policy: InboxPolicy = "block",
+        kind: Callable[..., StageThread] = stage_thread,
     ) -> None:
         self.counters = StageCounters("t", "pipe")
         self.crashes: list[BaseException] = []
@@ -118,7 +121,7 @@ def test_the_inbox_of_block_and_drop_new_is_the_c_queue_one() -> None:
     counters = StageCounters("t", "pipe")
     specs = [InboxSpec(2, "block"), InboxSpec(2, "drop_new"), InboxSpec(2, "latest")]
     specs.append(InboxSpec(1 << 17, "block"))
-    kinds = [type(StageThread("t", spec, counters, print)) for spec in specs]
+    kinds = [type(stage_thread("t", spec, counters, print)) for spec in specs]
     assert kinds == [TokenThread, TokenThread, StageThread, StageThread]
 
 
@@ -140,7 +143,7 @@ def test_a_waiting_item_holds_its_slot_until_its_delivery_starts(kind: type[Stag
 
 def test_a_backlog_leaves_the_inbox_at_once_and_holds_its_slots() -> None:
     """The deque inbox empties at once; a batched item counts as waiting until it starts."""
-    stage = Stage(capacity=8, kind=DequeThread)
+    stage = Stage(capacity=8, kind=StageThread)
     views: list[tuple[int, int]] = []
     for value in range(1, 6):
         stage.during[value] = lambda: views.append((len(stage.thread._inbox), stage.thread.depth))
@@ -283,7 +286,7 @@ def test_a_timer_due_in_a_batch_runs_before_the_rest(kind: type[StageThread]) ->
 
 def test_a_stage_that_stops_accepting_puts_the_rest_of_its_batch_back() -> None:
     """``set_accepting(False)`` in a batch: the rest returns, in order, to the inbox's front."""
-    stage = Stage(capacity=8, kind=DequeThread)
+    stage = Stage(capacity=8, kind=StageThread)
     views: list[list[Any]] = []
     stage.during[2] = lambda: stage.thread.set_accepting(False)
     stage.backlog(range(1, 5))
@@ -340,7 +343,7 @@ def test_a_close_while_not_accepting_counts_what_the_thread_took() -> None:
 
 def test_one_item_at_a_time_takes_no_batch() -> None:
     """With one item waiting the deque thread takes it alone (the one-in-flight path)."""
-    stage = Stage(capacity=8, kind=DequeThread)
+    stage = Stage(capacity=8, kind=StageThread)
     batches: list[int] = []
     run_batch = stage.thread._run_batch
 
@@ -481,7 +484,7 @@ def test_a_producer_interrupted_while_waiting_for_room_leaves_no_waiter(
         return InterruptedLock() if made[0] == 1 else real()
 
     monkeypatch.setattr(_thread, "_new_lock", new_lock)
-    stage = Stage(capacity=1, kind=DequeThread)
+    stage = Stage(capacity=1, kind=StageThread)
     stage.backlog(range(1, 2))  # item 0 parks the thread, item 1 fills the inbox
     left: list[BaseException] = []
 

@@ -128,6 +128,7 @@ def test_failing_construct_keeps_the_old_stage_and_reports(ctx: rxstream.Context
     )
 
 
+@pytest.mark.slow
 def test_threaded_swap_under_load_has_no_gap(ctx: rxstream.Context) -> None:
     """A 200 ms construct swaps with no hole: pace never underflows, one cutover per swap."""
     doc = ctx.doc("control", defaults={"model": {"factor": 1}})

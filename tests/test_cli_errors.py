@@ -151,6 +151,7 @@ def test_topology_refuses_a_config_over_the_bound_listing_the_problem(
     assert "max_items must be > 0, got -1 for client stream 'pointer'" in err
 
 
+@pytest.mark.slow
 def test_a_rank_without_stages_says_so_in_the_summary() -> None:
     """``run --ranks 3`` of a two-rank app: rank 2's table reads "no stages", not an empty one."""
     done = subprocess.run(
@@ -276,6 +277,7 @@ def test_an_existing_output_file_that_is_not_writable_is_refused(
     assert video.read_bytes() == b"old"
 
 
+@pytest.mark.slow
 def test_ranks_checking_one_output_at_once_never_refuse_each_other(tmp_path: Path) -> None:
     """Two ranks (threads) check one ``--out`` and one missing folder at once: no refusal, and
     no probe left behind (a probe by the target's own name raced: "File exists")."""

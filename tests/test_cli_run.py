@@ -258,6 +258,7 @@ def test_run_frames_stops_after_n_egressed(capsys: pytest.CaptureFixture[str]) -
     assert "fps" not in err
 
 
+@pytest.mark.slow
 def test_run_two_ranks_writes_the_mp4_and_the_log_from_the_sink_rank(tmp_path: Path) -> None:
     """With the sink on rank 1, --out gets exactly N decodable frames and --log its records."""
     video, log = tmp_path / "out" / "run.mp4", tmp_path / "timing.jsonl"
@@ -365,6 +366,7 @@ async def main(ctx):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_a_main_app_s_egressed_sums_every_run(ranks: int, tmp_path: Path) -> None:
     """A main app that runs its pipeline twice (3 items each): ``egressed`` counts both runs'
@@ -559,6 +561,7 @@ def test_serve_refuses_a_remote_host_and_stray_flags(capsys: pytest.CaptureFixtu
     assert "--host, --port and --allow-remote go with --serve" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_serve_prints_the_url_of_the_page() -> None:
     """--serve --port 0 prints the page's URL on stderr and serves the page there."""
     proc = subprocess.Popen(
@@ -592,6 +595,7 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.slow
 def test_status_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a TTY, stderr gets a line of per-stage fps, depth and drops, rewritten, then erased."""
     terminal = _Terminal()
@@ -606,6 +610,7 @@ def test_status_line_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     assert text.endswith("\r\x1b[K")  # erased before the statistics were printed
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_rank_and_closes_the_file(tmp_path: Path) -> None:
     """SIGINT to the run's process group: exit 130, rank processes gone, no shm, MP4 playable."""
     video = tmp_path / "cut.mp4"
@@ -666,6 +671,7 @@ def test_ctrl_c_stops_a_main_app_and_closes_the_file(tmp_path: Path) -> None:
     assert decoded_frames(video) == [(16, 16)] * 10
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_a_main_app_on_every_rank(tmp_path: Path) -> None:
     """SIGINT during a main(ctx) app's run on 2 ranks: exit 130, rank 1 gone, no shm left."""
     seen = tmp_path / "rank1.pid"

@@ -63,12 +63,14 @@ def without_reader(*args: str) -> subprocess.CompletedProcess[str]:
         os.close(write)
 
 
+@pytest.mark.slow
 def test_topology_into_a_closed_pipe_exits_quietly() -> None:
     """``rxstream topology APP | head -0``: exit 141 (128 + SIGPIPE), nothing on stderr."""
     done = without_reader("topology", DEMO)
     assert (done.returncode, done.stderr) == (SIGPIPE, "")
 
 
+@pytest.mark.slow
 def test_a_run_into_a_closed_pipe_exits_quietly_with_its_file_complete(tmp_path: Path) -> None:
     """``rxstream run … --out F | head -0`` on 2 ranks: exit 141, no traceback, all of F."""
     video = tmp_path / "v.mp4"
@@ -82,6 +84,7 @@ def test_a_run_into_a_closed_pipe_exits_quietly_with_its_file_complete(tmp_path:
     assert decoded_frames(video) == 5
 
 
+@pytest.mark.slow
 def test_an_app_printing_into_a_closed_pipe_runs_to_its_end(tmp_path: Path) -> None:
     """The demo prints as it runs; with no reader left its run still ends well: 141, full MP4."""
     video = tmp_path / "demo.mp4"
@@ -110,6 +113,7 @@ def build(ctx):
 '''
 
 
+@pytest.mark.slow
 def test_a_rank_printing_into_a_closed_pipe_runs_to_its_end(tmp_path: Path) -> None:
     """A stage on spawned rank 1 prints with no reader left: 141, no BrokenPipeError, full MP4."""
     app = tmp_path / "printing.py"

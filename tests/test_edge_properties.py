@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import hypothesis.strategies as st
+import pytest
 from hypothesis import HealthCheck, given, settings
 
 import rxstream
@@ -38,6 +39,7 @@ def input_pipeline() -> rxstream.Pipeline:
     return ctx.input("pointer", limits, schema=schema, capacity=4) | ctx.tap(lambda _: None)
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(samples=st.lists(st.tuples(json_values, st.one_of(st.none(), numbers, text)), max_size=6))
 def test_feed_queues_or_refuses_any_json(samples: list[tuple[Any, Any]]) -> None:
@@ -72,6 +74,7 @@ def well_formed(state: Any) -> None:
         max_size=4,
     )
 )
+@pytest.mark.slow
 def test_a_doc_never_holds_what_a_page_cannot_parse(writes: list[dict[str, Any]]) -> None:
     """Any write is stored or refused with ``DocValidationError``; the state stays JSON a page
     parses (no NaN, no ±Infinity, no lone surrogate) and a float field holds floats."""

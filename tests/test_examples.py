@@ -90,6 +90,7 @@ def test_demo_self_test_passes_under_rxstream_test() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
 def test_two_ranks_stops_making_frames_once_its_downstream_rank_ends() -> None:
     """Rank 0's source stops once rank 1 egressed ``--frames``: it makes about what was used."""
     from rxstream.launch import launch

@@ -371,6 +371,7 @@ def build(ctx):
 """
 
 
+@pytest.mark.slow
 def test_a_rank_a_signal_killed_is_said_with_the_signal_name(tmp_path: Path) -> None:
     """A rank that a signal ended (a segfault) is named with the signal, not a bare -11."""
     app = tmp_path / "crashing.py"

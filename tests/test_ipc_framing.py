@@ -372,6 +372,7 @@ def assert_equal_nan(got: Any, want: Any) -> None:
         assert got == want
 
 
+@pytest.mark.slow
 @settings(max_examples=150, deadline=None)
 @given(values)
 def test_frame_unframe_round_trips_any_structure(obj: Any) -> None:

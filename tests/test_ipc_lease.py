@@ -528,6 +528,7 @@ def test_a_stage_that_leases_its_output_crosses_ranks_without_a_copy() -> None:
         pipeline.stop()
 
 
+@pytest.mark.slow
 def test_leased_frames_cross_rank_processes_in_place() -> None:
     """``rxstream run --ranks 2``: rank 0's render leases its frames, rank 1 reads them whole,
     and rank 0's table counts every frame but the first crossed in place (the ring is offered

@@ -9,15 +9,16 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 import rxstream
-from rxstream import PipelineStateError, StageBuildError
+from rxstream import PipelineStateError
 from rxstream.ranks._factory import RingBoundaries
 from rxstream.runtime import _crossings
-from rxstream.stage import _Composition
+from rxstream.stage import Stage
 
 PACKAGE = Path(rxstream.__file__).parent
 
@@ -41,6 +42,7 @@ def _hoisted(source: str) -> tuple[str, int]:
     return "\n".join([*lines[:at], *lazy, *lines[at:]]), len(lazy)
 
 
+@pytest.mark.slow
 def test_every_lazy_import_hoisted_the_package_still_imports(tmp_path: Path) -> None:
     """Every function-level rxstream import, hoisted to its module's top, still imports."""
     copy = tmp_path / "rxstream"
@@ -66,23 +68,33 @@ def test_every_lazy_import_hoisted_the_package_still_imports(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_stage_composes_with_the_pipeline_class_that_registered() -> None:
-    """``stage | x`` builds the class rxstream.pipeline registered, not one stage.py imports."""
-    assert _Composition.made is rxstream.Pipeline
+def test_stage_composes_with_its_contexts_pipeline_class() -> None:
+    """``stage | x`` builds through the Pipeline class of the stage's context, which stage.py
+    (a layer below) never imports."""
+    seen: list[str] = []
 
+    class Traced(rxstream.Pipeline):
+        @classmethod
+        def of(cls, stage: Stage) -> rxstream.Pipeline:
+            seen.append(f"of {stage.name}")
+            return super().of(stage)
 
-def test_stage_composition_before_the_pipeline_registered_says_so(
-    ctx: rxstream.Context, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """With no Pipeline registered, ``|`` on a stage names the missing module."""
-    a, b = ctx.source(range(2), name="a"), ctx.pipe(lambda x: x, name="b")
-    monkeypatch.setattr(_Composition, "made", None)
-    with pytest.raises(
-        StageBuildError, match=r"^stage \| x builds a Pipeline, and rxstream\.pipeline was not"
-    ):
-        a | b
-    with pytest.raises(StageBuildError, match=r"rxstream\.pipeline was not imported"):
-        [a] | b
+        @classmethod
+        def fan_in(
+            cls, heads: Sequence[Stage | rxstream.Pipeline], stage: Stage | rxstream.Pipeline
+        ) -> rxstream.Pipeline:
+            seen.append(f"fan_in {len(heads)}")
+            return super().fan_in(heads, stage)
+
+    class TracedContext(rxstream.Context):
+        _composes = Traced
+
+    traced = TracedContext()
+    a, b = traced.source(range(2), name="a"), traced.pipe(lambda x: x, name="b")
+    assert (a | b).drive(2) == [0, 1]
+    [a] | b
+    assert seen[0] == "of a"
+    assert "fan_in 1" in seen
 
 
 def test_a_started_run_gets_its_boundaries_from_what_ranks_provided(

@@ -18,7 +18,9 @@ import structlog
 import torch
 
 import rxstream
+from rxstream.operators import PACE_KIND, PIPE_KIND, STREAM_KIND
 from rxstream.operators._sink import producer_of
+from rxstream.operators._source import SOURCE_KIND
 from rxstream.transport import CodecError, FileTransport, to_rgb24
 from rxstream.transport._codecs import FrameCheck
 
@@ -198,7 +200,12 @@ def test_producer_of_skips_boundary_and_pass_through_stamps() -> None:
         ("pace.in", 0.6),
         ("pace.out", 0.7),
     )
-    kinds = {"counter": "source", "paint": "pipe", "pace": "pace", "video": "stream"}
+    kinds = {
+        "counter": SOURCE_KIND,
+        "paint": PIPE_KIND,
+        "pace": PACE_KIND,
+        "video": STREAM_KIND,
+    }
     assert producer_of(timeline, kinds) == "paint"
     assert producer_of((), kinds) is None
 

@@ -115,6 +115,7 @@ def in_shm(names: list[str]) -> list[str]:
     return [name for name in names if os.path.exists(f"/dev/shm/{name}")]
 
 
+@pytest.mark.slow
 def test_rings_lose_their_names_once_every_rank_attached(
     made_rings: list[str], clean_host: None
 ) -> None:
@@ -148,6 +149,7 @@ def test_in_process_rings_have_no_name_while_they_run(
         pipeline.stop()
 
 
+@pytest.mark.slow
 def test_stop_ends_a_launch_with_every_rank_s_statistics(clean_host: None) -> None:
     """Setting stop (as a signal handler does) ends the run; each rank reports, none fails."""
     stop = threading.Event()
@@ -217,6 +219,7 @@ def test_ring_spec_rules_name_the_field_and_value() -> None:
     assert [(ring._slots, ring._slot_bytes) for ring in rings] == [(2, 1 << 20)]
 
 
+@pytest.mark.slow
 def test_a_rank_without_stages_ends_at_once_and_leaves_the_rings_alone(clean_host: None) -> None:
     """Launched on 3 ranks, a 2-rank app's rank 2 reports done at once, and the run ends by
     itself when the source's 30 frames are delivered (no timeout: it must end on its own).
@@ -278,6 +281,7 @@ def test_doc_and_generations_reach_the_other_rank(tmp_path: Path, clean_host: No
     assert "prepare>work.in" in rows[0]["hops"]
 
 
+@pytest.mark.slow
 def test_cli_run_prints_per_rank_statistics(clean_host: None) -> None:
     """`rxstream run APP --ranks 2 --frames N` runs and prints each rank's statistics."""
     done = subprocess.run(
@@ -337,6 +341,7 @@ def test_cuda_tensors_cross_through_the_bridge_and_are_released(clean_host: None
     assert all(calls.index("wait") < calls.index("read") for _ in range(1))
 
 
+@pytest.mark.slow
 def test_rank_0_starts_its_sources_once_every_rank_is_ready(
     tmp_path: Path, clean_host: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -190,6 +190,7 @@ def test_a_stage_stalled_on_a_full_inbox_is_not_counted_busy(ctx: rxstream.Conte
         pipeline.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["ring", "cuda"])
 def test_a_put_on_a_full_ring_is_the_upstreams_stall_not_its_work(kind: str) -> None:
     """A source blocked on the full ring (or CUDA slot pool) to a hung stage on another rank

@@ -408,6 +408,7 @@ def test_cli_json_has_the_numbers() -> None:
     assert [m["line"] for m in data["malformed"]] == [6, 9, 11]
 
 
+@pytest.mark.slow
 def test_cli_plot_writes_a_png(tmp_path: Path) -> None:
     """`--plot out.png` writes a non-empty PNG and says so after the table."""
     result = rxstream_timing(str(GOLDEN), "--plot", "out.png", cwd=tmp_path)

@@ -94,6 +94,7 @@ def bad_log(kind: str, folder: Path) -> tuple[list[str], str]:
         "only the self test's record",
     ],
 )
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["table", "--json"])
 def test_a_log_with_nothing_to_summarise_is_one_line_and_an_error(
     tmp_path: Path, kind: str, mode: str
@@ -138,6 +139,7 @@ def test_the_self_test_record_is_tagged() -> None:
     assert TimingRecord.from_fields(records[1].fields()).self_test is False
 
 
+@pytest.mark.slow
 def test_summaries_leave_the_self_test_out_unless_asked(tmp_path: Path) -> None:
     """load() and `rxstream timing` skip the self test's record; --include-self-test keeps it."""
     path = write_log(tmp_path / "run.jsonl", driven_records(self_test_first=True))

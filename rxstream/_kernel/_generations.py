@@ -6,10 +6,13 @@ it first sees an item of a newer flush generation. Sources stamp all three on ev
 
 Both rules are written here once: :meth:`Generations.is_stale`, and :class:`Admission`, the
 checks an item meets on arriving at a stage (the threaded port and the fused drive path alike).
-The per-item quick test that finds nothing to do (:meth:`Admission.routine`'s rule) is also
-written out where a call an item counts: :meth:`Admission.admitting` (a port's closure) and a
-pipe's ``on_next`` behind its own port (:class:`Admitted`); tests/test_admission.py drives
-every branch through both.
+The per-item quick test that finds nothing to do (no cutover to count, no newer flush, not
+stale) is written out where a call an item counts: :meth:`Admission.admitting` (a port's
+closure), a pipe's ``on_next`` behind its own port (:class:`Admitted`), the fused chain's quick
+path (``runtime/_fuse.py``) and a run's tail (``runtime/_run.py``); anything else goes to
+:meth:`Admission.admit`. tests/test_admission.py drives every branch through the port and the
+pipe, and tests/test_pipe_step.py (hypothesis) holds the fused chain to the pipe's outputs
+and books.
 """
 
 import threading
@@ -175,9 +178,9 @@ class Admission:
     def admitting(self, on_next: Callable[[PipelineItem], None]) -> Callable[[PipelineItem], None]:
         """``on_next`` behind these checks: an item goes on when :meth:`admit` lets it in.
 
-        A routine item (:meth:`routine`'s rule) costs one compare chain on its base metadata,
-        written out here, no further call; any other goes through :meth:`admit` (a port's
-        per-item path: ``bench/hop_parts.py``'s admission row).
+        A routine item (no cutover, no newer flush, not stale) costs one compare chain on its
+        base metadata, written out here, no further call; any other goes through
+        :meth:`admit` (a port's per-item path: ``bench/hop_parts.py``'s admission row).
         """
         generations = self._generations
         admit = self.admit
@@ -197,15 +200,6 @@ class Admission:
             on_next(item)
 
         return admitted
-
-    def routine(self, metadata: PipelineMetadata) -> bool:
-        """Whether :meth:`admit` would let ``metadata`` in and do nothing else: not stale, no
-        cutover to count, no flush to reset (a fused chain's quick path)."""
-        return not (
-            metadata.cutover
-            or metadata.flush_generation > self._flushed
-            or self._generations.is_stale(metadata)
-        )
 
 
 Unadmitted = Callable[

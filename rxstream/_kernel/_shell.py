@@ -14,6 +14,7 @@ from reactivex import abc
 
 from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Admission, Generations
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._scheduler import _ClockScheduler
 from rxstream._kernel._stats import StageCounters
 from rxstream._util import library_logger
@@ -82,9 +83,9 @@ class StageShell:
         self.target_fn: Any = None
         """The stage's own function (a pipe's ``fn``), for operators that call it directly."""
         self.reset = reset
-        self.stage_kinds: Mapping[str, str] = {}
-        """Every stage of the run's plan (every rank's), by name: its kind (the run sets it;
-        the sink reads which stage made a payload from an item's stamps)."""
+        self.stage_kinds: Mapping[str, StageKind] = {}
+        """Every stage of the run's plan (every rank's), by name: its kind's declaration (the
+        run sets it; the sink reads which stage made a payload from an item's stamps)."""
         self.run_id = ""
         """The id of the run the shell is part of (``Run.run_id``; the sink writes it on its
         timing records)."""

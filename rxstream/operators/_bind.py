@@ -29,6 +29,7 @@ from reactivex.disposable import CompositeDisposable, Disposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.doc._doc import BindFailure, Doc
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
@@ -37,7 +38,10 @@ from rxstream.operators._core import one_input
 from rxstream.stage import Stage
 from rxstream.typing import ItemStream, Operator
 
-__all__ = ["bind_declaration", "bind_operator"]
+__all__ = ["BIND_KIND", "bind_declaration", "bind_operator"]
+
+BIND_KIND = StageKind("bind", "free", options=("deps",))
+"""``doc.bind``: whatever the stage it builds does."""
 
 Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]
 Paths = tuple[tuple[str, ...], ...]

@@ -19,6 +19,7 @@ import reactivex
 from reactivex import Observable, Observer, abc, operators
 from reactivex.disposable import CompositeDisposable
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import (
     PipelineItem,
@@ -32,7 +33,25 @@ from rxstream.item import (
 from rxstream.operators._core import attach
 from rxstream.typing import ItemStream, Operator
 
-__all__ = ["combine_groups", "combine_operator", "merge_operator", "merged", "zip_operator"]
+__all__ = [
+    "COMBINE_KIND",
+    "MERGE_KIND",
+    "ZIP_KIND",
+    "combine_groups",
+    "combine_operator",
+    "merge_operator",
+    "merged",
+    "zip_operator",
+]
+
+MERGE_KIND = StageKind("merge", "1:1", passes=True)
+"""``ctx.merge``: every item of every input."""
+
+ZIP_KIND = StageKind("zip", "N:1")
+"""``ctx.zip``: one output per index of the inputs."""
+
+COMBINE_KIND = StageKind("combine", "N:1")
+"""``ctx.combine``: one output per arrival, once each input has one."""
 
 Group = tuple[PipelineItem, ...]
 

@@ -44,12 +44,16 @@ from collections.abc import Hashable, Iterable
 from contextvars import ContextVar
 from typing import Any, NamedTuple
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._stats import StageCounters
 from rxstream.item import now
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
 from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
-__all__ = ["READING", "InputFeed", "InputSample", "PullReads", "SampleRead"]
+__all__ = ["INPUT_KIND", "READING", "InputFeed", "InputSample", "PullReads", "SampleRead"]
+
+INPUT_KIND = StageKind("input", "source", options=("limits", "chunks", "schema"))
+"""An input: what ``feed`` accepted, pulled."""
 
 _MAX_AT_MS = 2.0**53
 """The largest ``at_ms`` taken (ms; beyond it a JSON number is no longer exact)."""

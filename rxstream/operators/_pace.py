@@ -53,6 +53,7 @@ from typing import Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import (
     PipelineItem,
@@ -66,7 +67,12 @@ from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
-__all__ = ["AHEAD_S", "SLEW", "pace_operator"]
+__all__ = ["AHEAD_S", "PACE_KIND", "SLEW", "pace_operator"]
+
+PACE_KIND = StageKind(
+    "pace", "repeats", holds=True, passes=True, options=("fps", "time_base", "overflow", "phase")
+)
+"""``ctx.pace``: a tick with nothing new repeats the last frame."""
 
 SLEW = 0.1
 """The most a phase-locked period differs from ``1/fps``, as a fraction of it."""

@@ -9,13 +9,22 @@ from typing import Any
 from reactivex import Observable, abc
 
 from rxstream._kernel._generations import Admitted
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _base, _forward, now
 from rxstream.operators._core import OnNext, attach, per_item
 from rxstream.operators._fanin import combine_groups, merged
 from rxstream.typing import ItemStream, Operator, StageFn
 
-__all__ = ["caller", "pipe_operator", "tap_operator"]
+__all__ = ["PIPE_KIND", "TAP_KIND", "caller", "pipe_operator", "tap_operator"]
+
+PIPE_KIND = StageKind(
+    "pipe", "1:1", fan_in="N:1", timed=True, fusable=True, options=("items", "chunks", "fuse")
+)
+"""``ctx.pipe``: 1:1, and N:1 under fan-in (the latest of each input)."""
+
+TAP_KIND = StageKind("tap", "1:1", timed=True, passes=True)
+"""``ctx.tap``: the item passes on."""
 
 
 def caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:

@@ -17,12 +17,16 @@ from typing import Any
 
 from reactivex import Observable, abc
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, now
 from rxstream.operators._core import one_input
 from rxstream.typing import ItemStream, Operator
 
-__all__ = ["rx_operator"]
+__all__ = ["RX_KIND", "rx_operator"]
+
+RX_KIND = StageKind("rx", "free")
+"""``ctx.rx``: a reactivex operator, any count."""
 
 _REMEMBERED = 64
 """Recent inputs remembered for re-attaching metadata to what a timer lets through."""

@@ -28,6 +28,7 @@ from typing import Any
 from reactivex import abc
 
 from rxstream._exceptions import CodecError, ItemRefused
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
@@ -37,26 +38,28 @@ from rxstream.transport import Transport
 from rxstream.transport._codecs import RANGE_EVERY, FrameCheck
 from rxstream.typing import Operator
 
-__all__ = ["producer_of", "sink_operator"]
+__all__ = ["STREAM_KIND", "producer_of", "sink_operator"]
+
+STREAM_KIND = StageKind("stream", "1:1", sink=True, options=("codec",))
+"""``ctx.stream``: the egress sink."""
 
 _CHECKED = frozenset({"jpeg", "h264"})
 """The codecs whose sinks check their payloads (a ``raw`` sink may carry anything to a memory
 transport; a page reading it as a frame says so)."""
 
-_PASSING = frozenset({"tap", "pace", "merge", "unbatch"})
-"""Stage kinds that hand a payload on as it came (``pace`` may repeat it, ``unbatch`` hands on
-the parts of a batch another stage made): never its maker."""
 
-
-def producer_of(timeline: tuple[tuple[str, float], ...], kinds: Mapping[str, str]) -> str | None:
+def producer_of(
+    timeline: tuple[tuple[str, float], ...], kinds: Mapping[str, StageKind]
+) -> str | None:
     """The stage that made an item's payload: the last stage with an ``.out`` stamp in
-    ``timeline`` whose kind may change a payload (any but ``tap``, ``pace``, ``merge`` and
-    ``unbatch``); boundary stamps are skipped. ``None`` when the stamps do not tell (timing off)."""
+    ``timeline`` whose kind may change a payload (one that does not declare ``passes``: not a
+    ``tap``, ``pace``, ``merge``, ``unbatch`` or ``throttle``); boundary stamps are skipped.
+    ``None`` when the stamps do not tell (timing off)."""
     for hop, _ in reversed(timeline):
         if hop.endswith(".out"):
             name = hop[:-4]
             kind = kinds.get(name)
-            if kind is not None and kind not in _PASSING:
+            if kind is not None and not kind.passes:
                 return name
     return None
 
@@ -76,7 +79,7 @@ def _input_of(timeline: tuple[tuple[str, float], ...]) -> str:
     return ""
 
 
-def _named(exc: CodecError, item: PipelineItem, kinds: Mapping[str, str]) -> CodecError:
+def _named(exc: CodecError, item: PipelineItem, kinds: Mapping[str, StageKind]) -> CodecError:
     """``exc`` naming the stage that made ``item``'s payload, when the stamps tell."""
     maker = producer_of(item.metadata.timeline, kinds)
     return exc if maker is None else CodecError(f"{exc} from stage {maker!r}")

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from rxstream._exceptions import PipelineError, StageBuildError
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
 from rxstream._util import library_logger
@@ -52,7 +53,10 @@ from rxstream.item import (
 )
 from rxstream.operators._input import READING, InputFeed, InputSample, PullReads
 
-__all__ = ["SKIPPED", "SourcePuller", "batch_hint", "check_source"]
+__all__ = ["SKIPPED", "SOURCE_KIND", "SourcePuller", "batch_hint", "check_source"]
+
+SOURCE_KIND = StageKind("source", "source", options=("reads",))
+"""A source: its pulls make the items."""
 
 _log = library_logger("rxstream")
 

@@ -12,12 +12,16 @@ from typing import Any
 
 from reactivex import abc
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _with_stamps, evolve_metadata, now
 from rxstream.operators._core import OnNext, per_item
 from rxstream.typing import Operator
 
-__all__ = ["split_batch", "unbatch_operator"]
+__all__ = ["UNBATCH_KIND", "split_batch", "unbatch_operator"]
+
+UNBATCH_KIND = StageKind("unbatch", "1:N", passes=True)
+"""``ctx.unbatch``: a batch becomes its children."""
 
 
 def split_batch(payload: Any) -> Sequence[Any]:

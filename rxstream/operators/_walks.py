@@ -29,6 +29,7 @@ from reactivex.disposable import CompositeDisposable
 from reactivex.subject import Subject
 
 from rxstream._exceptions import StageBuildError, TopologyError
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.doc._snapshot import Ref, Snapshot
 from rxstream.item import PipelineItem, _stamped
@@ -43,7 +44,12 @@ if TYPE_CHECKING:
     from rxstream.pipeline import Pipeline
     from rxstream.topology._chunks import ChunkPolicyFactory
 
-__all__ = ["ChainOf", "WalkPick", "producer_operator", "walks_declaration"]
+__all__ = ["WALKS_KIND", "ChainOf", "WalkPick", "producer_operator", "walks_declaration"]
+
+WALKS_KIND = StageKind(
+    WALKS, "free", options=("walks", "chains", "pick", "consumer_walk", "chunks")
+)
+"""``ctx.walks``: whatever the walk of each pass does."""
 
 WalkPick: TypeAlias = "Ref | Callable[[Snapshot], str]"
 """How the conductor picks a walk per pass: a doc ref, or a function of the control doc."""

@@ -21,13 +21,17 @@ from typing import Any
 from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
+from rxstream._kernel._kind import StageKind
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _newest, merge_metadata, now
 from rxstream.operators._core import attach, one_input
 from rxstream.operators._hold import held_stamps
 from rxstream.typing import ItemStream, Operator
 
-__all__ = ["window_operator"]
+__all__ = ["WINDOW_KIND", "window_operator"]
+
+WINDOW_KIND = StageKind("window", "N:1", holds=True)
+"""``ctx.window``: it holds the open window."""
 
 
 def window_operator(

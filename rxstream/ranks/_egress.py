@@ -150,7 +150,7 @@ class Egress(Transport):
         from rxstream.operators._sink import producer_of
 
         stages = self.pipeline.stages if self.pipeline is not None else {}
-        maker = producer_of(item.metadata.timeline, {n: s.kind for n, s in stages.items()})
+        maker = producer_of(item.metadata.timeline, {n: s.declared for n, s in stages.items()})
         cause = exc if maker is None else CodecError(f"{exc} from stage {maker!r}")
         md = item.metadata
         return PipelineError(stream, cause, pts=md.pts, input_seq=md.input_seq)

@@ -4,7 +4,8 @@ still waiting.
 For a stage, what *arrived* is the sum of what each of its inputs emitted (every consumer of
 a stage gets each of its items), and what it *took* is what arrived less what it dropped
 (any reason: at its inbox, stale, ``error``, ``stopped``…) less what waits in its inbox.
-Then, by kind:
+Then, by the shape its kind declares (``StageKind.shape``, ``fan_in`` with several inputs;
+``rxstream/_kernel/_kind.py``):
 
 - a source: each pull that made an item emits it or, when a stopping run's ring to another
   process refused it, drops it (``items_in == items_out + dropped``); a pull that raised
@@ -12,15 +13,18 @@ Then, by kind:
 - an input: what ``feed`` accepted is what the stage pulled, plus what the full queue dropped
   (``latest``), plus what still waits; refused samples (``invalid``, ``limit``) were never
   accepted;
-- a 1:1 stage (``pipe`` and ``tap`` with one input, ``merge``, ``stream``): it emits exactly
+- ``1:1`` (``pipe`` and ``tap`` with one input, ``merge``, ``stream``): it emits exactly
   what it took (``took == items_out``);
-- an N:1 stage (``window``, ``zip``, ``combine``, a fan-in ``pipe``): each output is at
-  least one item it took (``items_out <= took``);
-- ``pace``: each item it took goes out once, and a tick with nothing new repeats the last
-  (``items_out >= took``);
-- 1:N and free-form stages (``unbatch``, ``rx``, ``bind``, ``walks``), and stages fed through
-  a chunk policy (theirs, or an input's own ``chunks=``): never more dropped than arrived
+- ``N:1`` (``window``, ``zip``, ``combine``, a fan-in ``pipe``): each output is at least one
+  item it took (``items_out <= took``);
+- ``repeats`` (``pace``): each item it took goes out once, and a tick with nothing new
+  repeats the last (``items_out >= took``);
+- ``1:N`` and ``free`` (``unbatch``, ``rx``, ``bind``, ``walks``), and stages fed through a
+  chunk policy (theirs, or an input's own ``chunks=``): never more dropped than arrived
   (``took >= 0``).
+
+A stage that says it holds items (``StageCounters.held``) must be of a kind that declares
+``holds=True`` (an idle run waits for what it holds).
 
 Checked by the test suite after every threaded test (``tests/conftest.py``).
 """
@@ -37,8 +41,6 @@ if TYPE_CHECKING:
 
 __all__ = ["settled", "unbalanced"]
 
-_ONE_TO_ONE = frozenset({"tap", "merge", "stream"})
-_MANY_TO_ONE = frozenset({"window", "zip", "combine"})
 _FED = ("invalid", "limit", "latest")
 """An input's drops before a pull: refused by ``feed``, or dropped from its full queue."""
 
@@ -87,20 +89,22 @@ def unbalanced(run: ThreadedRun) -> list[str]:
             f"{kind} {name!r}: arrived {arrived}, dropped {dict(s.dropped)}, waiting "
             f"{s.inbox_depth}, took {took}, emitted {s.items_out}"
         )
+        if run.shells[node].counters.held and not node.stage.declared.holds:
+            problems.append(
+                f"{books}: it holds {run.shells[node].counters.held} items, and its kind does "
+                f"not declare holds=True"
+            )
         if took < 0:
             problems.append(f"{books}: more dropped than arrived")
         elif chunks_of(node.stage) is not None or any(
             up.stage.is_source and chunks_of(up.stage) is not None for up in node.inputs
         ):
             continue  # it takes chunks of what arrived
-        elif (kind in _ONE_TO_ONE or (kind == "pipe" and len(node.inputs) == 1)) and (
-            took != s.items_out
-        ):
+        shape = node.stage.declared.shape_with(len(node.inputs))
+        if shape == "1:1" and took != s.items_out:
             problems.append(f"{books}: a 1:1 stage emits what it took")
-        elif (kind in _MANY_TO_ONE or (kind == "pipe" and len(node.inputs) > 1)) and (
-            s.items_out > took
-        ):
+        elif shape == "N:1" and s.items_out > took:
             problems.append(f"{books}: an N:1 stage emits at most what it took")
-        elif kind == "pace" and s.items_out < took:
-            problems.append(f"{books}: pace emits every item it took")
+        elif shape == "repeats" and s.items_out < took:
+            problems.append(f"{books}: a repeating stage emits every item it took")
     return problems

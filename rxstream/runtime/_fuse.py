@@ -91,7 +91,7 @@ def _fusable(node: Node) -> bool:
     stage = node.stage
     options = stage.options
     return (
-        stage.kind == "pipe"
+        stage.declared.fusable
         and len(node.inputs) == 1
         and not options.get("items")
         and options.get("chunks") is None  # a chunked input is gated before the stage

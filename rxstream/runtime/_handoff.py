@@ -13,7 +13,7 @@ What stays as it was: order, capacity (a taken item holds its slot until its del
 starts), drops and their reasons (``drop_new``, ``stopped``), stall and wait accounting,
 timers on the same thread, ``pace``'s ``set_accepting``, close from any thread, a producer
 interrupted while waiting for room (Ctrl-C) leaving nothing behind. ``latest``, whose waiting
-items must stay replaceable by fresher ones, keeps the deque (:class:`StageThread` picks).
+items must stay replaceable by fresher ones, keeps the deque (:func:`stage_thread` picks).
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from rxstream._kernel._inbox import InboxSpec
 from rxstream._kernel._scheduler import _Timer
 from rxstream._kernel._stats import StageCounters
 from rxstream.runtime._thread import (
-    _INBOXES,
     LIVE_ITEMS,
     LIVE_S,
     StageThread,
@@ -44,7 +43,7 @@ from rxstream.runtime._thread import (
     stall_begins,
 )
 
-__all__ = ["TokenThread"]
+__all__ = ["TokenThread", "stage_thread"]
 
 _WAKE: tuple[Any, ...] = ("wake",)
 """An entry that only wakes the thread (a timer, ``set_accepting``, a close): one field, where
@@ -437,4 +436,15 @@ class TokenThread(StageThread):
             self._drain()
 
 
-_INBOXES.append(TokenThread)
+def stage_thread(
+    name: str,
+    spec: InboxSpec,
+    counters: StageCounters,
+    on_crash: Callable[[BaseException], None],
+) -> StageThread:
+    """The thread for a stage's inbox of ``spec``: under ``block`` and ``drop_new`` (a capacity
+    up to :data:`TOKENS_MAX`) a :class:`TokenThread`'s two C queues; under ``latest``, whose
+    waiting items a fresher one can replace, and the largest capacities, the deque of
+    :class:`~rxstream.runtime._thread.StageThread`."""
+    kind = TokenThread if TokenThread.takes(spec) else StageThread
+    return kind(name, spec, counters, on_crash)

@@ -23,7 +23,6 @@ from rxstream._kernel._generations import Admitted
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem
 from rxstream.operators._core import attach
-from rxstream.runtime import _handoff  # noqa: F401  # registers the C-queue inbox
 from rxstream.runtime._thread import StageThread
 from rxstream.typing import ItemStream
 

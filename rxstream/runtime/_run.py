@@ -58,7 +58,6 @@ __all__ = ["DoneEvent", "Run", "new_run_id"]
 
 _log = library_logger("rxstream")
 
-_TIMED_KINDS = frozenset({"pipe", "tap"})
 """The stage kinds whose calls a run's `GpuClock` times and names in NVTX (each call is one
 item's: a pipe's, fused or not, and a tap's)."""
 
@@ -155,7 +154,7 @@ class Run(ABC):
         self._pullers: dict[Node, SourcePuller] = {}
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._subscriptions = CompositeDisposable()
-        self._kinds = {plan.names[node]: node.stage.kind for node in plan.nodes}
+        self._kinds = {plan.names[node]: node.stage.declared for node in plan.nodes}
         api = cuda_api if cuda_api is not None else _real_cuda_api()
         self.gpu_clock: GpuClock | None = None
         """The stages' CUDA event timing and NVTX ranges (``None``: no CUDA api here)."""
@@ -235,7 +234,7 @@ class Run(ABC):
         shell.stage_kinds = self._kinds
         if self.gpu_clock is not None:
             shell.gpu_clock = self.gpu_clock
-            if stage.kind in _TIMED_KINDS:
+            if stage.declared.timed:
                 shell.gpu = self.gpu_clock.timer(name, stage.device)
         self.shells[node] = shell
         return shell
@@ -259,7 +258,8 @@ class Run(ABC):
                 counts = tuple(feed for feed in reads if feed not in counted)
                 counted.update(counts)
                 unbatched = any(
-                    down.stage.kind == "unbatch" and node in down.inputs for down in self.plan.nodes
+                    down.stage.declared.shape == "1:N" and node in down.inputs
+                    for down in self.plan.nodes
                 )  # a batch sent as one on purpose: no hint
                 self._pullers[node] = SourcePuller(
                     node.stage.source, shell, reads, hint=not unbatched, counts=counts

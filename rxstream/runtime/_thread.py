@@ -29,7 +29,6 @@ from rxstream._kernel._scheduler import _ClockScheduler, _Timer
 from rxstream._kernel._stats import StageCounters
 
 __all__ = [
-    "DequeThread",
     "StageThread",
     "VirtualClock",
     "_ClockScheduler",
@@ -200,26 +199,6 @@ class StageThread(_ClockScheduler):
     front of the inbox, when a timer is due or the stage stops accepting (``pace``); a
     ``close`` in the middle of a batch counts the rest as dropped (``stopped``).
     """
-
-    def __new__(
-        cls,
-        name: str,
-        spec: InboxSpec,
-        counters: StageCounters,
-        on_crash: Callable[[BaseException], None],
-    ) -> StageThread:
-        """The first kind of :data:`_INBOXES` that takes ``spec``, else this deque inbox: under
-        ``block`` and ``drop_new`` (a capacity up to ``TOKENS_MAX``) the two C queues of
-        :class:`~rxstream.runtime._handoff.TokenThread`; under ``latest`` this deque, whose
-        waiting items a fresher one can replace."""
-        if cls is StageThread:
-            cls = next((kind for kind in _INBOXES if kind.takes(spec)), cls)
-        return super().__new__(cls)
-
-    @classmethod
-    def takes(cls, spec: InboxSpec) -> bool:
-        """Whether this kind of thread serves an inbox of ``spec`` (this one: every spec)."""
-        return True
 
     def __init__(
         self,
@@ -562,16 +541,6 @@ class StageThread(_ClockScheduler):
                 self._inbox.extendleft(reversed(batch))
                 self._data += held
             batch.clear()
-
-
-_INBOXES: list[type[StageThread]] = []
-"""Other kinds of stage thread, registered by their modules (runtime/_handoff.py, imported with
-the port, which every threaded run uses); :meth:`StageThread.__new__` picks among them."""
-
-
-class DequeThread(StageThread):
-    """A :class:`StageThread` that keeps the deque inbox under every policy (what ``latest``
-    and the largest capacities get; tests pin its batches against the C-queue inbox)."""
 
 
 def _run_timer(timer: _Timer) -> None:

@@ -24,6 +24,7 @@ from rxstream.operators._source import SKIPPED, SourcePuller
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._crossings import BoundaryFactory
 from rxstream.runtime._fuse import fused, fused_into, threaded_chains
+from rxstream.runtime._handoff import stage_thread
 from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import InboxPort, Port
 from rxstream.runtime._run import Run
@@ -101,7 +102,7 @@ class ThreadedRun(Run):
         if fused(node):  # runs on its upstream's thread: made before it, in plan order
             shell.scheduler = self.shells[node.inputs[0]].scheduler
         elif not stage.is_source:
-            thread = StageThread(shell.name, stage.inbox, shell.counters, shell.crashed)
+            thread = stage_thread(shell.name, stage.inbox, shell.counters, shell.crashed)
             shell.scheduler = thread
             self.threads[node] = thread
         return shell
