@@ -64,6 +64,18 @@ def serve_demo(
     return server, url, pin, said
 
 
+def stop(server: subprocess.Popen[str]) -> None:
+    """End the served demo: SIGINT (a clean stop, its timing log complete), killed after 20 s."""
+    if server.poll() is not None:
+        return
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(5)
+
+
 def row(
     name: str,
     link: Link | None,
@@ -76,23 +88,20 @@ def row(
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "timing.jsonl"
         server, url, pin, _ = serve_demo(link, log)
-        assert pin is not None
-        before = link.stats() if link else None
-        argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
-        argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
-        way = link.spec.down if link else None
-        if way is not None and way.blackout_every_s:  # jump for a whole period: one blackout
-            argv += ["--min-s", str(way.blackout_every_s + way.blackout_s)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        argv = link.argv("client", argv) if link else argv
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-        after = link.stats() if link else None
-        server.send_signal(signal.SIGINT)  # a clean stop: the timing log is complete
         try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
+            assert pin is not None
+            before = link.stats() if link else None
+            argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
+            argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
+            way = link.spec.down if link else None
+            if way is not None and way.blackout_every_s:  # jump a whole period: one blackout
+                argv += ["--min-s", str(way.blackout_every_s + way.blackout_s)]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            argv = link.argv("client", argv) if link else argv
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+            after = link.stats() if link else None
+        finally:  # the loopback server is this process's child: never left serving
+            stop(server)
         if done.returncode:
             tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
             return {"name": name, "error": f"the page failed: {tail[0]}"}

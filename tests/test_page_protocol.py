@@ -241,6 +241,28 @@ def test_a_page_with_unsent_bytes_waiting_is_skipped_and_h264_is_not_encoded_for
     protocol.close_encoders()
 
 
+def test_a_webcodecs_page_sees_no_gap_in_units_for_frames_never_encoded() -> None:
+    """Frames not encoded for the link leave a gap in ``seq`` but none in ``unit`` (the
+    encoder's numbering): the page decodes on, no keyframe needed."""
+    protocol = protocol_of(Clock())
+    protocol.open(Session(streams={"video": "h264"}))
+    link = MemoryLink()
+    page = protocol.attach(link)
+    say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol.send("video", frame())
+    link.unsent = UNSENT_SLACK_BYTES + 1
+    for _ in range(3):
+        protocol.send("video", frame())
+    link.unsent = 0
+    protocol.send("video", frame())
+    protocol.send("video", frame())
+    headers = link.headers()
+    assert [h["seq"] for h in headers] == [1, 5, 6]
+    assert [h["unit"] for h in headers] == [1, 2, 3]
+    assert [h["key"] for h in headers] == [True, False, False]
+    protocol.close_encoders()
+
+
 def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
     """Another page took the frame, so it was encoded: the one that could not has a hole and
     gets no delta frame until the keyframe it asked for."""

@@ -107,8 +107,17 @@ def pack(header: dict[str, Any], data: bytes) -> bytes:
 
 
 def pack_unit(header: dict[str, Any], h264: H264Fragments) -> bytes:
-    """A frame for a WebCodecs page: the access unit; a keyframe carries the decoder config."""
-    unit: dict[str, Any] = {**header, "codec": "h264", "format": "avc", "key": h264.keyframe}
+    """A frame for a WebCodecs page: the access unit; a keyframe carries the decoder config.
+    ``unit`` numbers the encoder's access units (1 for its first): a page that misses a frame
+    the encoder made sees a gap in it (a frame not encoded, for a link, is no gap: the ``seq``
+    counts those too)."""
+    unit: dict[str, Any] = {
+        **header,
+        "codec": "h264",
+        "format": "avc",
+        "key": h264.keyframe,
+        "unit": h264.frames,
+    }
     if h264.keyframe:
         unit["config"] = {
             "codec": h264.codec_string,
