@@ -29,7 +29,12 @@ from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._linkestimate import UNSENT_SLACK_BYTES
 from rxstream.transport._page import Page
 from rxstream.transport._pageprotocol import PageProtocol
-from rxstream.transport._wsserver import NOTSENT_LOWAT_BYTES, WRITE_BUFFER_BYTES, SocketLink
+from rxstream.transport._wsserver import (
+    NOTSENT_LOWAT_BYTES,
+    RTO_MIN_S,
+    WRITE_BUFFER_BYTES,
+    SocketLink,
+)
 
 NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
@@ -314,6 +319,8 @@ class SlowPage:
         assert head.startswith(b"HTTP/1.1 101")
         self.seqs: list[int] = []
         """The seq of each frame read, in order."""
+        self.opcodes: list[int] = []
+        """The opcode of each message read, in order (2: binary, 1: text, 9: ping)."""
         self.stop = threading.Event()
 
     def send(self, message: dict[str, Any]) -> None:
@@ -346,6 +353,7 @@ class SlowPage:
                 payload = self._take(size)
             except TimeoutError:
                 continue
+            self.opcodes.append(opcode & 0x0F)
             if opcode & 0x0F == 2:  # binary: a frame
                 (head,) = struct.unpack(">I", payload[1:5])
                 self.seqs.append(json.loads(payload[5 : 5 + head])["seq"])
@@ -390,6 +398,64 @@ def test_a_page_that_stops_reading_has_frames_dropped_at_the_server_not_queued()
         reader.join(5)
         page.sock.close()
     finally:
+        web.close()
+
+
+def _rto_min_settable() -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, 45, 50_000)  # TCP_RTO_MIN_US, Linux 6.15 on
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.skipif(not _rto_min_settable(), reason="no TCP_RTO_MIN_US (Linux 6.15 on)")
+def test_a_pages_socket_retransmits_after_rto_min_s_not_200_ms() -> None:
+    """Each page's socket has its minimum retransmission timeout lowered to RTO_MIN_S (the
+    kernel rounds it to its tick)."""
+    web = WebTransport(port=0, token=TOKEN)
+    web.open(Session(streams={"video": "jpeg"}))
+    page = SlowPage(web)
+    try:
+        assert wait_for(lambda: web.pages == 1)
+        (state,) = web.pages_now()
+        link = cast(SocketLink, state.link)
+        assert link.transport is not None
+        sock = link.transport.get_extra_info("socket")
+        set_us = sock.getsockopt(socket.IPPROTO_TCP, 45)
+        assert RTO_MIN_S * 1e6 <= set_us < RTO_MIN_S * 1e6 + 10_000, set_us
+    finally:
+        page.sock.close()
+        web.close()
+
+
+@pytest.mark.slow
+def test_each_frame_is_followed_by_a_ping_once_it_left_the_socket() -> None:
+    """The tail probe: after each frame (and its texts) the server sends a WebSocket ping, so
+    a lost last packet of the frame has one after it (TCP resends it within a round trip)."""
+    web = WebTransport(port=0, token=TOKEN)
+    web.open(Session(streams={"video": "jpeg"}))
+    image = np.zeros((48, 64, 3), np.uint8)
+    page = SlowPage(web)
+    reader = threading.Thread(target=page.read, daemon=True)
+    try:
+        page.send({"type": "hello", "accept": ["jpeg"]})
+        assert wait_for(lambda: web.pages == 1)
+        reader.start()
+        for count in range(1, 4):
+            web.send("video", PipelineItem(image, PipelineMetadata()))
+            assert wait_for(lambda: page.opcodes.count(9) >= count)  # noqa: B023
+        frames = [i for i, op in enumerate(page.opcodes) if op == 2]
+        pings = [i for i, op in enumerate(page.opcodes) if op == 9]
+        assert len(frames) == 3
+        assert all(any(p > f for p in pings) for f in frames)  # a ping after every frame
+        assert pings[0] > frames[0]  # none before the first frame
+    finally:
+        page.stop.set()
+        if reader.is_alive():
+            reader.join(5)
+        page.sock.close()
         web.close()
 
 

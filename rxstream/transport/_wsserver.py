@@ -13,6 +13,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections import deque
 from importlib import resources
 from typing import Any
@@ -30,6 +31,9 @@ __all__ = [
     "CLOSE_S",
     "NOTSENT_LOWAT_BYTES",
     "PAGE_HEADERS",
+    "RTO_MIN_S",
+    "TAIL_PROBE_MAX_S",
+    "TAIL_PROBE_S",
     "WRITE_BUFFER_BYTES",
     "SocketLink",
     "SocketWire",
@@ -49,6 +53,27 @@ not yet sent (not seconds of frames in a send buffer)."""
 
 WRITE_BUFFER_BYTES = 64 * 1024
 """The transport's write buffer high-water mark (the writer waits past it)."""
+
+TAIL_PROBE_S = 0.004
+"""After the writer sent a frame (and the texts after it), a WebSocket ``ping`` once the
+kernel has sent those bytes (checked this often) and nothing newer came to send: a lost last
+packet of the frame then has one after it that arrives, so TCP's loss detection (RACK on the
+SACK of the ping) resends it within about a round trip, where alone it waits for the
+tail-loss probe or the retransmission timer (2 round trips + 200 ms here) with the link idle.
+The page's browser answers with a ``pong`` (the same for a lost ``got``: the pong follows it).
+It costs a small packet each way per frame."""
+
+TAIL_PROBE_MAX_S = 0.1
+"""The longest the probe waits for the frame's bytes to leave (a slow link's frame takes its
+time): the ping goes then anyway, unless something newer is to be sent."""
+
+RTO_MIN_S = 0.05
+"""The shortest retransmission timeout of each page's socket (``TCP_RTO_MIN_US``, Linux 6.15
+on; the kernel's default is 200 ms): a lost packet that nothing after it reveals (the last
+of a frame, a lost retransmission) is resent after about a round trip and its variance, not
+200 ms, on a link where a frame is due every 42 ms. Too low only costs a spurious resend."""
+
+_TCP_RTO_MIN_US = 45  # linux/tcp.h
 
 _SIOCOUTQNSD = 0x894B  # Linux: bytes in the send queue not yet sent
 
@@ -166,6 +191,8 @@ def _bound(transport: asyncio.Transport | None) -> Any:
         sock.setsockopt(socket.IPPROTO_TCP, lowat, NOTSENT_LOWAT_BYTES)
     except OSError:
         return None
+    with contextlib.suppress(OSError):  # Linux 6.15 on; older kernels keep theirs (200 ms)
+        sock.setsockopt(socket.IPPROTO_TCP, _TCP_RTO_MIN_US, int(RTO_MIN_S * 1e6))
     return sock
 
 
@@ -410,10 +437,14 @@ class SocketWire:
                 # frames before texts: a frame's timing record is pushed just after the frame,
                 # and the page handles messages in order (the timing table's DOM work would
                 # come between the frame's arrival and its decode)
+                framed = False
                 while (frame := link.pop_frame()) is not None:
                     await ws.send_bytes(frame)
+                    framed = True
                 while (text := link.texts.pop()) is not None:
                     await ws.send_str(text)
+                if framed:
+                    await _probe_tail(link)
 
     async def _pinger(self, link: SocketLink) -> None:
         """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
@@ -422,6 +453,20 @@ class SocketWire:
             link.ping_due = True
             link.ready.set()
             await asyncio.sleep(next(pauses, PINGS_S[-1]))
+
+
+async def _probe_tail(link: SocketLink) -> None:
+    """The tail probe (:data:`TAIL_PROBE_S`): once what was written left the socket, a ping,
+    unless something newer is ready to send first (it follows the frame then)."""
+    deadline = time.monotonic() + TAIL_PROBE_MAX_S
+    while True:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(link.ready.wait(), TAIL_PROBE_S)
+        if link.ready.is_set():
+            return
+        if link.unsent_bytes() == 0 or time.monotonic() >= deadline:
+            break
+    await link.ws.ping()
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
