@@ -133,9 +133,13 @@ class LinkState:
     inflight_bytes: int
     """Bytes sent to the page and not yet acknowledged."""
     sent_bps: float
-    """Bits/s offered to this page lately."""
+    """Bits/s offered to this page lately (with :attr:`acked_bps`: over the window a round
+    trip before the acks' own, the frames whose acks are due by now)."""
     dropped: int
     """Frames not sent to this page for the link since the last state."""
+    acked_bps: float | None = None
+    """Bits/s the page acknowledged over the last window, to set against :attr:`sent_bps`
+    (``None``: the delivery rate is, a lower bound on a link that is not kept full)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +187,14 @@ def _positive(name: str, value: object) -> float:
 
 def _known(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _got(link: LinkState, delivery: float | None) -> float | None:
+    """What the page took, to set against what was offered: the acknowledged rate when the
+    estimate has it (a delivery-rate sample of frames further apart than the round trip reads
+    only a frame per round trip: on a 40 ms link at 24 fps, a shortfall that is not there)."""
+    acked = _known(link.acked_bps)
+    return acked if acked is not None else delivery
 
 
 class RateController:
@@ -271,7 +283,8 @@ class RateController:
             and rtt - min_rtt > QUEUE_FRAMES * self._frame_ms
         ):
             return "queue"
-        if delivery is not None and delivery < _DELIVERY_SHORT * link.sent_bps:
+        got = _got(link, delivery)
+        if got is not None and got < _DELIVERY_SHORT * link.sent_bps:
             return "delivery"
         return None
 
@@ -281,7 +294,9 @@ class RateController:
         if delivery is None or rtt is None or min_rtt is None:
             return False
         queued = rtt - min_rtt
-        return queued <= ROOM_FRAMES * self._frame_ms and delivery >= _DELIVERY_FULL * link.sent_bps
+        got = _got(link, delivery)
+        assert got is not None
+        return queued <= ROOM_FRAMES * self._frame_ms and got >= _DELIVERY_FULL * link.sent_bps
 
     # --- the steps --------------------------------------------------------------------------
 

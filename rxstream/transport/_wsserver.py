@@ -13,7 +13,6 @@ import socket
 import ssl
 import struct
 import threading
-import time
 from collections import deque
 from importlib import resources
 from typing import Any
@@ -32,8 +31,6 @@ __all__ = [
     "NOTSENT_LOWAT_BYTES",
     "PAGE_HEADERS",
     "RTO_MIN_S",
-    "TAIL_PROBE_MAX_S",
-    "TAIL_PROBE_S",
     "WRITE_BUFFER_BYTES",
     "SocketLink",
     "SocketWire",
@@ -53,19 +50,6 @@ not yet sent (not seconds of frames in a send buffer)."""
 
 WRITE_BUFFER_BYTES = 64 * 1024
 """The transport's write buffer high-water mark (the writer waits past it)."""
-
-TAIL_PROBE_S = 0.004
-"""After the writer sent a frame (and the texts after it), a WebSocket ``ping`` once the
-kernel has sent those bytes (checked this often) and nothing newer came to send: a lost last
-packet of the frame then has one after it that arrives, so TCP's loss detection (RACK on the
-SACK of the ping) resends it within about a round trip, where alone it waits for the
-tail-loss probe or the retransmission timer (2 round trips + 200 ms here) with the link idle.
-The page's browser answers with a ``pong`` (the same for a lost ``got``: the pong follows it).
-It costs a small packet each way per frame."""
-
-TAIL_PROBE_MAX_S = 0.1
-"""The longest the probe waits for the frame's bytes to leave (a slow link's frame takes its
-time): the ping goes then anyway, unless something newer is to be sent."""
 
 RTO_MIN_S = 0.05
 """The shortest retransmission timeout of each page's socket (``TCP_RTO_MIN_US``, Linux 6.15
@@ -437,14 +421,10 @@ class SocketWire:
                 # frames before texts: a frame's timing record is pushed just after the frame,
                 # and the page handles messages in order (the timing table's DOM work would
                 # come between the frame's arrival and its decode)
-                framed = False
                 while (frame := link.pop_frame()) is not None:
                     await ws.send_bytes(frame)
-                    framed = True
                 while (text := link.texts.pop()) is not None:
                     await ws.send_str(text)
-                if framed:
-                    await _probe_tail(link)
 
     async def _pinger(self, link: SocketLink) -> None:
         """Ask the page for its clock now and then (see :class:`ClockOffset`)."""
@@ -453,20 +433,6 @@ class SocketWire:
             link.ping_due = True
             link.ready.set()
             await asyncio.sleep(next(pauses, PINGS_S[-1]))
-
-
-async def _probe_tail(link: SocketLink) -> None:
-    """The tail probe (:data:`TAIL_PROBE_S`): once what was written left the socket, a ping,
-    unless something newer is ready to send first (it follows the frame then)."""
-    deadline = time.monotonic() + TAIL_PROBE_MAX_S
-    while True:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(link.ready.wait(), TAIL_PROBE_S)
-        if link.ready.is_set():
-            return
-        if link.unsent_bytes() == 0 or time.monotonic() >= deadline:
-            break
-    await link.ws.ping()
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
