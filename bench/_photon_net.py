@@ -118,6 +118,7 @@ def row(
                 (Path(keep) / f"{slug}.jsonl").write_bytes(log.read_bytes())
         visit = json.loads(done.stdout.strip().splitlines()[-1])
         records = {r.input_seq: r for r in load(log, stream="video").records}
+        rate_changes = sum(1 for line in log.read_text().splitlines() if '"rate_changed"' in line)
     screen = [m["page_ms"] for m in visit["moves"]]
     total = [records[m["input_seq"]].total_ms for m in visit["moves"] if m["input_seq"] in records]
     result: dict[str, Any] = {
@@ -130,7 +131,7 @@ def row(
         "kB_s": visit["bytes_per_s"] / 1000,
         "frames": visit["frames"],
         "total_p50": percentile(total, 50) if total else float("nan"),
-        "rate_changes": sum(1 for line in said if "rate_changed" in line),
+        "rate_changes": rate_changes,
     }
     for q in (50, 95, 100):
         result[f"p{q}"] = percentile(screen, q) if screen else float("nan")
