@@ -121,6 +121,11 @@ def row(
         rate_changes = sum(1 for line in log.read_text().splitlines() if '"rate_changed"' in line)
     screen = [m["page_ms"] for m in visit["moves"]]
     total = [records[m["input_seq"]].total_ms for m in visit["moves"] if m["input_seq"] in records]
+    beyond = [  # on screen minus the same move's server time: the link's and the page's part
+        m["page_ms"] - records[m["input_seq"]].total_ms
+        for m in visit["moves"]
+        if m["input_seq"] in records
+    ]
     result: dict[str, Any] = {
         "name": name,
         "path": visit["path"],
@@ -131,6 +136,7 @@ def row(
         "kB_s": visit["bytes_per_s"] / 1000,
         "frames": visit["frames"],
         "total_p50": percentile(total, 50) if total else float("nan"),
+        "beyond_p50": percentile(beyond, 50) if beyond else float("nan"),
         "rate_changes": rate_changes,
     }
     for q in (50, 95, 100):

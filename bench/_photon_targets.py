@@ -9,7 +9,10 @@ Each row is judged against the unimpaired row of the same bench run at the same 
   the same spec without its loss; without one in the run, the unimpaired p95 + RTT);
 - a delay alone (``rtt=40ms``): p50 <= unimpaired p50 + RTT + 10 ms.
 
-A blackout row, ``clean`` and ``loopback`` have no target.
+A blackout row, ``clean`` and ``loopback`` have no target. A delay row also says (INFO) the
+p50 of each move's on-screen time minus its server ``total_ms``: the link's and the page's
+part, apart from where the input landed against the demo's 24 Hz tick (the server's wait for
+it differs between rows of 20 moves by up to half a frame).
 """
 
 from __future__ import annotations
@@ -98,6 +101,16 @@ def judge(rows: list[dict[str, Any]]) -> list[str]:
                     f"{DELAY_SLACK_MS:.0f} = {bound:.0f}",
                 )
             )
+        info = ""
+        if rtt and not impaired and not (down.blackout_s or up.blackout_s):
+            info = (
+                f"INFO {r['name']}: on screen minus the move's server total_ms, p50 "
+                f"{r['beyond_p50']:.0f} vs unimpaired {base['beyond_p50']:.0f} + RTT {rtt:.0f} "
+                f"(server total_ms p50 {r['total_p50']:.0f} vs {base['total_p50']:.0f}: where "
+                "the input lands against the 24 Hz tick, not the link)"
+            )
         for ok, text in checks:
             lines.append(f"{'PASS' if ok else 'FAIL'} {r['name']}: {text}")
+        if info:
+            lines.append(info)
     return lines
