@@ -324,3 +324,24 @@ def test_a_link_that_keeps_up_is_not_judged_short_whatever_its_round_trip(rtt_ms
         clock[0] = 100.0 + seq * step
     assert rate.changes.down == 0, rate.current
     assert rate.current.bitrate_kbps >= 1000
+
+
+def test_a_frame_dropped_now_and_then_is_not_congestion_but_a_share_of_them_is() -> None:
+    """A frame held back for the link once a second (a keyframe's burst, a late ack), 1 in 24:
+    no step down; a fifth of the window's frames and more: a step down (``drops``)."""
+    rate = RateController(start_kbps=1000, min_kbps=150, max_kbps=4000, fps=24, stream="video")
+    base = {"delivery_bps": 1.2e6, "rtt_ms": 40.0, "min_rtt_ms": 40.0, "sent_bps": 1e6}
+    for frame in range(24 * 5):
+        now = frame / 24
+        dropped = 1 if frame % 24 == 0 else 0
+        rate.update(
+            LinkState(now, inflight_bytes=5000, dropped=dropped, dropped_share=1 / 24, **base)
+        )
+    assert rate.changes.down == 0
+    decision = rate.update(
+        LinkState(5.0, inflight_bytes=5000, dropped=1, dropped_share=0.25, **base)
+    )
+    assert decision is not None
+    assert decision.reason == "drops"
+    assert decision.bitrate_kbps == pytest.approx(0.85 * 1200)  # BACKOFF of what was received
+    assert rate.changes.down == 1

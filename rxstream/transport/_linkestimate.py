@@ -59,6 +59,7 @@ class LinkEstimate:
         self._delivered = 0
         self._sent: deque[tuple[float, int]] = deque()
         self._acked: deque[tuple[float, int]] = deque()
+        self._drops: deque[float] = deque()
         self._rtts: deque[tuple[float, float]] = deque()
         self.rtt_ms: float | None = None
         """The smoothed round trip, send to ack (ms; 1/8 of each new sample)."""
@@ -117,6 +118,7 @@ class LinkEstimate:
     def dropped(self) -> None:
         """A frame was not sent to this page for the link."""
         self._dropped += 1
+        self._drops.append(self._clock())
 
     def admits(self, size: int, unsent: int) -> bool:
         """Whether a frame of about ``size`` bytes may go now: at most about one frame waits
@@ -143,6 +145,8 @@ class LinkEstimate:
         lag = (self.rtt_ms or 0.0) / 1e3
         offered = sum(n for t, n in self._sent if now - lag - DELIVERY_WINDOW_S < t <= now - lag)
         acked = sum(n for _, n in self._acked)
+        recent = sum(1 for t, _ in self._sent if t >= now - DELIVERY_WINDOW_S)
+        drops = len(self._drops)
         sent_bps = 8.0 * offered / DELIVERY_WINDOW_S
         dropped, self._dropped = self._dropped, 0
         return LinkState(
@@ -154,6 +158,7 @@ class LinkEstimate:
             sent_bps=sent_bps,
             dropped=dropped,
             acked_bps=8.0 * acked / DELIVERY_WINDOW_S if self.acks else None,
+            dropped_share=drops / (drops + recent) if drops + recent else 0.0,
         )
 
     def _trim(self, now: float) -> None:
@@ -166,6 +171,8 @@ class LinkEstimate:
         ):
             while window and window[0][0] < now - horizon:
                 window.popleft()
+        while self._drops and self._drops[0] < now - DELIVERY_WINDOW_S:
+            self._drops.popleft()
 
     def _forget(self, now: float) -> None:
         horizon = max(FORGET_S, 4e-3 * (self.rtt_ms or 0.0))
