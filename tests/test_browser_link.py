@@ -119,9 +119,10 @@ def test_a_burst_after_a_hold_is_decoded_whole_and_only_the_newest_drawn(
 ) -> None:
     """The proxy holds the server's bytes ~300 ms after a pointer move, then releases them at
     once (three times): every frame of each burst is decoded, none skipped, no keyframe asked
-    for, the older ones closed undrawn, the move's report is the drawn frame's, and the longest
-    gap between drawn frames is about the hold, far below the keyframe interval a skip would
-    wait for (h264 over WebCodecs, and JPEG alike)."""
+    for (a frame the server did not send while its link held is counted there and leaves no
+    hole in the decoder's references), the older ones closed undrawn, the move's report is the
+    drawn frame's, and the longest gap between drawn frames is about the hold, far below the
+    keyframe interval a skip would wait for (h264 over WebCodecs, and JPEG alike)."""
     hold_s = 0.3
     with Demo(grace_s=0.3) as session:
         assert session.proxy is not None
@@ -145,7 +146,9 @@ def test_a_burst_after_a_hold_is_decoded_whole_and_only_the_newest_drawn(
         assert len(settled) > 3 * 5, decoded
         assert all(done for _, done in settled), decoded
         seqs = [seq for seq, _ in decoded]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "frames went missing"
+        assert seqs == sorted(seqs), "frames arrived out of order"
+        missing = set(range(seqs[0], seqs[-1] + 1)) - set(seqs)  # latency first: not sent
+        assert len(missing) <= session.web.dropped, ("frames went missing unsaid", missing)
         reports = page.evaluate(REPORTS_SINCE, start)
         assert reports, "no move was reported"
         assert all(reported for _, reported in reports), reports  # of a drawn frame, its times

@@ -246,8 +246,8 @@ def test_a_page_with_unsent_bytes_waiting_is_skipped_and_h264_is_not_encoded_for
     protocol.close_encoders()
 
 
-def test_a_webcodecs_page_sees_no_gap_in_units_for_frames_never_encoded() -> None:
-    """Frames not encoded for the link leave a gap in ``seq`` but none in ``unit`` (the
+def test_a_webcodecs_page_sees_no_gap_in_its_chain_for_frames_never_encoded() -> None:
+    """Frames not encoded for the link leave a gap in ``seq`` but none in ``chain`` (the
     encoder's numbering): the page decodes on, no keyframe needed."""
     protocol = protocol_of(Clock())
     protocol.open(Session(streams={"video": "h264"}))
@@ -263,7 +263,7 @@ def test_a_webcodecs_page_sees_no_gap_in_units_for_frames_never_encoded() -> Non
     protocol.send("video", frame())
     headers = link.headers()
     assert [h["seq"] for h in headers] == [1, 5, 6]
-    assert [h["unit"] for h in headers] == [1, 2, 3]
+    assert [h["chain"] for h in headers] == [1, 2, 3]
     assert [h["key"] for h in headers] == [True, False, False]
     protocol.close_encoders()
 

@@ -108,15 +108,17 @@ def pack(header: dict[str, Any], data: bytes) -> bytes:
 
 def pack_unit(header: dict[str, Any], h264: H264Fragments) -> bytes:
     """A frame for a WebCodecs page: the access unit; a keyframe carries the decoder config.
-    ``unit`` numbers the encoder's access units (1 for its first): a page that misses a frame
-    the encoder made sees a gap in it (a frame not encoded, for a link, is no gap: the ``seq``
-    counts those too)."""
+
+    ``chain`` numbers the units the encoder made (1, 2, …): a frame the server did not encode
+    (no page could take it) leaves no gap in it, so the page sees a missing reference only
+    where a unit that was made did not reach it (``seq`` counts the stream's items, encoded or
+    not)."""
     unit: dict[str, Any] = {
         **header,
         "codec": "h264",
         "format": "avc",
         "key": h264.keyframe,
-        "unit": h264.frames,
+        "chain": h264.frames,
     }
     if h264.keyframe:
         unit["config"] = {
