@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The device check of issue 19 (the CUDA slot pool), prepared to run once on a machine with a GPU:
-# prints the device, driver and torch version, then runs, each under its own time limit (under
-# 10 minutes in all, 570 s at most):
+# The device check of the CUDA slot pool and of GPU-true stage time, prepared to run once on a
+# machine with a GPU: prints the device, driver and torch version, then runs, each under its
+# own time limit (under 10 minutes in all, 570 s at most):
 #   1. tests/test_ipc_cuda.py (its CUDA tests run there, instead of skipping)   90 s
 #   2. bench/gpu_ipc.py: the bridge's rows and the pool's, with their checks     100 s
-#   3. bench/gpu_ranks.py: the two-rank boundary hop for 1080p frames           150 s
-#   4. examples/gpu_demo.py: render and decode on CUDA across two ranks          80 s
-#   5. the whole suite with CUDA present                                         150 s
+#   3. bench/gpu_ranks.py: the two-rank boundary hop for 1080p frames           140 s
+#   4. examples/gpu_demo.py: render and decode on CUDA across two ranks          70 s
+#   5. bench/gpu_timing.py: the engine's gpu_ms of a known kernel against CUDA   30 s
+#      events taken by hand, compute_ms the launch (fails, not skips, without CUDA)
+#   6. the whole suite with CUDA present                                         140 s
 # and ends with "gpu_check: PASSED" (exit 0) or "gpu_check: FAILED" (exit 1). Each step's
 # output is also written to $OUT/gpu_check_<step>.log when OUT is set (the device tool's $OUT).
 #
@@ -93,9 +95,10 @@ step() {
 
 step cuda_tests 90 "$PY" -m pytest tests/test_ipc_cuda.py -q -rs -p no:cacheprovider
 step gpu_ipc 100 "$PY" bench/gpu_ipc.py
-step gpu_ranks 150 "$PY" bench/gpu_ranks.py --frames 120 --fps 60
-step gpu_demo 80 "$PY" examples/gpu_demo.py
-step suite 150 "$PY" -m pytest -q -p no:cacheprovider
+step gpu_ranks 140 "$PY" bench/gpu_ranks.py --frames 120 --fps 60
+step gpu_demo 70 "$PY" examples/gpu_demo.py
+step gpu_timing 30 "$PY" bench/gpu_timing.py
+step suite 140 "$PY" -m pytest -q -p no:cacheprovider
 
 echo
 if [ "$status" = 0 ]; then echo "gpu_check: PASSED"; else echo "gpu_check: FAILED"; fi

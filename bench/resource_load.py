@@ -21,30 +21,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-APP = ROOT / "tests" / "apps" / "model_app.py"
+# `python bench/resource_load.py` from a checkout: the app's own launch command
+sys.path.insert(1, str(ROOT / "tests"))
+
+from apps.model_app import run_command  # noqa: E402
+
 WAYS = ("build", "resource")
 
 
 def one_run(way: str, load_s: float) -> tuple[float, int]:
     """(seconds from launch to rank 0's first frame, the model's loads) of one launch."""
     with tempfile.TemporaryDirectory(prefix="rxstream-bench-") as folder:
-        command = [
-            sys.executable,
-            "-m",
-            "rxstream",
-            "run",
-            str(APP),
-            "--ranks",
-            "2",
-            "--frames",
-            "5",
-            "--set",
-            f"loads={folder}",
-            "--set",
-            f"load_s={load_s}",
-            "--set",
-            f"way={way}",
-        ]
+        command = run_command(folder, way, load_s)
         launched = time.time()
         result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=ROOT)
         if result.returncode != 0:

@@ -118,12 +118,22 @@ def render(
 def load_kernels() -> dict[str, torch.Tensor]:
     """The decoder's weights, one 3x3 kernel a model: what the app declares expensive to make
     (``ctx.resource``), so it is made once per process, where ``decode`` runs (rank 1 on two
-    ranks), before the first frame, and never by a build that only composes."""
+    ranks), before the first frame, and never by a build that only composes nor by the self
+    test (which reads :func:`stand_in_kernels`)."""
     kernels = {
         "smooth": torch.full((3, 3), 1 / 9),
         "sharp": torch.tensor([[0.0, -0.5, 0.0], [-0.5, 3.0, -0.5], [0.0, -0.5, 0.0]]),
     }
     return {name: kernel.expand(3, 1, 3, 3).contiguous() for name, kernel in kernels.items()}
+
+
+def stand_in_kernels() -> dict[str, torch.Tensor]:
+    """What the self test decodes with instead (``stand_in=``): kernels of the same shape,
+    made at no cost, so that the check loads no model in the process that drives it (the
+    launcher, on two ranks)."""
+    identity = torch.zeros(3, 1, 3, 3)
+    identity[:, :, 1, 1] = 1.0
+    return {"smooth": identity, "sharp": identity}
 
 
 class Decoder:
@@ -209,7 +219,8 @@ def build(ctx: rxstream.Context, *, pace_phase: PacePhase = "lock") -> rxstream.
         out = ctx.lease((3, HEIGHT, WIDTH), torch.float32, device="cpu")
         return render(phase[0], pointer, doc.desired.prompt.value, doc.desired.spot.value, out)
 
-    kernels = ctx.resource("demo.kernels", load_kernels)  # loaded where decode runs
+    # loaded where decode runs; the self test in main() decodes with the stand-in
+    kernels = ctx.resource("demo.kernels", load_kernels, stand_in=stand_in_kernels)
 
     def make_decoder(d: Snapshot) -> rxstream.Stage:
         return ctx.pipe(Decoder(d.vae.model.value, kernels.get()), name="decode")

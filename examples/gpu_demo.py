@@ -8,11 +8,13 @@ CPU (``ctx.lease`` then gives a CPU tensor over a slot of the shared-memory ring
 cross, and they cross without a copy there too).
 
 Timing on a GPU: a kernel launch returns before the kernel ran, so a stage's ``.out`` stamp
-would time the launch, not the work. ``on_gpu`` records a CUDA event before and after the
-stage's ops and waits for the second before the stage returns: the hop's compute in the
-timing record is then the GPU's work (plus the launch), and ``start.elapsed_time(end)``, the
-GPU time alone, is logged per stage every ``LOG_EVERY`` frames (``gpu_compute``). See
-docs/ranks.md. Run it with
+times the launch, not the work. ``render`` and ``decode`` are declared ``device="cuda"``: the
+engine records a CUDA event before and after each of their calls, on the stream the call
+used, and resolves them without a ``synchronize()`` in the stage (``decode``'s when rank 1's
+sink folds the record, ``render``'s as its frame leaves rank 0: ``None`` if the GPU was not
+done by then). Each hop of the timing record has ``compute_ms`` (the launch) and ``gpu_ms``
+(the GPU's work); ``rxstream timing`` shows both, and ``RXSTREAM_NVTX=1`` under ``nsys``
+names each call's range (docs/timing.md; docs/ranks.md for the ranks). Run it with
 
     python examples/gpu_demo.py                 # 2 ranks, 120 frames of 1080x1920
     rxstream run examples/gpu_demo.py --ranks 2 --frames 120 --set height=540 --set width=960
@@ -20,55 +22,19 @@ docs/ranks.md. Run it with
 
 from __future__ import annotations
 
-import statistics
 import sys
-from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import structlog
 import torch
 
 import rxstream
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-LOG_EVERY = 60
-GPU_MS: dict[str, list[float]] = defaultdict(list)
-"""Per stage: the GPU milliseconds of each call (this process's stages, on CUDA only)."""
-
-_log = structlog.get_logger("rxstream")
-
-
-def on_gpu(name: str, fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``fn``, returning once its GPU work is done (CUDA events), its GPU time kept.
-
-    On the CPU, ``fn`` itself: its work is done when it returns.
-    """
-    if DEVICE != "cuda":
-        return fn
-
-    def timed(*args: Any) -> torch.Tensor:
-        start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-        start.record()
-        out = fn(*args)
-        end.record()
-        end.synchronize()  # the stage's .out stamp comes after the kernels, not their launch
-        times = GPU_MS[name]
-        times.append(start.elapsed_time(end))
-        if len(times) % LOG_EVERY == 0:
-            recent = times[-LOG_EVERY:]
-            _log.info(
-                "gpu_compute",
-                stage=name,
-                frames=len(times),
-                median_ms=round(statistics.median(recent), 3),
-                max_ms=round(max(recent), 3),
-            )
-        return out
-
-    return timed
+PLACED = "cuda" if DEVICE == "cuda" else None
+"""Where ``render`` and ``decode`` are declared: on CUDA (the engine times their GPU work),
+else undeclared (the CPU ring, as before)."""
 
 
 def render_frame(out: torch.Tensor, index: int) -> torch.Tensor:
@@ -102,9 +68,6 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
         out = ctx.lease((height, width, 3), torch.float16, device=DEVICE)
         return render_frame(out, index)
 
-    render = on_gpu("render", draw)
-    decode = on_gpu("decode", decode_frame)
-
     def frames() -> Iterator[int]:
         index = 0
         while True:
@@ -113,8 +76,8 @@ def build(ctx: rxstream.Context) -> rxstream.Pipeline:
 
     return (
         ctx.source(frames, name="frames", rank=0)
-        | ctx.pipe(render, name="render", rank=0)
-        | ctx.pipe(decode, name="decode", rank=1)
+        | ctx.pipe(draw, name="render", rank=0, device=PLACED)
+        | ctx.pipe(decode_frame, name="decode", rank=1, device=PLACED)
         | ctx.pipe(present, name="present", rank=1)
         | ctx.stream("video", rank=1)
     )

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError, SelfTestError
-from rxstream._kernel._resources import Resource, declare
+from rxstream._kernel._resources import Resource, declare, self_testing
 from rxstream._util import library_logger
 from rxstream.doc import Doc, Generations, Snapshot
 from rxstream.ipc import RingSpec
@@ -54,6 +54,7 @@ class Environment:
         config: Mapping[str, Any] | None = None,
         replicas: Mapping[str, tuple[Mapping[str, Any], int]] | None = None,
         cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         self.transport: Transport = transport if transport is not None else MemoryTransport(256)
         self.harness = harness
@@ -65,6 +66,9 @@ class Environment:
         self.cuda_api = cuda_api
         """How CUDA tensors cross rank boundaries (``None``: torch's CUDA IPC when there is a
         GPU; tests pass ``rxstream.ipc.FakeCudaApi()``)."""
+        self.nvtx = nvtx
+        """Whether every stage call of a run with a CUDA api is an NVTX range named
+        ``<stage> input_seq=<n>`` (``None``: the ``RXSTREAM_NVTX`` environment variable)."""
         self.self_test_passed: bool | None = None
         self.self_testing = False
         """Whether a ``with ctx.self_test():`` block is running (its timing records are tagged
@@ -144,7 +148,9 @@ class Environment:
         """
         return _crossings.lease(shape, dtype, device)
 
-    def resource(self, name: str, loader: Callable[[], T]) -> Resource[T]:
+    def resource(
+        self, name: str, loader: Callable[[], T], *, stand_in: Callable[[], T] | None = None
+    ) -> Resource[T]:
         """What is expensive to make (weights, compiled kernels), made by ``loader()`` once per
         process, in the process whose stages read it; a :class:`~rxstream.Resource` handle.
 
@@ -154,10 +160,13 @@ class Environment:
         the app, or a rank that runs none of its readers, never loads it). The value is kept
         by name for the life of the process: every later context, session and run here reads
         the same. The same ``name`` with the same loader (a build run again) is the same
-        handle; with another loader it is refused. See docs/ranks.md, "Models: loaded once,
-        where they run".
+        handle; with another loader, or the same one over other values, it is refused.
+        ``stand_in`` (cheap, of no argument) makes what a ``ctx.self_test()`` block reads
+        instead: a self test that drives the stage then loads no model, not even in the
+        launcher of a run on several ranks. See docs/ranks.md, "Models: loaded once, where
+        they run".
         """
-        return declare(name, loader)
+        return declare(name, loader, stand_in)
 
     def doc(
         self,
@@ -236,7 +245,8 @@ class Environment:
         generations = self.generations.state(), self.generations.steered_at
         self.self_testing = True
         try:
-            yield
+            with self_testing():  # resources with a stand-in give it
+                yield
         except Exception as exc:
             self.self_test_passed = False
             _log.error("self_test_failed", error=f"{type(exc).__name__}: {exc}")

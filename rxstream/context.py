@@ -17,9 +17,9 @@ from typing import Any, get_args
 from reactivex import Observable
 
 from rxstream._environment import Environment
-from rxstream._exceptions import StageBuildError, shown
+from rxstream._exceptions import ArgumentTypeError, StageBuildError, shown
 from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
-from rxstream._kernel._resources import resources_in
+from rxstream._kernel._resources import Resource, resources_in
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
     check_source,
@@ -60,7 +60,8 @@ class Context(Environment):
     items per stream); ``harness=True`` marks a run under the CPU harness (``rxstream test``);
     ``timing=False`` turns the per-hop stamps and the timing records off; ``config`` is the
     initial desired state of the control doc; the launcher passes ``rank``, ``world``,
-    ``replicas`` and ``cuda_api`` (see :class:`~rxstream._environment.Environment`).
+    ``replicas`` and ``cuda_api``; ``nvtx=True`` makes each stage call an NVTX range (``None``:
+    ``RXSTREAM_NVTX``; see :class:`~rxstream._environment.Environment`).
     """
 
     def _builders(self) -> Context:
@@ -99,18 +100,25 @@ class Context(Environment):
         default_name: str,
         build: Any,
         made_from: object = None,
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
         **declaration: Any,
     ) -> Stage:
         """A stage; ``made_from`` (besides its target or source) is what else it is made
-        from that may read a resource (a bind's construct)."""
-        made = (declaration.get("target"), declaration.get("source"), made_from)
+        from that may read a resource (a bind's construct); ``uses``, when given, are the
+        resources it reads, instead of those a scan of what it is made from finds."""
+        stage_name = default_name if name is None else name
+        if uses is None:
+            made = (declaration.get("target"), declaration.get("source"), made_from)
+            read = resources_in(*made)
+        else:
+            read = _resources_named(uses, stage_name)
         return Stage(
             kind=kind,
-            name=default_name if name is None else name,
+            name=stage_name,
             explicit_name=name is not None,
             build=build,
             context=self,
-            uses=resources_in(*made),
+            uses=read,
             **declaration,
         )
 
@@ -123,13 +131,15 @@ class Context(Environment):
         device: str | None = None,
         on_error: OnError = "raise",
         reads: Stage | Sequence[Stage] = (),
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
     ) -> Stage:
         """A source: a generator, iterable, async generator, or a callable (see the docs).
 
         ``reads`` names the ``ctx.input`` stages whose newest sample the source reads with
         ``input.latest()`` (the pointer now, for a world model's tick): the pipeline takes
         their feeds, and each item carries the correlation of the sample read during its pull,
-        so its sink writes one timing record per sample that reached it.
+        so its sink writes one timing record per sample that reached it. ``uses`` (as for
+        :meth:`pipe`) names the resources it reads.
         """
         default = _fn_name(it_or_fn, "source")
         check_source(it_or_fn, name or default)
@@ -145,6 +155,7 @@ class Context(Environment):
             on_error=on_error,
             source=it_or_fn,
             options={"reads": read} if read else None,
+            uses=uses,
         )
 
     def input(
@@ -200,6 +211,7 @@ class Context(Environment):
         items: bool = False,
         chunks: ChunkPolicyFactory | None = None,
         fuse: bool = False,
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
     ) -> Stage:
         """A 1:1 stage, ``fn(payload) -> payload`` (``items=True``: the item itself).
 
@@ -209,7 +221,9 @@ class Context(Environment):
         stream buffer: ``fn`` gets chunks, lists of payloads. ``fuse=True`` (for light
         functions) runs the stage on the thread of the stage before it, with no inbox and no
         thread hop: its one upstream, on its rank, with no other consumer
-        (docs/concepts.md, "Fusing light stages").
+        (docs/concepts.md, "Fusing light stages"). ``uses`` names the resources
+        (``ctx.resource``) ``fn`` reads, which a run loads on the stage's rank before its first
+        item; without it they are found in what ``fn`` holds (docs/ranks.md).
         """
         _check_callable(fn, "pipe")
         check_chunks(chunks, name or _fn_name(fn, "pipe"))
@@ -233,6 +247,7 @@ class Context(Environment):
             device=device,
             inbox=InboxSpec(capacity, policy),
             on_error=on_error,
+            uses=uses,
         )
 
     def tap(
@@ -244,8 +259,10 @@ class Context(Environment):
         capacity: int = DEFAULT_CAPACITY,
         policy: InboxPolicy = "block",
         on_error: OnError = "raise",
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
     ) -> Stage:
-        """A side effect ``fn(payload)``; the item passes on unchanged."""
+        """A side effect ``fn(payload)``; the item passes on unchanged (``uses``: as for
+        :meth:`pipe`)."""
         _check_callable(fn, "tap")
         return self._stage(
             "tap",
@@ -256,6 +273,7 @@ class Context(Environment):
             rank=rank,
             inbox=InboxSpec(capacity, policy),
             on_error=on_error,
+            uses=uses,
         )
 
     def pace(
@@ -459,19 +477,30 @@ class Context(Environment):
         *,
         name: str | None = None,
         rank: int | None = None,
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
     ) -> Stage:
-        """``doc.bind(construct, deps)``: a stage rebuilt from ``doc`` when a dep changes."""
+        """``doc.bind(construct, deps)``: a stage rebuilt from ``doc`` when a dep changes
+        (``uses``: the resources its stages read, as for :meth:`pipe`)."""
         label, paths = bind_declaration(doc, construct, deps)
-        build = bind_operator(doc, self.pipe, construct, paths)
-        return self._stage(
-            "bind",
-            name,
-            label,
-            build=build,
-            made_from=construct,
-            rank=rank,
-            options={"deps": paths},
+        made: list[Stage] = []
+
+        def loading() -> bool:
+            return any(not resource.loaded for resource in made[0].uses)
+
+        build = bind_operator(doc, self.pipe, construct, paths, loading)
+        made.append(
+            self._stage(
+                "bind",
+                name,
+                label,
+                build=build,
+                made_from=construct,
+                rank=rank,
+                options={"deps": paths},
+                uses=uses,
+            )
         )
+        return made[0]
 
     def walks(
         self,
@@ -578,3 +607,20 @@ def _inputs_read(reads: object, source: str) -> tuple[Stage, ...]:
 
 def _no_operator(_shell: object) -> Any:
     raise AssertionError("a source has no operator: the runtime pulls it")
+
+
+def _resources_named(uses: object, stage: str) -> tuple[Resource[Any], ...]:
+    """A builder's ``uses=``: one handle or a sequence of handles (``ctx.resource``)."""
+    given = (uses,) if isinstance(uses, Resource) else uses
+    if not isinstance(given, Sequence) or isinstance(given, str):
+        raise ArgumentTypeError(
+            f"stage {stage!r}: uses must be a Resource or a sequence of them, got "
+            f"{type(uses).__name__} {uses!r}"
+        )
+    for handle in given:
+        if not isinstance(handle, Resource):
+            raise ArgumentTypeError(
+                f"stage {stage!r}: uses must hold Resource handles (ctx.resource), got "
+                f"{type(handle).__name__} {handle!r}"
+            )
+    return tuple(dict.fromkeys(given))

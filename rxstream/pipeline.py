@@ -329,6 +329,8 @@ class Pipeline:
                     cuda_api=self._context.cuda_api, spec=self._context.ring_spec
                 ),
                 busy_limit_s=self._context.busy_limit_s,
+                cuda_api=self._context.cuda_api,
+                nvtx=self._context.nvtx,
             )
         self._run, self._ranks = run, ranks
         self._stopped = False
@@ -585,6 +587,8 @@ class Pipeline:
                 bridge=AsyncBridge(),
                 generations=self._context.generations,
                 timing=self._context.timing,
+                cuda_api=self._context.cuda_api,
+                nvtx=self._context.nvtx,
             )
             self._run, self._ranks = run, None
             if self._session_end is not None:

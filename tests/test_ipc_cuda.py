@@ -946,23 +946,48 @@ def test_gpu_example_crosses_ranks() -> None:
     )
 
 
-@needs_cuda
-def test_on_gpu_returns_after_the_kernels_and_keeps_their_time() -> None:
-    """On CUDA the wrapped stage returns once its GPU work is done, its GPU time recorded."""
+def test_gpu_example_declares_its_gpu_stages_and_times_nothing_itself() -> None:
+    """render and decode are declared on CUDA where there is one (the engine times them), the
+    stage functions are the plain torch ops (no hand-written events)."""
+    import rxstream
+
     example = _example()
+    pipeline = example.build(rxstream.Context(config={"height": 18, "width": 32}))
+    placed = {node.stage.name: node.stage.device for node in pipeline.plan.nodes}
+    want = "cuda" if torch.cuda.is_available() else None
+    assert (placed["render"], placed["decode"]) == (want, want)
+    assert not hasattr(example, "on_gpu")
 
-    def slow(x: torch.Tensor) -> torch.Tensor:
-        torch.cuda._sleep(50_000_000)  # type: ignore[no-untyped-call]
-        return x + 1
 
-    timed = example.on_gpu("slow", slow)
-    out = timed(torch.zeros(4, device="cuda"))
-    done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-    done.record()
-    assert done.query()  # type: ignore[no-untyped-call]  # nothing left queued: slept already
-    assert out.tolist() == [1.0] * 4
-    (ms,) = example.GPU_MS["slow"]
-    assert ms > 1.0
+@needs_cuda
+def test_gpu_example_s_stages_get_gpu_ms_from_the_engine() -> None:
+    """On CUDA, the example's decode declared on CUDA gets its GPU time in each record (its
+    consumer, present, took the frame off the GPU before the sink folded it)."""
+    import rxstream
+    from rxstream.timing import TimingRecord
+
+    example = _example()
+    records: list[TimingRecord] = []
+    ctx = rxstream.Context()
+
+    def draw(index: int) -> torch.Tensor:
+        out = torch.empty(36, 64, 3, dtype=torch.float16, device="cuda")
+        frame: torch.Tensor = example.render_frame(out, index)
+        return frame
+
+    pipeline = (
+        ctx.input("mouse")
+        | ctx.pipe(draw, name="render", device="cuda")
+        | ctx.pipe(example.decode_frame, name="decode", device="cuda")
+        | ctx.pipe(example.present, name="present")
+        | ctx.stream("video", on_timing=records.append)
+    )
+    for index in (1, 2, 3):
+        pipeline.feed("mouse", index)
+    pipeline.drive(frames=3)
+    decodes = [hop for r in records for hop in r.hops if hop.name == "decode"]
+    assert len(decodes) == 3
+    assert all(hop.gpu and hop.gpu_ms is not None and hop.gpu_ms > 0 for hop in decodes)
 
 
 def test_stop_wakes_a_writer_waiting_for_a_slot() -> None:

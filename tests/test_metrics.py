@@ -122,6 +122,45 @@ def test_drops_are_counted_by_reason_and_fps_from_two_snapshots(
     assert value(found, "rxstream_stage_fps", rank="1", stage="work") == 2.5  # (9 - 4) / 2 s
 
 
+def test_fps_of_a_rank_s_stage_is_over_its_own_snapshot_times(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 1's report seen twice, or two landing between status calls, keep fps at its rate:
+    computed when the snapshot changed, over the times rank 1 took them."""
+    from types import SimpleNamespace
+
+    from rxstream._kernel._stats import StageStatistics
+    from rxstream.timing import _prometheus
+
+    clock = iter([10.0, 10.5, 11.0, 11.5])  # rank 0's status calls, every 0.5 s
+    monkeypatch.setattr(_prometheus, "time", SimpleNamespace(monotonic=lambda: next(clock)))
+    metrics = RunMetrics()
+    rows = []
+    # rank 1 at 30/s, reporting at its own 100.2, 100.7, (none), 101.2 then 101.7 (one seen)
+    for out, taken in ((0, 100.2), (15, 100.7), (15, 100.7), (45, 101.7)):
+        stage = StageStatistics("work", "pipe", out, out, taken_s=taken)
+        metrics.stats({1: {"work": stage}})
+        rows.append(metrics.snapshot()[1].get((1, "work")))
+    assert rows == [None, pytest.approx(30.0), pytest.approx(30.0), pytest.approx(30.0)]
+    assert value(samples(metrics.text()), "rxstream_stage_fps", rank="1", stage="work") == (
+        pytest.approx(30.0)
+    )
+
+
+def test_a_snapshot_carries_the_time_it_was_taken(ctx: rxstream.Context) -> None:
+    """A run's statistics say when they were taken, on the monotonic clock (between the
+    calls), so a rate between two needs no clock of the reader's."""
+    import time
+
+    pipeline = ctx.source(lambda: numbered(3), name="frames") | ctx.stream("video")
+    pipeline.drive(frames=3)
+    before = time.monotonic()
+    stats = pipeline.statistics()
+    after = time.monotonic()
+    assert stats
+    assert all(before <= s.taken_s <= after for s in stats.values())
+
+
 def test_two_runs_never_share_a_series() -> None:
     """Each RunMetrics has its own registry: one run's records are not in the other's."""
     first, second = RunMetrics(), RunMetrics()
@@ -154,7 +193,8 @@ def test_the_aiohttp_handler_serves_the_exposition() -> None:
 
 @pytest.mark.slow
 def test_a_two_rank_run_has_one_endpoint_with_rank_1_s_stages() -> None:
-    """Rank 0's endpoint serves rank 1's stage series (reported through rank 0)."""
+    """Rank 0's endpoint serves rank 1's stage series (reported through rank 0): a scrape
+    mid-run counts some of the items the run's final statistics count, never more."""
     port = free_port()
     stop = threading.Event()
     seen: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
@@ -164,7 +204,14 @@ def test_a_two_rank_run_has_one_endpoint_with_rank_1_s_stages() -> None:
             return
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as answer:
             found = samples(answer.read())
-        if any(n == "rxstream_stage_items_out_total" and ("rank", "1") in ls for n, ls in found):
+        painted = [
+            v
+            for (n, ls), v in found.items()
+            if n == "rxstream_stage_items_in_total"
+            and ("rank", "1") in ls
+            and ("stage", "paint") in ls
+        ]
+        if painted and painted[0] >= 1:
             seen.append(found)
             stop.set()
 
@@ -179,9 +226,13 @@ def test_a_two_rank_run_has_one_endpoint_with_rank_1_s_stages() -> None:
     )
     assert seen, "rank 1's stages never reached the endpoint"
     found = seen[0]
-    assert value(found, "rxstream_stage_items_in_total", rank="1", stage="paint") >= 0
-    assert value(found, "rxstream_stage_items_out_total", rank="0", stage="pace") >= 0
     assert set(result.statistics) == {0, 1}
+    final = result.statistics
+    painted = value(found, "rxstream_stage_items_in_total", rank="1", stage="paint")
+    assert 1 <= painted <= final[1]["paint"].items_in
+    paced = value(found, "rxstream_stage_items_out_total", rank="0", stage="pace")
+    assert paced <= final[0]["pace"].items_out
+    assert final[0]["pace"].items_out >= 1
     with pytest.raises(urllib.error.URLError):  # the endpoint is gone with the run
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
@@ -291,3 +342,122 @@ def test_exports_asked_for_under_torchrun_are_refused(monkeypatch: pytest.Monkey
         r"made under torchrun yet$",
     ):
         rxstream.launch(FRAMES_APP, ranks=1, frames=1, metrics_port=9464)
+
+
+def test_a_page_s_report_reaches_only_the_launch_of_its_run() -> None:
+    """Two launches in one process: a photon report of run A's record counts in A's photon
+    histogram only, and B's in B's."""
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.timing import ClientTiming, HopTiming
+    from rxstream.timing._emit import joined
+
+    def record(run: str) -> TimingRecord:
+        return TimingRecord(
+            "video", 1, 0, False, 0, 0, "x", 1.0, None, (HopTiming("a", 0, 1),), run=run
+        )
+
+    a = Telemetry(otel=False, metrics_port=None)
+    b = Telemetry(otel=False, metrics_port=None)
+    metrics = a.metrics, b.metrics = RunMetrics(), RunMetrics()
+    try:
+        a.on_record(record("runA"))
+        b.on_record(record("runB"))
+        joined(record("runA"), ClientTiming(50.0, 5.0, 1.0, 1.0))
+        joined(record("runB"), ClientTiming(60.0, 5.0, 1.0, 1.0))
+        joined(record("runB"), ClientTiming(70.0, 5.0, 1.0, 1.0))
+    finally:
+        a.close()
+        b.close()
+    for made, count in zip(metrics, (1, 2), strict=True):
+        found = samples(made.text())
+        assert value(found, "rxstream_photon_seconds_count", stream="video") == count
+
+
+def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """GET ``url``: the status and the body, an HTTP error's too."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_the_session_server_serves_the_run_s_metrics_behind_its_token() -> None:
+    """WebTransport(metrics=True): /metrics answers with the launch's metrics given the token
+    (query or bearer), 403 without it or from another Host, 404 once the launch is over."""
+    from rxstream._kernel._stats import StageStatistics
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0, metrics=True)
+    telemetry = Telemetry(otel=False, metrics_port=None, transport=web)
+    assert telemetry.metrics is not None
+    telemetry.metrics.stats({0: {"work": StageStatistics("work", "pipe", 5, 4)}})
+    web.server.serve(web.url)
+    try:
+        status, body = get(web.metrics_url)
+        assert status == 200
+        assert value(samples(body), "rxstream_stage_items_out_total", rank="0", stage="work") == 4
+        bare = web.metrics_url.split("?")[0]
+        assert get(bare, {"Authorization": f"Bearer {web.token}"})[0] == 200
+        status, body = get(bare)
+        assert (status, body) == (
+            403,
+            "403 Forbidden: the session token is missing: open the URL that rxstream printed "
+            "(?token=…)\n",
+        )
+        assert get(bare, {"Authorization": "Bearer " + "x" * 32})[0] == 403
+        assert get(web.metrics_url, {"Host": "evil.example:80"})[0] == 403
+        telemetry.close()
+        status, body = get(web.metrics_url)
+        assert status == 404
+        assert body == (
+            "404 Not Found: this session serves no metrics (rxstream run --serve --metrics)\n"
+        )
+    finally:
+        telemetry.close()
+        web.server.stop()
+
+
+@pytest.mark.slow
+def test_a_served_launch_with_metrics_is_scraped_at_the_session_s_metrics() -> None:
+    """launch with WebTransport(metrics=True): the session server's /metrics has the run's
+    stage counters while it runs, at most the final statistics."""
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0, metrics=True)
+    stop = threading.Event()
+    seen: list[dict[tuple[str, frozenset[tuple[str, str]]], float]] = []
+
+    def scrape(_: object) -> None:
+        if stop.is_set():
+            return
+        status, body = get(web.metrics_url)
+        assert status == 200, body
+        found = samples(body)
+        outs = [v for (n, ls), v in found.items() if n == "rxstream_stage_items_out_total"]
+        if outs and max(outs) >= 1:
+            seen.append(found)
+            stop.set()
+
+    result = rxstream.launch(
+        FRAMES_APP, ranks=1, timeout=60, transport=web, on_status=scrape, stop=stop
+    )
+    assert seen, "the run's stages never reached the session's /metrics"
+    final = result.statistics[0]
+    for name, stage in final.items():
+        scraped = value(seen[0], "rxstream_stage_items_out_total", rank="0", stage=name)
+        assert scraped <= stage.items_out
+
+
+def test_cli_metrics_goes_with_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    """--metrics is the session server's /metrics: without --serve a usage error saying so
+    and naming --metrics-port for a headless run."""
+    from rxstream import cli
+
+    assert cli.main(["run", FRAMES_APP, "--metrics", "--frames", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "rxstream run: --metrics goes with --serve (the session server's /metrics); a headless "
+        "run: --metrics-port N"
+    ]

@@ -449,6 +449,7 @@ def test_rxstream_run_without_the_extra_says_which_to_install(
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
     assert cli.main(["run", FRAMES_APP, "--otel", "--frames", "2"]) == 1
     err = capsys.readouterr().err
+    assert "rxstream run: --otel: OpenTelemetry traces need the otel extra" in err
     assert "install the otel extra with pip install 'rxstream[otel]'" in err
     assert len([line for line in err.splitlines() if "otel extra" in line]) == 1
 
@@ -490,11 +491,15 @@ def test_a_hung_collector_never_holds_the_end_of_a_run() -> None:
         batcher.close(timeout_s=0.2)
     assert exporter.entered.is_set()
     assert exporter.shut
-    assert [log["event"] for log in logs] == ["otel_export_unfinished"]
+    assert [log["event"] for log in logs] == ["otel_export_unfinished", "otel_spans_lost"]
     assert logs[0]["reason"] == "the exporter did not take the last spans within 0.2 s"
+    lost = {k: logs[1][k] for k in ("exported", "dropped", "failed", "unsent")}
+    assert lost == {"exported": 0, "dropped": 0, "failed": 0, "unsent": 2}
+    assert batcher.lost == 2
     exporter.release.set()
     batcher.add(["c"])  # closed: dropped, counted
     assert batcher.dropped == 1
+    assert batcher.lost == 3
 
 
 def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> None:
@@ -513,6 +518,39 @@ def test_a_failing_collector_is_counted_and_the_spans_past_keep_dropped() -> Non
     assert batcher.failed == 1
     assert logs[0]["event"] == "otel_export_failed"
     assert logs[0]["error"] == "ConnectionError: collector refused"
+    assert logs[1]["event"] == "otel_spans_lost"
+    lost = {k: logs[1][k] for k in ("exported", "dropped", "failed", "unsent")}
+    assert lost == {"exported": 0, "dropped": 2, "failed": 2, "unsent": 0}
+    assert batcher.lost == 4
+
+
+def test_a_run_s_metrics_count_the_trace_spans_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With traces and metrics, rxstream_otel_spans_dropped_total is TraceExport.lost; a
+    collector that takes everything says no loss at close."""
+    import socket
+
+    import structlog
+
+    from rxstream.ranks._telemetry import Telemetry
+
+    monkeypatch.setattr(_otel, "_exporter_from_env", lambda: Held(raises=True))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    telemetry = Telemetry(otel=True, metrics_port=port)
+    assert telemetry.traces is not None
+    assert telemetry.metrics is not None
+    telemetry.on_record(a_record())
+    telemetry.traces.flush()
+    text = telemetry.metrics.text().decode()
+    assert "rxstream_otel_spans_dropped_total 4.0" in text
+    telemetry.close()
+    fine = TraceExport(InMemorySpanExporter())
+    fine.record(a_record(), egress_ns=EGRESS_NS)
+    with structlog.testing.capture_logs() as logs:
+        fine.close()
+    assert logs == []
+    assert fine.lost == 0
 
 
 INPUTS_APP = str(ROOT / "tests" / "apps" / "inputs_app.py")
@@ -587,3 +625,155 @@ def test_a_served_two_rank_launch_traces_each_record_to_the_pixels(
         for span, hop in zip(children, record.hops, strict=False):
             total = hop.wait_ms + hop.hold_ms + hop.compute_ms
             assert duration_ms(span) == pytest.approx(total, abs=2e-3)
+
+
+def test_two_waiting_records_of_one_input_seq_are_both_traced_each_joined_by_pts() -> None:
+    """A steered pipeline's cutovers share input_seq 0: each waiting record keeps its trace,
+    and a page's report joins the one of its pts."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, photon_wait_s=30)
+    seen = joined_record()
+    assert seen.client is not None
+    first = a_record(input_seq=0, cutover=True, pts=1)
+    second = a_record(input_seq=0, cutover=True, pts=2)
+    traces.record(first, egress_ns=EGRESS_NS)
+    traces.record(second, egress_ns=EGRESS_NS)
+    traces.photon(second, seen.client)
+    traces.close()
+    roots = [dict(s.attributes or {}) for s in spans_of(exporter) if s.parent is None]
+    assert sorted((r["rxstream.pts"], "rxstream.photon_ms" in r) for r in roots) == [
+        (1, False),
+        (2, True),
+    ]
+    assert (traces.traces, traces.joined, traces.early) == (2, 1, 0)
+
+
+def test_traces_sent_early_past_keep_are_counted() -> None:
+    """Past keep waiting records, the oldest goes without its page's part, counted in early."""
+    exporter = InMemorySpanExporter()
+    traces = TraceExport(exporter, photon_wait_s=30, keep=2)
+    for seq in range(5):
+        traces.record(a_record(input_seq=seq), egress_ns=EGRESS_NS)
+    assert traces.early == 3
+    traces.close()
+    assert traces.early == 3
+    assert traces.traces == 5
+
+
+def test_rxstream_run_with_only_the_environment_asking_and_no_extra_runs_without_traces(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An OTLP endpoint set for other services, no otel extra: the run goes on, one warning
+    naming the variable."""
+    from rxstream import cli
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    assert cli.main(["run", FRAMES_APP, "--frames", "2"]) == 0
+    warned = [line for line in capsys.readouterr().err.splitlines() if "OTEL_" in line]
+    assert warned == [
+        "rxstream run: warning: OTEL_EXPORTER_OTLP_ENDPOINT is set, which asks for "
+        "OpenTelemetry traces, but the otel extra is not installed (missing: "
+        "opentelemetry.sdk.trace; install the otel extra with pip install 'rxstream[otel]'): "
+        "the run goes on without them"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("torchrun", "why"),
+    [
+        (False, "the otel extra is not installed"),
+        (True, "traces are not made under torchrun yet"),
+    ],
+)
+def test_a_launch_the_environment_alone_asks_traces_of_warns_once_and_runs_without(
+    monkeypatch: pytest.MonkeyPatch, torchrun: bool, why: str
+) -> None:
+    """launch(otel=None)'s rule: traces the environment asks for but the run cannot make
+    (no extra; under torchrun) are off, said once a process naming the variable."""
+    import structlog
+
+    if not torchrun:
+        monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    monkeypatch.setattr(_otel, "_said", set())
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")
+    with structlog.testing.capture_logs() as logs:
+        assert _otel.env_traces(torchrun=torchrun) is False
+        assert _otel.env_traces(torchrun=torchrun) is False
+    assert [log["event"] for log in logs] == ["otel_env_ignored"]
+    assert logs[0]["reason"].startswith(
+        f"OTEL_TRACES_EXPORTER is set, which asks for OpenTelemetry traces, but {why}"
+    )
+    monkeypatch.delitem(sys.modules, "opentelemetry.sdk.trace", raising=False)
+    assert _otel.env_traces(torchrun=False) is True
+
+
+def test_launch_with_otel_true_and_no_extra_names_what_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """otel=True without the SDK still fails, the error naming otel=True and the extra."""
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)
+    with pytest.raises(
+        ImportError, match=r"^otel=True: OpenTelemetry traces need .*rxstream\[otel\]"
+    ):
+        rxstream.launch(FRAMES_APP, ranks=1, frames=1, otel=True)
+
+
+@pytest.mark.parametrize(
+    ("environ", "name", "value"),
+    [
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        (
+            {
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "http/json",
+            },
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "http/json",
+        ),
+    ],
+)
+def test_an_otlp_protocol_other_than_http_protobuf_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, environ: dict[str, str], name: str, value: str
+) -> None:
+    """OTLP over gRPC (or JSON) is not what rxstream sends: refused, the variable and value
+    said (the traces' own variable first)."""
+    for key, setting in environ.items():
+        monkeypatch.setenv(key, setting)
+    with pytest.raises(
+        rxstream.ArgumentError,
+        match=rf"^{name} must be http/protobuf for rxstream's traces \(the only OTLP protocol "
+        rf"they are sent with\), got '{value}'$",
+    ):
+        TraceExport()
+
+
+def test_a_served_launch_s_root_spans_carry_its_session(
+    in_memory: InMemorySpanExporter,
+) -> None:
+    """Traces of a run served by a WebTransport carry its session_id as rxstream.session; a
+    headless run's carry none."""
+    from rxstream.ranks._telemetry import Telemetry
+    from rxstream.transport import WebTransport
+
+    web = WebTransport(port=0)
+    served = Telemetry(otel=True, metrics_port=None, transport=web)
+    headless = Telemetry(otel=True, metrics_port=None)
+    try:
+        served.on_record(a_record(client=joined_record().client))
+        headless.on_record(a_record(input_seq=8))
+        for telemetry in (served, headless):  # one exporter: both sent before either shuts it
+            assert telemetry.traces is not None
+            telemetry.traces.flush()
+    finally:
+        served.close()
+        headless.close()
+    roots = {
+        dict(s.attributes or {})["rxstream.input_seq"]: dict(s.attributes or {})
+        for s in in_memory.get_finished_spans()
+        if s.parent is None
+    }
+    assert web.session_id
+    assert web.session_id not in (web.token or "")
+    assert roots[7]["rxstream.session"] == web.session_id
+    assert "rxstream.session" not in roots[8]

@@ -43,6 +43,8 @@ class StageShell:
         "driven",
         "forward",
         "generations",
+        "gpu",
+        "gpu_clock",
         "in_hop",
         "name",
         "on_error",
@@ -86,6 +88,11 @@ class StageShell:
         self.run_id = ""
         """The id of the run the shell is part of (``Run.run_id``; the sink writes it on its
         timing records)."""
+        self.gpu: Any = None
+        """The stage's ``timing.StageTimer`` (CUDA events and NVTX around its calls; the run
+        sets it), or ``None``: its calls are not wrapped."""
+        self.gpu_clock: Any = None
+        """The run's ``timing.GpuClock`` when it has one (the sink resolves ``gpu_ms`` with it)."""
         self.driven = scheduler.driven
         """Whether this is a ``drive()``: one thread, virtual time."""
         self.timing = timing

@@ -1,6 +1,7 @@
 """Per-stage counters (mutable, owned by a run) and their frozen public snapshot."""
 
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -84,6 +85,9 @@ class StageStatistics:
     mean_s: float = 0.0
     """Seconds of work an item, on average over the items this stage finished
     (``work_s / items_in``; 0 before its first)."""
+    taken_s: float = field(default=0.0, compare=False, repr=False)
+    """When the snapshot was taken, on its process's monotonic clock (0 for one made by
+    hand): rates between two snapshots of a rank use that rank's own times."""
 
     @property
     def dropped_total(self) -> int:
@@ -191,6 +195,7 @@ class StageCounters:
             longest_on=busy.longest_on,
             longest_limit_s=busy.longest_limit_s,
             mean_s=self.work_s / self.items_in if self.items_in else 0.0,
+            taken_s=time.monotonic(),
         )
 
 

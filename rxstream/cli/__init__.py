@@ -167,6 +167,12 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="serve the run's Prometheus metrics at http://127.0.0.1:N/metrics",
     )
+    run.add_argument(
+        "--metrics",
+        action="store_true",
+        help="with --serve: serve the run's Prometheus metrics at the session server's "
+        "/metrics, behind its token (?token=… or Authorization: Bearer)",
+    )
     _traceback_flag(run)
     test = commands.add_parser("test", help="run an app's self test under the CPU harness")
     test.add_argument("app", help="path/to/app.py[:func] or module[:func]")

@@ -120,8 +120,19 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         )
     if args.no_token and not args.serve:
         return fail("--no-token goes with --serve", 2)
+    if args.metrics and not args.serve:
+        return fail(
+            "--metrics goes with --serve (the session server's /metrics); a headless run: "
+            "--metrics-port N",
+            2,
+        )
     if args.out_stream is not None and args.out is None:
         return fail("--out-stream names the stream --out writes: give --out too", 2)
+    otel, said = _otel_asked(args.otel)
+    if said and otel:
+        return fail(said, 1)
+    if said:
+        print(f"rxstream run: warning: {said}", file=sys.stderr, flush=True)
     serving = None
     if args.config is not None:
         try:
@@ -216,6 +227,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
                 token=not args.no_token,
                 grace_s=SERVE_GRACE_S if args.grace is None else args.grace,
                 tls=tls,
+                metrics=args.metrics,
             )
         except ValueError as exc:
             return fail(str(exc), 2)
@@ -237,8 +249,12 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         ranks = f"{args.ranks} rank(s)" if job is None else f"rank {job.rank} of {job.world}"
         url = None if transport is None else transport.url
         print(opened_line(args.app, ranks, url), file=sys.stderr, flush=True)
+        metrics = None
         if args.metrics_port is not None:
             metrics = f"http://127.0.0.1:{args.metrics_port}/metrics"
+        elif transport is not None and args.metrics:
+            metrics = transport.metrics_url
+        if metrics is not None:
             print(f"rxstream run: Prometheus metrics at {metrics}", file=sys.stderr, flush=True)
 
     status = _StatusLine(sys.stderr) if sys.stderr.isatty() else None
@@ -259,7 +275,7 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
             on_status=status,
             quiet=True,
             stop=signals.event,
-            otel=True if args.otel else None,
+            otel=otel,
             metrics_port=args.metrics_port,
         )
     except KeyboardInterrupt:
@@ -320,6 +336,28 @@ def _run_app(args: argparse.Namespace, signals: _StopSignals, cleanup: contextli
         sys.stdout.flush()
         return fail(stuck, 1)
     return 0
+
+
+def _otel_asked(flag: bool) -> tuple[bool, str]:
+    """Whether the run makes traces (``--otel``, or the ``OTEL_*`` environment alone), and
+    what to say: with ``--otel``, the failure when the otel extra is missing; without, the
+    warning when the environment asks for traces the run cannot make (it runs without)."""
+    from rxstream.ranks._torchrun import torchrun_env
+    from rxstream.timing._otel import EXTRA_HINT, env_asker, env_ignored, missing_extra
+
+    if flag:
+        missing = missing_extra()
+        if missing:
+            return True, (
+                f"--otel: OpenTelemetry traces need the otel extra, which is not installed "
+                f"(missing: {missing}): {EXTRA_HINT}"
+            )
+        return True, ""
+    asker = env_asker()
+    if not asker:
+        return False, ""
+    said = env_ignored(asker, torchrun=torchrun_env() is not None)
+    return not said, said
 
 
 def not_secure_line(host: str) -> str:

@@ -18,6 +18,7 @@ from rxstream.doc._snapshot import Ref, Snapshot, freeze, lookup, thaw
 from rxstream.doc._validate import defaults_from_schema, make_validator
 
 if TYPE_CHECKING:
+    from rxstream._kernel._resources import Resource
     from rxstream.context import Context
     from rxstream.stage import Stage
 
@@ -175,15 +176,17 @@ class Doc:
         *,
         name: str | None = None,
         rank: int | None = None,
+        uses: Resource[Any] | Sequence[Resource[Any]] | None = None,
     ) -> Stage:
         """A stage whose inner stage is ``construct(snapshot)``, rebuilt when a dep changes.
 
-        ``rank`` places it like any builder's ``rank=`` (the doc is replicated there). The
-        stage is its context's to make: this is ``ctx.bind(doc, construct, deps)``.
+        ``rank`` places it like any builder's ``rank=`` (the doc is replicated there);
+        ``uses`` names the resources its stages read (``ctx.pipe``'s ``uses``). The stage is
+        its context's to make: this is ``ctx.bind(doc, construct, deps)``.
         """
         if self.context is None:
             raise ArgumentTypeError(f"doc {self.name!r} has no context: make it with ctx.doc(...)")
-        return self.context.bind(self, construct, deps, name=name, rank=rank)
+        return self.context.bind(self, construct, deps, name=name, rank=rank, uses=uses)
 
     def _record_failure(self, failure: BindFailure) -> None:
         with self._lock:

@@ -132,6 +132,33 @@ class CudaApi(Protocol[StorageT, EventT]):
         keeps ``storage`` alive meanwhile."""
         ...
 
+    # --- stage timing (the engine's GPU time of a stage's call) and NVTX ranges --------------
+
+    def timing_event(self, device: int | None) -> Any:
+        """A new event that records GPU time (not interprocess), on the device (``None``: the
+        current one); made once per pool slot and recorded again and again."""
+        ...
+
+    def record_current(self, device: int | None, event: Any) -> None:
+        """Record ``event`` on the device's current stream: the stream a stage's call uses."""
+        ...
+
+    def event_done(self, event: Any) -> bool:
+        """Whether the work before ``event`` is done (CUDA's ``query()``: never waits)."""
+        ...
+
+    def elapsed_ms(self, start: Any, end: Any) -> float:
+        """GPU milliseconds from ``start`` to ``end``, both done (never waits)."""
+        ...
+
+    def nvtx_push(self, message: str) -> None:
+        """Open an NVTX range named ``message`` on this thread."""
+        ...
+
+    def nvtx_pop(self) -> None:
+        """Close this thread's innermost NVTX range."""
+        ...
+
 
 def describe(dtype: torch.dtype, size: Sequence[int], device: object) -> str:
     return f"{DTYPE_NAMES[dtype]} tensor of shape {tuple(size)} on {device}"
@@ -257,6 +284,27 @@ class TorchCuda:
         keeper = Keeper(storage, "__cuda_array_interface__")
         flat = torch.as_tensor(keeper, device=storage.device)
         return flat.untyped_storage(), keeper
+
+    def timing_event(self, device: int | None) -> torch.cuda.Event:
+        with torch.cuda.device(device):
+            return torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+
+    def record_current(self, device: int | None, event: torch.cuda.Event) -> None:
+        event.record(torch.cuda.current_stream(device))
+
+    def event_done(self, event: torch.cuda.Event) -> bool:
+        done: bool = event.query()  # type: ignore[no-untyped-call]
+        return done
+
+    def elapsed_ms(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        ms: float = start.elapsed_time(end)
+        return ms
+
+    def nvtx_push(self, message: str) -> None:
+        torch.cuda.nvtx.range_push(message)  # type: ignore[no-untyped-call]
+
+    def nvtx_pop(self) -> None:
+        torch.cuda.nvtx.range_pop()  # type: ignore[no-untyped-call]
 
 
 class Keeper:

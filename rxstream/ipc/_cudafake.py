@@ -3,6 +3,7 @@ GPU (``bench/gpu_ipc.py`` checks the real one on a GPU)."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import weakref
 from collections.abc import Hashable, Sequence
@@ -13,7 +14,7 @@ import torch
 
 from rxstream.ipc._cudaapi import Keeper, StorageHandle, view_of
 
-__all__ = ["FakeCudaApi", "FakeEvent"]
+__all__ = ["FakeCudaApi", "FakeEvent", "FakeTimingEvent"]
 
 
 class FakeEvent:
@@ -24,6 +25,18 @@ class FakeEvent:
     def __init__(self, handle: bytes, step: int) -> None:
         self.handle = handle
         self.step = step
+
+
+class FakeTimingEvent:
+    """A timing event of `FakeCudaApi`: the fake GPU clock (ms) where it was last recorded,
+    and whether the work before it is done."""
+
+    __slots__ = ("at_ms", "done", "recorded")
+
+    def __init__(self) -> None:
+        self.at_ms = 0.0
+        self.done = True
+        self.recorded = False
 
 
 class FakeCudaApi:
@@ -47,6 +60,13 @@ class FakeCudaApi:
     a release recorded after the consumer's last read of that slot. ``alias`` is what torch does
     with an object that has an array interface: a storage over the same memory that holds the
     object until the storage (every view of it) is gone.
+
+    Stage timing runs on a fake GPU clock: `kernel` queues work of a given GPU time on the
+    current stream (the clock moves on by it, the host does not wait), a timing event recorded
+    then marks the clock, and `elapsed_ms` is the clock between two events. While `stalled`,
+    events recorded are not done (``query()`` says no) until `finish`. ``calls`` counts every
+    call by name, ``synchronize`` included (the engine's hot path must never make one), and
+    ``nvtx`` is the NVTX stack: ``("push", name)`` and ``("pop", name)`` in order.
     """
 
     local_refs = False
@@ -67,6 +87,12 @@ class FakeCudaApi:
         self._read_step = 0  # the consumer's stream: one step per read
         self._read_at: dict[bytes, int] = {}  # memory -> the consumer's step of its last read
         self._released = 0  # the consumer step the producer's stream has waited for
+        self.gpu_ms = 0.0  # the fake GPU clock: the current stream's queued work, in ms
+        self.stalled = False  # events recorded now stay pending until finish()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.nvtx: list[tuple[str, str]] = []
+        self._stack: list[str] = []
+        self._pending: list[FakeTimingEvent] = []
 
     def to_device(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of ``tensor`` in fake device memory (contiguous), written by a `launch`."""
@@ -220,3 +246,55 @@ class FakeCudaApi:
         keeper = Keeper(storage, "__array_interface__")
         flat = torch.from_numpy(np.asarray(keeper))  # numpy holds keeper, torch the array
         return flat.untyped_storage(), keeper
+
+    # --- stage timing and NVTX ------------------------------------------------------------
+
+    def kernel(self, ms: float) -> None:
+        """Queue work of ``ms`` GPU milliseconds on the current stream (returns at once)."""
+        self.calls["kernel"] += 1
+        self.gpu_ms += ms
+
+    def finish(self) -> None:
+        """The GPU catches up: every pending event is done."""
+        for event in self._pending:
+            event.done = True
+        self._pending.clear()
+        self.stalled = False
+
+    def synchronize(self, device: int | None = None) -> None:
+        """Wait for the device (counted: the engine must not call it)."""
+        self.calls["synchronize"] += 1
+        self.finish()
+
+    def timing_event(self, device: int | None) -> FakeTimingEvent:
+        self.calls["timing_event"] += 1
+        return FakeTimingEvent()
+
+    def record_current(self, device: int | None, event: FakeTimingEvent) -> None:
+        self.calls["record_current"] += 1
+        event.at_ms = self.gpu_ms
+        event.recorded = True
+        event.done = not self.stalled
+        if self.stalled:
+            self._pending.append(event)
+
+    def event_done(self, event: FakeTimingEvent) -> bool:
+        self.calls["event_done"] += 1
+        return event.done
+
+    def elapsed_ms(self, start: FakeTimingEvent, end: FakeTimingEvent) -> float:
+        self.calls["elapsed_ms"] += 1
+        if not (start.recorded and end.recorded and start.done and end.done):
+            raise AssertionError("elapsed_ms of a fake timing event not recorded or not done")
+        return end.at_ms - start.at_ms
+
+    def nvtx_push(self, message: str) -> None:
+        self.calls["nvtx_push"] += 1
+        self._stack.append(message)
+        self.nvtx.append(("push", message))
+
+    def nvtx_pop(self) -> None:
+        self.calls["nvtx_pop"] += 1
+        if not self._stack:
+            raise AssertionError("nvtx_pop without an open NVTX range")
+        self.nvtx.append(("pop", self._stack.pop()))

@@ -12,7 +12,10 @@ thread, which switches between two items (the ``switch_map`` step), closes the o
 ``cutover=True``. A ``construct`` that raises keeps the old stage and is reported in
 ``doc.errors`` and the log. Under ``drive()`` the rebuild is synchronous, inside the write,
 before the next item; consecutive drives are one session, so the stage built by the first drive
-serves the next ones until a dep changes.
+serves the next ones until a dep changes. Under threads, a first ``construct`` whose stage
+reads a resource not loaded yet (``ctx.resource``) runs on a thread of its own, so that the
+run's start (and a stop asked meanwhile) does not wait for the load: the stage's first item,
+which comes once the rank's loads are done, waits for that construct.
 """
 
 from __future__ import annotations
@@ -60,9 +63,14 @@ def bind_declaration(doc: Doc, construct: Construct, deps: Sequence[Ref]) -> tup
 
 
 def bind_operator(
-    doc: Doc, pipe: Pipe, construct: Construct, paths: Paths
+    doc: Doc,
+    pipe: Pipe,
+    construct: Construct,
+    paths: Paths,
+    loading: Callable[[], bool] = lambda: False,
 ) -> Callable[[StageShell], Operator]:
-    """The bound stage's operator (see the module docstring)."""
+    """The bound stage's operator (see the module docstring); ``loading()``: whether a
+    resource the stage reads is not loaded yet in this process."""
 
     def build(shell: StageShell) -> Operator:
         def subscribe(
@@ -71,7 +79,7 @@ def bind_operator(
             scheduler: abc.SchedulerBase | None,
         ) -> abc.DisposableBase:
             binder = _Binder(doc, pipe, construct, paths, shell, observer)
-            return binder.attach(source, scheduler)
+            return binder.attach(source, scheduler, first_apart=not shell.driven and loading())
 
         return one_input(subscribe)
 
@@ -118,17 +126,25 @@ class _Binder:
         self.current: _Inner | None = None
         self.builds = 0
         self._builder: _Builder | None = None
+        self._first: threading.Event | None = None
+        """Set once the first ``construct`` ran, when it runs on a thread of its own."""
+        self._disposed = False
 
-    def attach(self, source: ItemStream, scheduler: abc.SchedulerBase | None) -> abc.DisposableBase:
+    def attach(
+        self, source: ItemStream, scheduler: abc.SchedulerBase | None, *, first_apart: bool = False
+    ) -> abc.DisposableBase:
         snapshot = self.doc.snapshot()
         self.shell.reset = self._reset
-        try:
-            stage = self._construct(snapshot)
-        except Exception as exc:  # no stage to serve: the run fails, naming this stage
-            self.shell.crashed(exc)
+        if first_apart:  # its resources load meanwhile: neither start() nor stop() waits
+            self._first = threading.Event()
+            threading.Thread(
+                target=self._first_construct,
+                args=(snapshot,),
+                name=f"rxstream:{self.shell.name}.construct",
+                daemon=True,
+            ).start()
         else:
-            self.shell.on_error = stage.on_error
-            self.current = _Inner(stage, self.shell, self)
+            self._first_construct(snapshot)
         if not self.shell.driven:
             self._builder = _Builder(self, f"rxstream:{self.shell.name}.build")
         deps = self.doc.snapshots.pipe(
@@ -140,6 +156,22 @@ class _Binder:
             self.on_next, self.observer.on_error, self.on_completed, scheduler=scheduler
         )
         return CompositeDisposable(upstream, deps, Disposable(self._dispose))
+
+    def _first_construct(self, snapshot: Snapshot) -> None:
+        try:
+            stage = self._construct(snapshot)
+        except Exception as exc:  # no stage to serve: the run fails, naming this stage
+            self.shell.crashed(exc)
+        else:
+            self.shell.on_error = stage.on_error
+            inner = _Inner(stage, self.shell, self)
+            if self._disposed:  # the run stopped while it was made: nothing serves it
+                inner.close()
+            else:
+                self.current = inner
+        finally:
+            if self._first is not None:
+                self._first.set()
 
     def _dep_values(self, snapshot: Snapshot) -> tuple[Snapshot, tuple[Any, ...]]:
         return snapshot, tuple(lookup(snapshot, path, self.doc.name) for path in self.paths)
@@ -202,10 +234,14 @@ class _Binder:
     # --- items ------------------------------------------------------------------------------
 
     def on_next(self, item: PipelineItem) -> None:
+        if self._first is not None:  # the first construct, on its thread: done, or soon
+            self._first.wait()
         if self.current is not None:
             self.current.input.on_next(item)
 
     def on_completed(self) -> None:
+        if self._first is not None:
+            self._first.wait()
         if self.current is not None:
             self.current.input.on_completed()
         else:
@@ -225,6 +261,7 @@ class _Binder:
         self.observer.on_completed()
 
     def _dispose(self) -> None:
+        self._disposed = True
         if self._builder is not None:
             self._builder.close()
         current, self.current = self.current, None
@@ -265,6 +302,10 @@ class _Builder:
                     return
                 assert self._request is not None
                 (snapshot, version), self._request = self._request, None
+            first = binder._first  # a rebuild comes after the first construct
+            while first is not None and not first.wait(0.1):
+                if self._closed:
+                    return
             stage = binder.build_or_report(snapshot, version)
             if stage is not None:
                 binder.shell.scheduler.schedule(_switch_to, (binder, stage))

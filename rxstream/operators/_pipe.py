@@ -19,10 +19,12 @@ __all__ = ["caller", "pipe_operator", "tap_operator"]
 
 
 def caller(fn: StageFn, shell: StageShell) -> Callable[..., Any]:
-    """``fn`` itself, or for an ``async def`` a call that runs it on the pipeline's loop."""
+    """``fn`` itself, or for an ``async def`` a call that runs it on the pipeline's loop;
+    inside the stage's CUDA events and NVTX range when it has a timer (``shell.gpu``)."""
+    call: Callable[..., Any] = fn
     if inspect.iscoroutinefunction(fn):
-        return lambda *args: shell.call_async(fn(*args))
-    return fn
+        call = lambda *args: shell.call_async(fn(*args))  # noqa: E731
+    return call if shell.gpu is None else shell.gpu.wrap(call)
 
 
 def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell], Operator]:
@@ -40,6 +42,7 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
         failed = shell.failed
         timing = shell.timing
         in_hop, out_hop = shell.in_hop, shell.out_hop
+        timer = shell.gpu  # NVTX names the call's input_seq
 
         def operator(ports: Sequence[ItemStream]) -> ItemStream:
             if len(ports) > 1:
@@ -74,6 +77,8 @@ def pipe_operator(fn: StageFn, *, items: bool = False) -> Callable[[StageShell],
                             flushed = admission.flushed
                     started = now()
                     counters.items_in += 1
+                    if timer is not None:
+                        timer.input_seq = _base(item).input_seq
                     try:
                         out = call(item if items else item.payload)
                     except Exception as exc:
@@ -113,11 +118,14 @@ def tap_operator(fn: StageFn) -> Callable[[StageShell], Operator]:
     def build(shell: StageShell) -> Operator:
         call = caller(fn, shell)
         counters = shell.counters
+        timer = shell.gpu
 
         def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
             def on_next(item: PipelineItem) -> None:
                 started = now()
                 counters.items_in += 1
+                if timer is not None:
+                    timer.input_seq = _base(item).input_seq
                 try:
                     call(item.payload)
                 except Exception as exc:

@@ -120,6 +120,7 @@ def sink_operator(
         forward = shell.forward
         timing = shell.timing
         kinds = shell.stage_kinds
+        gpu_clock = shell.gpu_clock
         checked = codec in _CHECKED
 
         def make_on_next(observer: abc.ObserverBase[PipelineItem]) -> OnNext:
@@ -160,7 +161,9 @@ def sink_operator(
                     if seq:
                         reported[last[1]] = max(reported.get(last[1], 0), seq)
                     try:
-                        record = fold(stream, out.metadata, time.time() * 1000, shell.run_id)
+                        record = fold(
+                            stream, out.metadata, time.time() * 1000, shell.run_id, gpu_clock
+                        )
                         if self_testing():
                             record = replace(record, self_test=True)
                         emit(record, on_timing)

@@ -465,6 +465,7 @@ class DistRun(ThreadedRun):
         releases: Mapping[str, tuple[Connection, Connection]] | None = None,
         cuda_api: Any = None,
         busy_limit_s: float | None = None,
+        nvtx: bool | None = None,
     ) -> None:
         self._links = dict(links)
         for link in self._links.values():
@@ -483,6 +484,8 @@ class DistRun(ThreadedRun):
             ),
             replica=rank is not None and rank != 0,  # rank 0 steers; rings catch up as the wire
             busy_limit_s=busy_limit_s,
+            cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     def _catch_up(self, wire: tuple[Any, ...]) -> None:

@@ -348,6 +348,7 @@ class Launch:
                 releases=releases,
                 cuda_api=ctx.cuda_api,
                 busy_limit_s=ctx.busy_limit_s,
+                nvtx=ctx.nvtx,
             )
             run.run_id = self.run_id
             run.on_done(control.changed.set)  # a failing boundary wakes the watch at once

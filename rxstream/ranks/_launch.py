@@ -65,12 +65,12 @@ from rxstream.ranks._egress import (
 )
 from rxstream.ranks._rank import RankSetup, Spawn, layout_of, rank_main, rank_run, send_to
 from rxstream.ranks._replicate import replicate
-from rxstream.ranks._telemetry import Telemetry, check_metrics_port
+from rxstream.ranks._telemetry import Telemetry, check_metrics_port, serves_metrics
 from rxstream.ranks._watch import Watch, exit_text, stopped_by
 from rxstream.runtime._aio import AsyncBridge
 from rxstream.runtime._run import DoneEvent, new_run_id
 from rxstream.runtime._threaded import ThreadedRun
-from rxstream.timing._otel import otel_from_env
+from rxstream.timing._otel import env_traces
 from rxstream.transport import Transport
 
 __all__ = ["launch"]
@@ -115,15 +115,20 @@ def launch(
     ends, every rank stops and reports, and the statistics come back (set before every rank
     is ready, nothing runs; not under torchrun, which stops its workers with SIGTERM).
     ``otel`` exports each timing record of the run as an OpenTelemetry trace (the ``otel``
-    extra; ``None``: when the standard ``OTEL_*`` environment asks for traces), and
+    extra; ``None``: when the standard ``OTEL_*`` environment asks for traces, and the extra
+    is installed, else one warning naming the variable), and
     ``metrics_port`` serves the run's Prometheus metrics at
-    ``http://127.0.0.1:<metrics_port>/metrics`` while it runs; both on rank 0, for every rank
+    ``http://127.0.0.1:<metrics_port>/metrics`` while it runs (a ``WebTransport(metrics=True)``
+    serves them at its ``/metrics``, behind its token); both on rank 0, for every rank
     (docs/timing.md, "In your tools"; not under torchrun).
     A failure on any rank raises
     :class:`PipelineError` naming it; a refused setting :class:`SettingError`; a refused
     serving config :class:`~rxstream.topology.DeploymentError`. A rank that sends nothing for
     :data:`HEARTBEAT_S` seconds is killed and named in that error.
     """
+    from rxstream.ranks._torchrun import run_torchrun, torchrun_env
+
+    under_torchrun = torchrun_env() is not None
     options = LaunchOptions(
         frames=frames,
         config=config,
@@ -138,14 +143,18 @@ def launch(
         on_status=on_status,
         quiet=quiet,
         stop=stop,
-        otel=otel_from_env() if otel is None else otel,
+        otel=env_traces(torchrun=under_torchrun) if otel is None else otel,
         metrics_port=metrics_port,
     )
-    from rxstream.ranks._torchrun import run_torchrun, torchrun_env
-
-    if torchrun_env() is not None:  # under torchrun: this process runs its own rank only
-        if otel or metrics_port is not None:
-            asked = "otel=True" if otel else f"metrics_port={metrics_port}"
+    if under_torchrun:  # under torchrun: this process runs its own rank only
+        if otel or metrics_port is not None or serves_metrics(transport):
+            asked = (
+                "otel=True"
+                if otel
+                else f"metrics_port={metrics_port}"
+                if metrics_port is not None
+                else "WebTransport(metrics=True)"
+            )
             raise ArgumentError(
                 f"{asked}: traces and metrics are exports of a spawned launch, not made under "
                 "torchrun yet"
@@ -162,11 +171,11 @@ def launch_spawned(entry: str, ranks: int, options: LaunchOptions) -> LaunchResu
     app = load_app(entry)
     app.check_ranks(ranks)
     telemetry: Telemetry | None = None
-    if options.otel or options.metrics_port is not None:
+    if options.otel or options.metrics_port is not None or serves_metrics(options.transport):
         telemetry = Telemetry(
             otel=options.otel,
             metrics_port=options.metrics_port,
-            served=options.transport is not None,
+            transport=options.transport,
         )
         options = replace(options, on_status=telemetry.on_status(options.on_status))
     try:
@@ -432,18 +441,27 @@ class Ranks:
         """Wait until every rank built its graph and started its run, so that rank 0 starts
         its sources only once the whole pipeline can take their items (a rank importing
         torch takes seconds); ``False`` when ``stopping()`` turned true first (a signal).
-        A rank that fails, dies or is stopped by a signal first raises ``PipelineError``."""
+        A rank that fails, dies or is stopped by a signal first raises ``PipelineError``.
+        ``timeout`` bounds a rank's build and start, and the silence of one loading its
+        resources (``ctx.resource``): a rank that says it is still loading (every
+        ``LOADING_BEAT_S``) has ``timeout`` more from each word, so a long load is not cut."""
         waiting = dict(self.conns)
         attached: set[int] = set()
+        loading: dict[int, tuple[str, ...]] = {}
         deadline = time.monotonic() + timeout
         while waiting:
             if stopping():
                 return False
             left = deadline - time.monotonic()
             if left <= 0:
+                still = "".join(
+                    f"; rank {rank} still loading {', '.join(map(repr, names))}"
+                    for rank, names in sorted(loading.items())
+                    if rank in waiting
+                )
                 raise PipelineError(
                     f"rank {min(waiting)}",
-                    TimeoutError(f"not ready after {timeout:g} s (ranks {sorted(waiting)})"),
+                    TimeoutError(f"not ready after {timeout:g} s (ranks {sorted(waiting)}){still}"),
                 )
             sentinels = {self.procs[rank].sentinel: rank for rank in waiting}
             ready = multiprocessing.connection.wait(
@@ -461,6 +479,9 @@ class Ranks:
                             self.unlink_rings()
                     elif message[0] == "ready":
                         del waiting[rank]
+                    elif message[0] == "loading":  # busy loading, not hung: more time
+                        loading[rank] = tuple(message[2])
+                        deadline = max(deadline, time.monotonic() + timeout)
                     elif message[0] == "error":
                         raise PipelineError(f"rank {rank}", RuntimeError(message[2]))
                     elif message[0] == "stopped" and not stopping():

@@ -58,6 +58,8 @@ def rank_run(
         ),
         replica=rank != 0,  # rank 0 steers; the others replicate its doc and generations
         busy_limit_s=ctx.busy_limit_s,
+        cuda_api=ctx.cuda_api,
+        nvtx=ctx.nvtx,
     )
     if run_id:
         run.run_id = run_id
@@ -180,7 +182,9 @@ def rank_main(
         )
         listener.start()
         run.start()
-        if run.wait_loaded():  # its stages' resources (ctx.resource) loaded: ready for items
+        # its stages' resources (ctx.resource) loaded: ready for items; meanwhile it says
+        # which it is loading, so that the controller's wait for it is not a limit on a load
+        if run.wait_loaded(lambda names: sender.send(("loading", rank, names))):
             sender.send(("ready", rank))
         reported = time.monotonic()
         while not run.done.wait(WATCH_S):

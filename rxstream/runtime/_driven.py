@@ -37,7 +37,14 @@ class DrivenRun(Run):
     """
 
     def __init__(
-        self, plan: Plan, *, bridge: AsyncBridge, generations: Generations, timing: bool = True
+        self,
+        plan: Plan,
+        *,
+        bridge: AsyncBridge,
+        generations: Generations,
+        timing: bool = True,
+        cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         self.clock = VirtualClock()
         # the session: its sources once opened, those that ended, the last pull's time
@@ -48,7 +55,13 @@ class DrivenRun(Run):
         self.closed = False
         """Whether the session was closed (a later drive starts a new one)."""
         super().__init__(
-            plan, bridge=bridge, generations=generations, collect="payloads", timing=timing
+            plan,
+            bridge=bridge,
+            generations=generations,
+            collect="payloads",
+            timing=timing,
+            cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     # --- wiring -----------------------------------------------------------------------------

@@ -157,6 +157,7 @@ def fused_chain(
     ]
     timing = shells[0].timing
     driven = shells[0].driven
+    timers = [shell.gpu for shell in shells if shell.gpu is not None]  # NVTX names input_seq
     is_stale = generations.is_stale
 
     def subscribe(
@@ -189,6 +190,8 @@ def fused_chain(
                 if base.cutover or base.flush_generation > floor or is_stale(base):
                     epoch = -1
                 checked = floor if epoch >= 0 else base.flush_generation  # every member saw it
+                for timer in timers:
+                    timer.input_seq = base.input_seq
                 payload = item.payload
                 first = 0  # where the kept stamps' link goes in ``row``
                 started = now() if timing else 0.0  # one clock read a member: its .out, next .in

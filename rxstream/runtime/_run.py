@@ -13,6 +13,7 @@ session of drives). docs/architecture.md ("Runs") says who calls what.
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
@@ -27,7 +28,7 @@ from rxstream._kernel._generations import Generations
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageStatistics
 from rxstream._util import library_logger
-from rxstream.item import PipelineItem, _base
+from rxstream.item import PipelineItem, _base, _stamped
 from rxstream.operators._chunked import chunk_operator
 from rxstream.operators._core import attach
 from rxstream.operators._input import InputFeed
@@ -40,6 +41,7 @@ from rxstream.runtime._plan import Plan
 from rxstream.runtime._port import Port
 from rxstream.runtime._thread import _ClockScheduler
 from rxstream.stage import Node, cuda_path
+from rxstream.timing._gpu import GpuClock, nvtx_from_env
 from rxstream.topology._edges import (
     WALKS,
     chunks_of,
@@ -55,6 +57,20 @@ _End = tuple[Callable[[PipelineItem], None], Callable[[Exception], None], Callab
 __all__ = ["DoneEvent", "Run", "new_run_id"]
 
 _log = library_logger("rxstream")
+
+_TIMED_KINDS = frozenset({"pipe", "tap"})
+"""The stage kinds whose calls a run's `GpuClock` times and names in NVTX (each call is one
+item's: a pipe's, fused or not, and a tap's)."""
+
+
+def _real_cuda_api() -> Any:
+    """The real CUDA calls when this process has torch loaded and a GPU; else ``None``."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    from rxstream.ipc._cudaapi import TorchCuda
+
+    return TorchCuda()
 
 
 def new_run_id() -> str:
@@ -103,7 +119,12 @@ class Run(ABC):
         rank: int | None = None,
         boundaries: BoundaryFactory | None = None,
         replica: bool = False,
+        cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
+        """``cuda_api``: the CUDA calls that time the stages placed on a CUDA device (``None``:
+        the real ones when this process has torch and a GPU, else no GPU timing); ``nvtx``:
+        an NVTX range per stage call (``None``: ``RXSTREAM_NVTX``)."""
         self.plan = plan
         self.rank = rank
         """The rank this process runs (``None``: every rank, in this process)."""
@@ -135,6 +156,11 @@ class Run(ABC):
         self._observers: dict[Node, abc.ObserverBase[PipelineItem]] = {}
         self._subscriptions = CompositeDisposable()
         self._kinds = {plan.names[node]: node.stage.kind for node in plan.nodes}
+        api = cuda_api if cuda_api is not None else _real_cuda_api()
+        self.gpu_clock: GpuClock | None = None
+        """The stages' CUDA event timing and NVTX ranges (``None``: no CUDA api here)."""
+        if api is not None and timing:
+            self.gpu_clock = GpuClock(api, nvtx=nvtx_from_env() if nvtx is None else nvtx)
         for node in self.local:
             self._make_shell(node)
         self._wire()
@@ -207,6 +233,10 @@ class Run(ABC):
         )
         shell.run_id = self._run_id
         shell.stage_kinds = self._kinds
+        if self.gpu_clock is not None:
+            shell.gpu_clock = self.gpu_clock
+            if stage.kind in _TIMED_KINDS:
+                shell.gpu = self.gpu_clock.timer(name, stage.device)
         self.shells[node] = shell
         return shell
 
@@ -297,7 +327,7 @@ class Run(ABC):
             self._ends += 1
             self._subscriptions.add(
                 boundary.write(
-                    self._produced(streams[upstream], upstream, node),
+                    self._gpu_stamped(self._produced(streams[upstream], upstream, node)),
                     self.shells[upstream].counters,
                     self.plan.name_of(upstream),
                     self.fail,
@@ -307,6 +337,20 @@ class Run(ABC):
                     sole=self._consumers(upstream) == 1,
                 )
             )
+
+    def _gpu_stamped(self, stream: ItemStream) -> ItemStream:
+        """``stream`` with each item's ``<stage>.gpu`` stamps (``GpuClock.stamps``) when it
+        leaves for another process's rank from one that has CUDA stages; else ``stream``
+        (ranks in one process share the clock: the sink resolves them)."""
+        clock = self.gpu_clock
+        if clock is None or not clock.timers or self.rank is None:
+            return stream
+
+        def stamped(item: PipelineItem) -> PipelineItem:
+            stamps = clock.stamps(item.metadata.timeline)
+            return _stamped(item, item.payload, stamps) if stamps else item
+
+        return stream.pipe(operators.map(stamped))
 
     # --- connections: walk-driving edges and chunk policies ---------------------------------
 

@@ -4,10 +4,12 @@ processes (see :class:`ThreadedRun`)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import partial
+from typing import Any
 
 from reactivex import Observable, abc
 
@@ -30,7 +32,10 @@ from rxstream.runtime._watchdog import Watchdog, busy_limit_from_env
 from rxstream.stage import Node
 from rxstream.typing import ItemStream
 
-__all__ = ["ThreadedRun"]
+__all__ = ["LOADING_BEAT_S", "ThreadedRun"]
+
+LOADING_BEAT_S = 1.0
+"""How often a rank still loading its resources says so (:meth:`ThreadedRun.wait_loaded`)."""
 
 
 class ThreadedRun(Run):
@@ -55,6 +60,8 @@ class ThreadedRun(Run):
         boundaries: BoundaryFactory | None = None,
         replica: bool = False,
         busy_limit_s: float | None = None,
+        cuda_api: Any = None,
+        nvtx: bool | None = None,
     ) -> None:
         """``busy_limit_s``: the watchdog's bound for every stage (``None``: the environment
         variable ``RXSTREAM_BUSY_S``, else each stage's own; :mod:`~rxstream.runtime._watchdog`).
@@ -66,7 +73,7 @@ class ThreadedRun(Run):
         self._lifecycle = threading.RLock()
         """Held by :meth:`start` while it starts threads: :meth:`stop` joins only after."""
         local = [node for node in plan.nodes if rank is None or plan.ranks[node] == rank]
-        self._loading = load_for((plan.name_of(node), node.stage.uses) for node in local)
+        self._loading = load_for(((plan.name_of(node), node.stage.uses) for node in local), rank)
         """The loads of the resources this rank's stages read, begun here (as the run is made,
         while the other ranks start): the sources pull once they are done, and a spawned rank
         says it is ready only then (:meth:`wait_loaded`)."""
@@ -79,6 +86,8 @@ class ThreadedRun(Run):
             rank=rank,
             boundaries=boundaries,
             replica=replica,
+            cuda_api=cuda_api,
+            nvtx=nvtx,
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -120,14 +129,25 @@ class ThreadedRun(Run):
 
     # --- start and stop ---------------------------------------------------------------------
 
-    def wait_loaded(self) -> bool:
+    def wait_loaded(
+        self,
+        loading: Callable[[tuple[str, ...]], None] | None = None,
+        every_s: float = LOADING_BEAT_S,
+    ) -> bool:
         """Wait until the resources this rank's stages read are loaded (``ctx.resource``),
-        or the run halted; whether they were. A load that failed fails the run with a
-        :class:`PipelineError` naming the stage that needed it (its cause the
+        or the run halted; whether they were. ``loading(names)`` is told the names still
+        loading at once and every ``every_s`` seconds after (a spawned rank's word to the
+        controller that it is busy loading, not hung). A load that failed fails the run with
+        a :class:`PipelineError` naming the stage that needed it (its cause the
         :class:`~rxstream.ResourceError`)."""
+        told = -math.inf
         while not self._loading.wait(0.1):
             if self._halted:
                 return False
+            pending = self._loading.pending
+            if loading is not None and pending and time.monotonic() - told >= every_s:
+                told = time.monotonic()
+                loading(pending)
         failure = self._loading.failure
         if failure is not None:
             stage, error = failure
@@ -259,7 +279,8 @@ class ThreadedRun(Run):
         if self._watchdog is not None:
             self._watchdog.join(max(0.0, deadline - time.monotonic()))
         if not self._loading.join(max(0.0, deadline - time.monotonic())):
-            stuck.append("rxstream:load")  # a loader still at work (it cannot be interrupted)
+            # a loader still at work (it cannot be interrupted): it ends in the background
+            stuck.extend(f"rxstream:load:{name}" for name in self._loading.pending)
         self._subscriptions.dispose()
         if self._make_boundary is not None:
             self._make_boundary.close()

@@ -116,8 +116,10 @@ class TimingLog:
         """One row per (record, hop) as a pandas DataFrame (needs pandas installed).
 
         Columns: run, stream, input_seq, cutover, total_ms, photon_ms, hop, order, wait_ms,
-        compute_ms, hold_ms. ``photon_ms`` is the record's input-to-pixels time (NaN without a
-        page's report); ``run`` its run's id (``groupby("run")`` splits the runs).
+        compute_ms, hold_ms, gpu_ms. ``gpu_ms`` is a CUDA stage's GPU time (``None`` for any
+        other hop, and where it was unresolved). ``photon_ms`` is the record's input-to-pixels
+        time (NaN without a page's report); ``run`` its run's id (``groupby("run")`` splits
+        the runs).
         """
         import pandas as pd
 
@@ -134,6 +136,7 @@ class TimingLog:
                 "wait_ms": hop.wait_ms,
                 "compute_ms": hop.compute_ms,
                 "hold_ms": hop.hold_ms,
+                "gpu_ms": hop.gpu_ms,
             }
             for r in self.records
             for index, hop in enumerate(r.hops)
@@ -267,6 +270,13 @@ class HopSummary:
     """Percentiles of the time the hop held its items (0 in records where it did not hold)."""
     holds: bool = False
     """Whether the hop held an item in any record (a ``pace``, a ``window``)."""
+    gpu_ms: dict[int, float] = field(default_factory=dict)
+    """Percentiles of the hop's GPU time over the records that resolved it (a CUDA stage);
+    empty for any other hop, or when none did."""
+    gpu: bool = False
+    """Whether the hop was timed on its CUDA device in any record."""
+    gpu_unresolved: int = 0
+    """Records where the hop was timed on its device but its ``gpu_ms`` was ``None``."""
 
 
 @dataclass(frozen=True)
@@ -336,6 +346,9 @@ def _hop_json(h: HopSummary) -> dict[str, Any]:
     }
     if h.holds:
         entry["hold_ms"] = {f"p{q}": round(v, 3) for q, v in h.hold_ms.items()}
+    if h.gpu:  # only for a CUDA stage: a log without one reads as before
+        entry["gpu_ms"] = {f"p{q}": round(v, 3) for q, v in h.gpu_ms.items()}
+        entry["gpu_unresolved"] = h.gpu_unresolved
     return entry
 
 
@@ -369,6 +382,8 @@ def summarize(
     waits: dict[str, list[float]] = {}
     computes: dict[str, list[float]] = {}
     holds: dict[str, list[float]] = {}
+    gpus: dict[str, list[float]] = {}
+    unresolved: dict[str, int] = {}
     order: list[str] = []  # the hops in path order, a hop first seen placed after its predecessor
     for record in records:
         previous = None
@@ -378,6 +393,12 @@ def summarize(
             waits.setdefault(hop.name, []).append(hop.wait_ms)
             computes.setdefault(hop.name, []).append(hop.compute_ms)
             holds.setdefault(hop.name, []).append(hop.hold_ms)
+            if hop.gpu:
+                times = gpus.setdefault(hop.name, [])
+                if hop.gpu_ms is None:
+                    unresolved[hop.name] = unresolved.get(hop.name, 0) + 1
+                else:
+                    times.append(hop.gpu_ms)
             previous = hop.name
     hops = tuple(
         HopSummary(
@@ -387,6 +408,9 @@ def summarize(
             {q: _percentile(computes[name], q) for q in PERCENTILES},
             {q: _percentile(holds[name], q) for q in PERCENTILES},
             any(holds[name]),
+            {q: _percentile(gpus[name], q) for q in PERCENTILES} if gpus.get(name) else {},
+            name in gpus,
+            unresolved.get(name, 0),
         )
         for name in order
     )
@@ -425,10 +449,25 @@ def format_summary(summary: Summary) -> str:
     """The summary as the text table ``rxstream timing`` prints.
 
     Hold columns appear when some hop held items; a hop that never held shows ``-`` there.
+    GPU columns appear when some hop was timed on its CUDA device (``-`` for the others),
+    and a line counts the records whose ``gpu_ms`` was unresolved.
     """
     held = any(h.holds for h in summary.hops)
+    on_gpu = any(h.gpu for h in summary.hops)
     hold_header = ("hold p50", "p95", "p99") if held else ()
-    header = ("hop", "count", "wait p50", "p95", "p99", *hold_header, "compute p50", "p95", "p99")
+    gpu_header = ("gpu p50", "p95", "p99") if on_gpu else ()
+    header = (
+        "hop",
+        "count",
+        "wait p50",
+        "p95",
+        "p99",
+        *hold_header,
+        "compute p50",
+        "p95",
+        "p99",
+        *gpu_header,
+    )
     rows = [header] + [
         (
             h.name,
@@ -436,6 +475,7 @@ def format_summary(summary: Summary) -> str:
             *(f"{h.wait_ms[q]:.2f}" for q in PERCENTILES),
             *(_hold_cells(h) if held else ()),
             *(f"{h.compute_ms[q]:.2f}" for q in PERCENTILES),
+            *(_gpu_cells(h) if on_gpu else ()),
         )
         for h in summary.hops
     ]
@@ -444,6 +484,11 @@ def format_summary(summary: Summary) -> str:
     lines.append(
         "end to end: " + "  ".join(f"{key} {t[key]:.2f}" for key in ("p50", "p95", "p99", "max"))
     )
+    missing = [
+        f"{h.name} {h.gpu_unresolved} of {h.count}" for h in summary.hops if h.gpu_unresolved
+    ]
+    if missing:
+        lines.append("gpu_ms unresolved (work not done when folded): " + ", ".join(missing))
     if summary.shown:
         p = summary.photon_ms
         lines.append(
@@ -497,6 +542,13 @@ def _hold_cells(h: HopSummary) -> tuple[str, ...]:
     return tuple(f"{h.hold_ms[q]:.2f}" for q in PERCENTILES)
 
 
+def _gpu_cells(h: HopSummary) -> tuple[str, ...]:
+    """A hop's GPU-time percentiles as table cells (``-`` where it has none)."""
+    if not h.gpu_ms:
+        return ("-",) * len(PERCENTILES)
+    return tuple(f"{h.gpu_ms[q]:.2f}" for q in PERCENTILES)
+
+
 def plotted(summary: Summary, records: Iterable[TimingRecord]) -> list[TimingRecord]:
     """The ``records`` that ``plot`` draws for ``summary``: those of the runs it included
     (every one's for ``"all"``), of its stream when it was of one."""
@@ -510,7 +562,8 @@ def plotted(summary: Summary, records: Iterable[TimingRecord]) -> list[TimingRec
 
 def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) -> None:
     """Draw a stacked per-hop wait/hold/compute bar (p50) and the end-to-end CDF into a PNG
-    (with ``photon_ms`` beside ``total_ms`` where a page reported).
+    (with ``photon_ms`` beside ``total_ms`` where a page reported, and a CUDA stage's
+    ``gpu_ms`` p50 as a thin bar from where its compute starts).
 
     The CDF draws the records of what ``summary`` summarised: of ``records`` (a log's, say,
     of every run), those of ``summary.run`` and the self-test runs counted with it, of
@@ -531,6 +584,9 @@ def plot(summary: Summary, records: Sequence[TimingRecord], path: str | Path) ->
     bars.barh(names, wait, label="queue-wait p50", color="#c8a2c8")
     bars.barh(names, hold, left=wait, label="hold p50", color="#e8a838")
     bars.barh(names, compute, left=held, label="compute p50", color="#4878a8")
+    if any(h.gpu_ms for h in summary.hops):  # a CUDA stage's GPU time, under its compute bar
+        gpu = [h.gpu_ms.get(50, 0.0) for h in summary.hops]
+        bars.barh(names, gpu, left=held, height=0.3, label="gpu p50", color="#76b900")
     bars.invert_yaxis()
     bars.set_xlabel("ms")
     bars.set_title("per hop (p50)")

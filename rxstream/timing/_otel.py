@@ -24,18 +24,30 @@ from dataclasses import replace
 from typing import Any
 
 from rxstream._exceptions import ArgumentError, ArgumentTypeError
+from rxstream._util import library_logger
 from rxstream.timing._client import ClientTiming
 from rxstream.timing._record import TimingRecord
 from rxstream.timing._spanbatch import SpanBatcher
 
-__all__ = ["EXTRA_HINT", "TraceExport", "otel_from_env", "span_times"]
+__all__ = [
+    "EXTRA_HINT",
+    "TraceExport",
+    "env_asker",
+    "env_ignored",
+    "env_traces",
+    "missing_extra",
+    "otel_from_env",
+    "span_times",
+]
 
 EXTRA_HINT = "install the otel extra with pip install 'rxstream[otel]'"
 """What a missing OpenTelemetry package's error tells the user to do."""
 
 _NS_PER_MS = 1_000_000
+_log = library_logger("rxstream.timing")
 
 SpanTimes = list[tuple[str, int, int, dict[str, Any]]]
+_Key = tuple[str, str, int]
 
 
 def otel_from_env(environ: Mapping[str, str] | None = None) -> bool:
@@ -43,14 +55,74 @@ def otel_from_env(environ: Mapping[str, str] | None = None) -> bool:
     set to an exporter other than ``none``, or an OTLP endpoint set
     (``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``); never when
     ``OTEL_SDK_DISABLED`` is ``true``."""
+    return bool(env_asker(environ))
+
+
+def env_asker(environ: Mapping[str, str] | None = None) -> str:
+    """The ``OTEL_*`` variable that asks for traces (:func:`otel_from_env`'s rule), ``""``
+    when none does."""
     env = os.environ if environ is None else environ
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return False
+        return ""
     exporter = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
     if exporter:
-        return exporter != "none"
-    return bool(
-        env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        return "" if exporter == "none" else "OTEL_TRACES_EXPORTER"
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if env.get(name):
+            return name
+    return ""
+
+
+def missing_extra() -> str:
+    """The OpenTelemetry module that traces need and this environment lacks (the SDK, or the
+    OTLP/HTTP exporter), ``""`` when the ``otel`` extra is installed."""
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter
+        import opentelemetry.sdk.trace  # noqa: F401
+    except ImportError as exc:
+        return exc.name or "opentelemetry"
+    return ""
+
+
+_said: set[str] = set()
+_said_lock = threading.Lock()
+
+
+def env_traces(*, torchrun: bool = False) -> bool:
+    """Whether the ``OTEL_*`` environment alone turns this run's traces on: it asks
+    (:func:`env_asker`), the ``otel`` extra is installed and (``torchrun``) the run is not
+    under torchrun, which makes no traces yet. When it asks and cannot have them, one warning,
+    ``otel_env_ignored``, naming the variable, once a process: a variable set for the
+    machine's other services never stops a run."""
+    asker = env_asker()
+    if not asker:
+        return False
+    reason = env_ignored(asker, torchrun=torchrun)
+    if reason:
+        with _said_lock:
+            said = reason in _said
+            _said.add(reason)
+        if not said:
+            _log.warning("otel_env_ignored", reason=reason)
+        return False
+    return True
+
+
+def env_ignored(asker: str, *, torchrun: bool = False) -> str:
+    """Why the traces ``asker`` (an ``OTEL_*`` variable) asks for are not made: ``""`` when
+    they are."""
+    why = ""
+    if torchrun:
+        why = "traces are not made under torchrun yet"
+    else:
+        missing = missing_extra()
+        if missing:
+            why = f"the otel extra is not installed (missing: {missing}; {EXTRA_HINT})"
+    if not why:
+        return ""
+    return (
+        f"{asker} is set, which asks for OpenTelemetry traces, but {why}: the run goes on "
+        "without them"
     )
 
 
@@ -78,6 +150,8 @@ def span_times(record: TimingRecord, egress_ns: int) -> SpanTimes:
             "rxstream.hold_ms": hop.hold_ms,
             "rxstream.compute_ms": hop.compute_ms,
         }
+        if hop.gpu_ms is not None:  # a CUDA stage's GPU time, where its events resolved
+            attributes["rxstream.gpu_ms"] = hop.gpu_ms
         children.append((hop.name, cursor, end, attributes))
         cursor = end
     if client is not None:
@@ -194,15 +268,20 @@ class TraceExport:
         self.session = session
         self.photon_wait_s = float(photon_wait_s)
         self.keep = keep
-        self._waiting: OrderedDict[tuple[str, str, int], tuple[TimingRecord, int, float]] = (
-            OrderedDict()
-        )
-        """(run, stream, input_seq) of a record held for its page's report: the record, its
-        egress (ns) and until when it waits (monotonic s)."""
+        self._waiting: OrderedDict[int, tuple[_Key, TimingRecord, int, float]] = OrderedDict()
+        """Records held for their page's report, by a serial of their own (two records may
+        share a key: a steered pipeline's cutovers all have ``input_seq`` 0): the key, the
+        record, its egress (ns) and until when it waits (monotonic s)."""
+        self._keyed: dict[_Key, list[int]] = {}
+        """The serials waiting under each (run, stream, input_seq), oldest first."""
+        self._serial = 0
         self.traces = 0
         """Records turned into traces so far."""
         self.joined = 0
         """Of them, traces that reach the pixels (a page's report joined their record)."""
+        self.early = 0
+        """Of them, traces sent before their wait was over, without the page's part, because
+        ``keep`` records were waiting already (a page's report of them joins nothing)."""
 
     def record(self, record: TimingRecord, *, egress_ns: int | None = None) -> None:
         """Export ``record``'s trace (``egress_ns``: its egress on the wall clock in ns, by
@@ -218,31 +297,52 @@ class TraceExport:
         now = time.monotonic()
         with self._lock:
             key = (record.run, record.stream, record.input_seq)
-            self._waiting[key] = (record, egress, now + self.photon_wait_s)
+            self._serial += 1
+            self._waiting[self._serial] = (key, record, egress, now + self.photon_wait_s)
+            self._keyed.setdefault(key, []).append(self._serial)
             due = self._due(now)
         for late, late_egress in due:
             self._export(late, late_egress)
 
     def photon(self, record: TimingRecord, client: ClientTiming) -> None:
         """A page's report joined ``record``: its trace, waiting, goes on to the pixels (a
-        record no longer waiting, or never given, is left: its trace went, or goes, without)."""
+        record no longer waiting, or never given, is left: its trace went, or goes, without).
+        Of two records waiting under one (run, stream, input_seq), the one of the same
+        ``pts``, else the oldest."""
         with self._lock:
-            held = self._waiting.pop((record.run, record.stream, record.input_seq), None)
+            held = self._take((record.run, record.stream, record.input_seq), record.pts)
             due = self._due(time.monotonic())
         if held is not None:
             self._export(replace(held[0], client=client), held[1])
         for late, late_egress in due:
             self._export(late, late_egress)
 
+    def _take(self, key: _Key, pts: int) -> tuple[TimingRecord, int] | None:
+        """The waiting record of ``key`` (the one of ``pts`` first) taken out (under the lock)."""
+        serials = self._keyed.get(key)
+        if not serials:
+            return None
+        serial = next((n for n in serials if self._waiting[n][1].pts == pts), serials[0])
+        serials.remove(serial)
+        if not serials:
+            del self._keyed[key]
+        _, held, egress, _ = self._waiting.pop(serial)
+        return held, egress
+
     def _due(self, now: float) -> list[tuple[TimingRecord, int]]:
         """The records whose wait is over, or past ``keep``, taken out (under the lock)."""
         due: list[tuple[TimingRecord, int]] = []
         waiting = self._waiting
         while waiting:
-            key, (record, egress, until) = next(iter(waiting.items()))
+            serial, (key, record, egress, until) = next(iter(waiting.items()))
             if until > now and len(waiting) <= self.keep:
                 break
-            del waiting[key]
+            self.early += until > now
+            del waiting[serial]
+            serials = self._keyed[key]
+            serials.remove(serial)
+            if not serials:
+                del self._keyed[key]
             due.append((record, egress))
         return due
 
@@ -288,13 +388,20 @@ class TraceExport:
         """Spans dropped because the exporter fell behind (16,384 waiting)."""
         return self._batcher.dropped
 
+    @property
+    def lost(self) -> int:
+        """Spans that never reached the collector: dropped, refused by it, or (once closed)
+        left unsent; :meth:`close` says them in one warning, ``otel_spans_lost``."""
+        return self._batcher.lost
+
     def close(self) -> None:
         """Export what is left (the records still waiting, without a page's part) and stop
         (idempotent)."""
         if not self._closed:
             with self._lock:
-                left = [(record, egress) for record, egress, _ in self._waiting.values()]
+                left = [(record, egress) for _, record, egress, _ in self._waiting.values()]
                 self._waiting.clear()
+                self._keyed.clear()
             for record, egress in left:
                 self._export(record, egress)
             self._closed = True
@@ -305,6 +412,7 @@ def _exporter_from_env() -> Any:
     kind = os.environ.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
     kind = kind.split(",")[0].strip()
     if kind == "otlp":
+        _check_protocol()
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError as exc:
@@ -320,3 +428,17 @@ def _exporter_from_env() -> Any:
     raise ArgumentError(
         f"OTEL_TRACES_EXPORTER must be otlp or console for rxstream's traces, got {kind!r}"
     )
+
+
+def _check_protocol() -> None:
+    """``ArgumentError`` unless the OTLP protocol the environment names is HTTP/protobuf,
+    the only one rxstream's traces are sent with."""
+    for name in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = os.environ.get(name, "").strip()
+        if value:
+            if value != "http/protobuf":
+                raise ArgumentError(
+                    f"{name} must be http/protobuf for rxstream's traces (the only OTLP "
+                    f"protocol they are sent with), got {value!r}"
+                )
+            return

@@ -61,7 +61,8 @@ class RunMetrics:
     ``rxstream_stage_inbox_depth``, ``rxstream_stage_fps`` (items out per second between the
     last two snapshots); ``rxstream_hop_wait_seconds``, ``rxstream_hop_hold_seconds``,
     ``rxstream_hop_compute_seconds``, ``rxstream_end_to_end_seconds`` (input to egress) and
-    ``rxstream_photon_seconds`` (input to pixels, when a page reported).
+    ``rxstream_photon_seconds`` (input to pixels, when a page reported); with traces
+    (:attr:`spans_lost` set), ``rxstream_otel_spans_dropped_total``.
     """
 
     def __init__(self) -> None:
@@ -71,7 +72,8 @@ class RunMetrics:
         self._lock = threading.Lock()
         self._stats: dict[int, dict[str, StageStatistics]] = {}
         self._fps: dict[tuple[int, str], float] = {}
-        self._seen: dict[int, tuple[float, dict[str, int]]] = {}
+        self._seen: dict[tuple[int, str], tuple[float, StageStatistics]] = {}
+        """Each stage's last snapshot taken in, and its time."""
         hop = ("stream", "stage")
         self._wait = Histogram(
             "rxstream_hop_wait_seconds",
@@ -91,6 +93,12 @@ class RunMetrics:
             hop,
             HOP_BUCKETS_S,
         )
+        self._gpu = Histogram(
+            "rxstream_hop_gpu_seconds",
+            "GPU time of a CUDA stage's call: between CUDA events around it on its stream",
+            hop,
+            HOP_BUCKETS_S,
+        )
         self._total = Histogram(
             "rxstream_end_to_end_seconds",
             "Input to egress of a timing record (its total_ms)",
@@ -103,9 +111,19 @@ class RunMetrics:
             ("stream",),
             TOTAL_BUCKETS_S,
         )
-        self.histograms = (self._wait, self._hold, self._compute, self._total, self._photon)
+        self.histograms = (
+            self._wait,
+            self._hold,
+            self._compute,
+            self._gpu,
+            self._total,
+            self._photon,
+        )
         self._hops: dict[tuple[str, str], tuple[list[Any], list[Any], list[Any]]] = {}
         """Each hop's wait, hold and compute series, found once."""
+        self.spans_lost: Callable[[], int] | None = None
+        """The run's lost trace spans (:attr:`TraceExport.lost`), when it exports traces:
+        ``rxstream_otel_spans_dropped_total``."""
         self.registry.register(_Collector(self))
 
     def record(self, record: TimingRecord) -> None:
@@ -129,6 +147,10 @@ class RunMetrics:
                 for row, ms in zip(rows, (hop.wait_ms, hop.hold_ms, hop.compute_ms), strict=True):
                     row[0][bisect_left(hop_bounds, ms)] += 1
                     row[1] += ms
+                if hop.gpu_ms is not None:  # a CUDA stage's, where its events resolved
+                    row = self._gpu.series((stream, hop.name))
+                    row[0][bisect_left(hop_bounds, hop.gpu_ms)] += 1
+                    row[1] += hop.gpu_ms
             row = self._total.series((stream,))
             row[0][bisect_left(total_bounds, record.total_ms)] += 1
             row[1] += record.total_ms
@@ -154,19 +176,27 @@ class RunMetrics:
 
     def stats(self, statistics: Statistics) -> None:
         """Take every rank's latest stage statistics (``{rank: {stage: statistics}}``, as
-        ``launch``'s ``on_status`` gets them); a rank left out keeps its last."""
+        ``launch``'s ``on_status`` gets them); a rank left out keeps its last.
+
+        A stage's fps changes only when its snapshot did (a rank > 0's latest report may be
+        the one already seen), over the snapshots' own times (:attr:`StageStatistics.taken_s`,
+        on the clock of the rank that took them; this call's time for one made by hand)."""
         now = time.monotonic()
         with self._lock:
             for rank, stages in statistics.items():
                 self._stats[rank] = dict(stages)
-                outs = {name: s.items_out for name, s in stages.items()}
-                before = self._seen.get(rank)
-                if before is not None and now > before[0]:
-                    elapsed = now - before[0]
-                    for name, out in outs.items():
-                        done = out - before[1].get(name, 0)
-                        self._fps[(rank, name)] = max(done, 0) / elapsed
-                self._seen[rank] = (now, outs)
+                for name, stage in stages.items():
+                    key = (rank, name)
+                    before = self._seen.get(key)
+                    if before is not None and (
+                        stage.taken_s == before[1].taken_s if stage.taken_s else stage == before[1]
+                    ):
+                        continue  # the same snapshot again: its rate is the one made of it
+                    taken = stage.taken_s or now
+                    if before is not None and taken > before[0]:
+                        done = stage.items_out - before[1].items_out
+                        self._fps[key] = max(done, 0) / (taken - before[0])
+                    self._seen[key] = (taken, stage)
 
     def snapshot(
         self,
@@ -267,3 +297,10 @@ class _Collector:
                 rate.add_metric(values, fps.get((rank, name), 0.0))
         yield from (items_in, items_out, cutovers, dropped, depth, rate)
         yield from self._metrics.families()
+        spans_lost = self._metrics.spans_lost
+        if spans_lost is not None:
+            yield CounterMetricFamily(
+                "rxstream_otel_spans_dropped",
+                "Trace spans that never reached the collector (dropped, refused, unsent)",
+                value=spans_lost(),
+            )

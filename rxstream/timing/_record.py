@@ -1,6 +1,7 @@
 """Timing records: one item's timeline folded into per-hop queue-wait, hold and compute."""
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -8,6 +9,7 @@ from typing import Any
 from rxstream._exceptions import ArgumentTypeError
 from rxstream.item import PipelineMetadata, Timeline
 from rxstream.timing._client import ClientTiming
+from rxstream.timing._gpu import GPU_SUFFIX, GpuClock
 
 __all__ = ["HopTiming", "TimingRecord", "fold", "run_of"]
 
@@ -44,6 +46,13 @@ class HopTiming:
     hold_ms: float = 0.0
     """Hold: from ``.in`` to ``.hold``, the time a ``pace`` or ``window`` kept the item waiting
     for its tick or for its window to close (0 for a stage that does not hold)."""
+    gpu_ms: float | None = None
+    """GPU time of the stage's call: between CUDA events recorded on the call's stream before
+    and after it (a stage placed on a CUDA device); ``None`` for any other stage, and for a
+    CUDA stage whose events were not done (or were reused) when the record was folded."""
+    gpu: bool = False
+    """Whether the stage was timed on its CUDA device (``gpu_ms`` is then its GPU time, or
+    ``None`` when unresolved)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +104,8 @@ class TimingRecord:
 
         ``<hop>.hold_ms`` is written only for a hop that held the item (non-zero hold), so the
         lines of stages that do not hold are as they were; a missing one reads back as 0.
+        ``<hop>.gpu_ms`` is written only for a hop timed on its CUDA device (``null`` when
+        unresolved): a line without CUDA stages is as it was.
         """
         flat: dict[str, Any] = {
             "run": self.run,
@@ -116,6 +127,8 @@ class TimingRecord:
             if hop.hold_ms:
                 flat[f"{hop.name}.hold_ms"] = round(hop.hold_ms, 3)
             flat[f"{hop.name}.compute_ms"] = round(hop.compute_ms, 3)
+            if hop.gpu:
+                flat[f"{hop.name}.gpu_ms"] = None if hop.gpu_ms is None else round(hop.gpu_ms, 3)
         if self.client is not None:
             flat.update(self.client.fields())
         if self.self_test:  # only then: the lines of a live run stay as they were
@@ -133,6 +146,8 @@ class TimingRecord:
                 float(flat[f"{name}.wait_ms"]),
                 float(flat[f"{name}.compute_ms"]),
                 float(flat.get(f"{name}.hold_ms", 0.0)),
+                _gpu_ms(flat.get(f"{name}.gpu_ms")),
+                f"{name}.gpu_ms" in flat,
             )
             for name in names
         )
@@ -154,10 +169,24 @@ class TimingRecord:
         )
 
 
-def fold(stream: str, metadata: PipelineMetadata, wall_ms: float, run: str = "") -> TimingRecord:
+def _gpu_ms(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def fold(
+    stream: str,
+    metadata: PipelineMetadata,
+    wall_ms: float,
+    run: str = "",
+    gpu: GpuClock | None = None,
+) -> TimingRecord:
     """Fold ``metadata.timeline`` into a record of ``run``; ``wall_ms`` is the egress
-    wall-clock time."""
+    wall-clock time; ``gpu``, the run's clock of its CUDA stages' events (their hops'
+    ``gpu_ms``)."""
+    timed = {} if gpu is None else gpu.timers
     timeline: Timeline = metadata.timeline
+    # another process's CUDA stages: resolved as the item left that rank (NaN: unresolved)
+    carried = {hop[: -len(GPU_SUFFIX)]: t for hop, t in timeline if hop.endswith(GPU_SUFFIX)}
     hops: list[HopTiming] = []
     origin = timeline[0][0] if timeline else ""
     start = timeline[0][1] if timeline else 0.0
@@ -176,13 +205,21 @@ def fold(stream: str, metadata: PipelineMetadata, wall_ms: float, run: str = "")
             began = opened.pop(name, t)
             released = held.pop(name, None)
             wait = waits.pop(name, 0.0) * 1e3
-            if released is None:
-                hops.append(HopTiming(name, wait, (t - began) * 1e3))
+            hold = 0.0 if released is None else (released - began) * 1e3
+            compute = (t - (began if released is None else released)) * 1e3
+            if name in carried:
+                ms = None if math.isnan(carried[name]) else carried[name]
+                hops.append(HopTiming(name, wait, compute, hold, ms, True))
+            elif name in timed and gpu is not None:
+                ms = gpu.gpu_ms(name, began, t)
+                hops.append(HopTiming(name, wait, compute, hold, ms, True))
             else:
-                hops.append(HopTiming(name, wait, (t - released) * 1e3, (released - began) * 1e3))
+                hops.append(HopTiming(name, wait, compute, hold))
             end = t
         elif hop.endswith(".hold"):  # a pace or window held the item from .in until now
             held[hop[:-5]] = t
+        elif hop.endswith(GPU_SUFFIX):  # a value, not a time (above)
+            continue
         previous = t
     from_client = wall_ms - metadata.input_at_ms if metadata.input_at_ms else None
     return TimingRecord(

@@ -22,7 +22,8 @@ _log = library_logger("rxstream.timing")
 
 class SpanBatcher:
     """Spans :meth:`add`-ed by any thread, exported by one; at most ``keep`` waiting (the rest
-    are dropped and counted: a collector that cannot keep up never grows the process)."""
+    are dropped and counted: a collector that cannot keep up never grows the process).
+    :attr:`lost` counts every span that did not reach the exporter's collector."""
 
     def __init__(
         self, exporter: Any, *, delay_s: float = 1.0, batch: int = 512, keep: int = 16_384
@@ -39,6 +40,12 @@ class SpanBatcher:
         """Spans dropped because ``keep`` were waiting already."""
         self.failed = 0
         """Batches the exporter did not take (it raised or said it failed)."""
+        self.failed_spans = 0
+        """The spans of those batches."""
+        self.added = 0
+        """Spans queued (not dropped)."""
+        self.exported = 0
+        """Spans the exporter took."""
         self._thread = threading.Thread(target=self._loop, name="rxstream-otel", daemon=True)
         self._thread.start()
 
@@ -49,6 +56,7 @@ class SpanBatcher:
                 self.dropped += len(spans)
                 return
             self._spans.extend(spans)
+            self.added += len(spans)
             if len(self._spans) >= self.batch:
                 self._cond.notify()
 
@@ -69,13 +77,31 @@ class SpanBatcher:
 
         with self._exporting:
             for start in range(0, len(spans), self.batch):
+                batch = spans[start : start + self.batch]
                 try:
-                    result = self._exporter.export(spans[start : start + self.batch])
+                    result = self._exporter.export(batch)
                 except Exception as exc:  # a collector's failure never ends the run
                     result = None
                     _log.warning("otel_export_failed", error=f"{type(exc).__name__}: {exc}")
-                if result is not SpanExportResult.SUCCESS:
-                    self.failed += 1
+                with self._cond:
+                    if result is SpanExportResult.SUCCESS:
+                        self.exported += len(batch)
+                    else:
+                        self.failed += 1
+                        self.failed_spans += len(batch)
+
+    @property
+    def lost(self) -> int:
+        """Spans that never reached the collector: dropped, in failed batches, and (once
+        closed) those left unsent."""
+        with self._cond:
+            return self.dropped + self.failed_spans + (self.unsent if self._closed else 0)
+
+    @property
+    def unsent(self) -> int:
+        """Spans queued and neither exported nor failed (yet, before close returns: still
+        waiting or being sent; after, what the exporter was not given or did not take)."""
+        return self.added - self.exported - self.failed_spans
 
     def flush(self) -> None:
         """Export every span waiting now, in the caller's thread."""
@@ -87,7 +113,8 @@ class SpanBatcher:
     def close(self, timeout_s: float = 5.0) -> None:
         """Export what is waiting (the thread's last round), then shut the exporter down; a
         collector that does not take it within ``timeout_s`` is left, said in one warning (a
-        run's end never waits on it longer). Idempotent."""
+        run's end never waits on it longer). Any span lost (dropped, failed, or left unsent)
+        is said in one warning, ``otel_spans_lost``, with the counts. Idempotent."""
         with self._cond:
             if self._closed:
                 return
@@ -100,3 +127,14 @@ class SpanBatcher:
                 reason=f"the exporter did not take the last spans within {timeout_s:g} s",
             )
         self._exporter.shutdown()
+        with self._cond:
+            exported, dropped = self.exported, self.dropped
+            failed, unsent = self.failed_spans, self.unsent
+        if dropped or failed or unsent:
+            _log.warning(
+                "otel_spans_lost",
+                exported=exported,
+                dropped=dropped,
+                failed=failed,
+                unsent=unsent,
+            )

@@ -59,7 +59,7 @@ from rxstream.transport._pageprotocol import PageProtocol
 from rxstream.transport._webdocs import DOC_EVERY_S
 from rxstream.transport._webmessages import MESSAGE_TYPES
 from rxstream.transport._webwatch import silent_bound
-from rxstream.transport._wsserver import CLOSE_S, SocketWire
+from rxstream.transport._wsserver import CLOSE_S, MetricsHandler, SocketWire
 
 __all__ = ["CLOSE_S", "DOC_EVERY_S", "MESSAGE_TYPES", "WebTransport"]
 
@@ -88,6 +88,10 @@ class WebTransport(Transport):
     ``rate_control`` (default on): each stream's encoder follows its pages' links, from their
     frame acks (a ``RateController`` per page and stream; a shared encoder takes the lowest
     rate any of its pages asks for; each page is told in a ``rate`` message).
+
+    ``metrics``: the launch that runs this session makes its Prometheus metrics and this
+    server answers ``GET /metrics`` with them (:attr:`metrics_url`), behind the same token
+    and ``Host`` check as the page; the token in the query or as ``Authorization: Bearer``.
     """
 
     def __init__(
@@ -106,6 +110,7 @@ class WebTransport(Transport):
         allowed_hosts: tuple[str, ...] = (),
         tls: ssl.SSLContext | None = None,
         rate_control: bool = True,
+        metrics: bool = False,
     ) -> None:
         if not is_loopback(host) and not allow_remote:
             raise ArgumentError(
@@ -124,6 +129,10 @@ class WebTransport(Transport):
             raise ArgumentError(f"tls must be an ssl.SSLContext, got {shown(tls)}")
         if limits is not None and not isinstance(limits, SessionLimits):
             raise ArgumentError(f"limits must be a SessionLimits, got {shown(limits)}")
+        self.metrics = metrics
+        """Whether the launch serves its Prometheus metrics here (at :attr:`metrics_url`)."""
+        self.session_id = new_token()[:16]
+        """This session's id (not its secret): what its traces carry as ``rxstream.session``."""
         self.token: str | None = (
             new_token() if token is True else None if token is False else check_token(token)
         )
@@ -170,6 +179,18 @@ class WebTransport(Transport):
         return f"{self.scheme}://{self.server.address}/" + (
             "" if self.token is None else f"?token={self.token}"
         )
+
+    @property
+    def metrics_url(self) -> str:
+        """The run's Prometheus metrics, with the token (served with ``metrics=True``)."""
+        return f"{self.scheme}://{self.server.address}/metrics" + (
+            "" if self.token is None else f"?token={self.token}"
+        )
+
+    def serve_metrics(self, handler: MetricsHandler | None) -> None:
+        """Answer ``GET /metrics`` with ``handler`` (an aiohttp handler, e.g.
+        ``RunMetrics.aiohttp_handler()``) behind the token; None: 404 again (any thread)."""
+        self.server.metrics = handler
 
     @property
     def ws_url(self) -> str:

@@ -1,5 +1,6 @@
 """The WebSocket wire: an aiohttp server on its own thread and event loop that serves the
 page (``GET /``) and its socket (``/ws``) behind the :class:`Gate` (token, Host, Origin),
+and, when a run hands one over, its Prometheus metrics (``GET /metrics``, behind the same Gate),
 over TLS when given a context. Each accepted socket is a :class:`SocketLink` to the page
 protocol: a bounded frame queue and an :class:`Outbox` of texts, written by one task, with
 the unsent bytes bounded (``TCP_NOTSENT_LOWAT`` and the transport's write buffer limits)."""
@@ -14,6 +15,7 @@ import ssl
 import struct
 import threading
 from collections import deque
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "PAGE_HEADERS",
     "RTO_MIN_S",
     "WRITE_BUFFER_BYTES",
+    "MetricsHandler",
     "SocketLink",
     "SocketWire",
 ]
@@ -68,6 +71,10 @@ PAGE_HEADERS = {
     "Content-Security-Policy": "frame-ancestors 'none'",
 }
 """The page's URL holds the token: never cached, never sent as a referrer, never framed."""
+
+
+MetricsHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+"""An aiohttp handler answering ``GET /metrics``."""
 
 
 def peer_port(request: web.Request) -> int | str:
@@ -232,6 +239,9 @@ class SocketWire:
         self._handshakes = SampledLog(limits.log_every_s)
         self._links: set[SocketLink] = set()
         self._connecting = 0
+        self.metrics: MetricsHandler | None = None
+        """What answers ``GET /metrics`` behind the Gate (a run's Prometheus exposition;
+        None: 404, this session serves none). Any thread may set it."""
 
     @property
     def address(self) -> str:
@@ -296,6 +306,7 @@ class SocketWire:
         app = web.Application()
         app.router.add_get("/", self._page)
         app.router.add_get("/ws", self._socket)
+        app.router.add_get("/metrics", self._metrics)
         runner = web.AppRunner(
             app,
             access_log=None,
@@ -333,12 +344,17 @@ class SocketWire:
             if link.transport is not None:  # close() would wait for the peer to read
                 link.transport.abort()
 
-    def _refusal(self, request: web.Request) -> str | None:
-        """Why this request may not have the page or the socket (None: it may)."""
+    def _refusal(self, request: web.Request, *, bearer: bool = False) -> str | None:
+        """Why this request may not have the page or the socket (None: it may); ``bearer``:
+        the token may also come as ``Authorization: Bearer <token>`` (a scraper's way)."""
+        token = request.query.get("token")
+        if bearer and token is None:
+            scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+            token = credentials.strip() if scheme.lower() == "bearer" else None
         reason = self.gate.refuse(
             host=request.headers.get("Host"),
             origin=request.headers.get("Origin"),
-            token=request.query.get("token"),
+            token=token,
             scheme=self.scheme,
         )
         if reason is not None:
@@ -353,6 +369,21 @@ class SocketWire:
             return web.Response(status=403, text=f"403 Forbidden: {reason}\n")
         text = resources.files("rxstream.transport").joinpath("static/index.html").read_text()
         return web.Response(text=text, content_type="text/html", headers=PAGE_HEADERS)
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """The run's metrics, for a scraper: the Gate's token and Host (an ``Origin`` only
+        when a browser sends one), the token in the query or as a bearer token."""
+        reason = self._refusal(request, bearer=True)
+        if reason is not None:
+            return web.Response(status=403, text=f"403 Forbidden: {reason}\n")
+        handler = self.metrics
+        if handler is None:
+            return web.Response(
+                status=404,
+                text="404 Not Found: this session serves no metrics (rxstream run --serve "
+                "--metrics)\n",
+            )
+        return await handler(request)
 
     async def _socket(self, request: web.Request) -> web.StreamResponse:
         reason = self._refusal(request)

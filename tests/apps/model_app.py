@@ -8,17 +8,31 @@ writes ``infer-<pid>`` on its first item. ``way`` picks how the app makes its mo
 - ``resource``: ``ctx.resource("model", Model)``, read by ``infer`` (``model.get()``);
 - ``build``: ``Model()`` called in ``build``, as an app would without a resource;
 - ``fails``: a resource whose loader raises.
+
+:func:`run_command` is the launch the tests and ``bench/resource_load.py`` run.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import rxstream
+
+APP = Path(__file__).resolve()
+
+
+def run_command(folder: str | Path, way: str, load_s: float) -> list[str]:
+    """``rxstream run`` of this app on two ranks for 5 frames, its model made ``way`` taking
+    ``load_s`` seconds, each load counted in ``folder``."""
+    return [
+        *(sys.executable, "-m", "rxstream", "run", str(APP), "--ranks", "2", "--frames", "5"),
+        *("--set", f"loads={folder}", "--set", f"load_s={load_s}", "--set", f"way={way}"),
+    ]
 
 
 class Model:
