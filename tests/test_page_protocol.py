@@ -268,6 +268,24 @@ def test_a_webcodecs_page_sees_no_gap_in_its_chain_for_frames_never_encoded() ->
     protocol.close_encoders()
 
 
+def test_with_rate_control_the_h264_encoder_opens_bounded_at_the_start_rate() -> None:
+    """The shared h264 encoder is opened bounded at RATE_START_KBPS (a cut then takes effect
+    from the next frame, not from the next IDR); without rate control it is unbounded."""
+    from rxstream.transport._pagerate import RATE_START_KBPS
+
+    for control, expected in ((True, RATE_START_KBPS), (False, None)):
+        protocol = protocol_of(Clock(), rate_control=control)
+        protocol.open(Session(streams={"video": "h264"}))
+        page = protocol.attach(MemoryLink())
+        say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+        protocol.send("video", frame())
+        made = protocol.encoders[("video", "h264")]
+        assert isinstance(made, H264Fragments)
+        assert made.bitrate_kbps == expected
+        assert made.new_config  # opened with its first frame, at that rate
+        protocol.close_encoders()
+
+
 def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
     """Another page took the frame, so it was encoded: the one that could not has a hole and
     gets no delta frame until the keyframe it asked for."""
