@@ -425,24 +425,52 @@ def _rto_min_settable() -> bool:
     return True
 
 
+def _this_hosts_address() -> str | None:
+    """An address of this host that is not loopback (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect sends nothing: the route's source
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+class _Transport:
+    """What ``_bound`` reads of an asyncio transport: its socket and its buffer limits."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+
 @pytest.mark.skipif(not _rto_min_settable(), reason="no TCP_RTO_MIN_US (Linux 6.15 on)")
-def test_a_pages_socket_retransmits_after_rto_min_s_not_200_ms() -> None:
-    """Each page's socket has its minimum retransmission timeout lowered to RTO_MIN_S (the
-    kernel rounds it to its tick)."""
-    web = WebTransport(port=0, token=TOKEN)
-    web.open(Session(streams={"video": "jpeg"}))
-    page = SlowPage(web)
-    try:
-        assert wait_for(lambda: web.pages == 1)
-        (state,) = web.pages_now()
-        link = cast(SocketLink, state.link)
-        assert link.transport is not None
-        sock = link.transport.get_extra_info("socket")
-        set_us = sock.getsockopt(socket.IPPROTO_TCP, 45)
+@pytest.mark.parametrize("where", ["remote", "loopback"])
+def test_a_remote_pages_socket_retransmits_after_rto_min_s_not_200_ms(where: str) -> None:
+    """A page's socket from another host has its minimum retransmission timeout lowered to
+    RTO_MIN_S (the kernel rounds it to its tick); a loopback one keeps the kernel's 200 ms."""
+    from rxstream.transport._wsserver import _bound
+
+    host = _this_hosts_address() if where == "remote" else "127.0.0.1"
+    if host is None:
+        pytest.skip("this host has no address but loopback")
+    with socket.socket() as server, socket.socket() as client:
+        server.bind((host, 0))
+        server.listen()
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        with accepted:
+            assert _bound(cast(Any, _Transport(accepted))) is accepted
+            set_us = accepted.getsockopt(socket.IPPROTO_TCP, 45)
+    if where == "remote":
         assert RTO_MIN_S * 1e6 <= set_us < RTO_MIN_S * 1e6 + 10_000, set_us
-    finally:
-        page.sock.close()
-        web.close()
+    else:
+        assert set_us == 200_000
 
 
 def test_a_shared_encoder_follows_the_narrowest_pages_rate_and_its_pages_are_told() -> None:
