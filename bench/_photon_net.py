@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from _net import Link, missing, open_link
+from _photon_targets import SIZES, judge, size_of
 
 from rxstream.timing import load
 
@@ -37,16 +38,17 @@ Percentile = Callable[[list[float], float], float]
 
 
 def serve_demo(
-    link: Link | None, log: Path, tls: bool = True
+    link: Link | None, log: Path, tls: bool = True, scale: str = "1"
 ) -> tuple[subprocess.Popen[str], str, str | None, list[str]]:
     """The demo served in ``link``'s server namespace on its address (None: on loopback, any
-    free port), over TLS (``--tls-self-signed``) unless ``tls`` is false: the process (ended
-    with the link), its URL, the certificate's SPKI pin (None without TLS), its stderr lines."""
+    free port), over TLS (``--tls-self-signed``) unless ``tls`` is false, its video ``scale``
+    times its own size (``RXSTREAM_DEMO_SCALE``): the process (ended with the link), its URL,
+    the certificate's SPKI pin (None without TLS), its stderr lines."""
     host, port = (link.server_addr, PORT) if link else ("127.0.0.1", "0")
     argv = [sys.executable, "-m", "rxstream", "run", str(ROOT / "examples/demo.py"), "--serve"]
     argv += ["--host", host, "--port", port, "--log", str(log), "--timeout", "900"]
     argv += (["--tls-self-signed"] if tls else []) + (["--allow-remote"] if link else [])
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RXSTREAM_DEMO_SCALE": scale}
     kwargs: dict[str, Any] = {"stderr": subprocess.PIPE, "stdout": subprocess.DEVNULL}
     kwargs |= {"text": True, "env": env}
     server = link.popen("server", argv, **kwargs) if link else subprocess.Popen(argv, **kwargs)
@@ -70,6 +72,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def stop(server: subprocess.Popen[str]) -> None:
+    """End the served demo: SIGINT (a clean stop, its timing log complete), killed after 20 s."""
+    if server.poll() is not None:
+        return
+    server.send_signal(signal.SIGINT)
+    try:
+        server.wait(20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait(5)
+
+
 def row(
     name: str,
     link: Link | None,
@@ -80,37 +94,49 @@ def row(
     wire: str = "",
 ) -> dict[str, Any]:
     """One visit through ``link`` (None: loopback) with its spec already set, on ``wire``
-    (the page's ``?wire=``; empty: its own choice); the row."""
+    (the page's ``?wire=``; empty: its own choice); the row (a ``720p:`` name: the demo at
+    that size)."""
+    size, _ = size_of(name)
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "timing.jsonl"
-        server, url, pin, _ = serve_demo(link, log)
-        assert pin is not None
+        server, url, pin, said = serve_demo(link, log, scale=SIZES.get(size, "1"))
         url = f"{url}&wire={wire}" if wire else url
         cpu_before = cpu_s(server.pid)
-        before = link.stats() if link else None
-        argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
-        argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
-        way = link.spec.down if link else None
-        if way is not None and way.blackout_every_s:  # jump for a whole period: one blackout
-            argv += ["--min-s", str(way.blackout_every_s + way.blackout_s)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        argv = link.argv("client", argv) if link else argv
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
-        after = link.stats() if link else None
-        cpu = cpu_s(server.pid) - cpu_before
-        server.send_signal(signal.SIGINT)  # a clean stop: the timing log is complete
         try:
-            server.wait(20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait(5)
+            assert pin is not None
+            before = link.stats() if link else None
+            argv = [sys.executable, str(ROOT / "bench/photon.py"), "--client", url, "--pin", pin]
+            argv += ["--moves", str(moves), "--settle-s", str(settle_s), "--max-s", str(max_s)]
+            way = link.spec.down if link else None
+            if way is not None and way.blackout_every_s:  # jump a whole period: one blackout
+                argv += ["--min-s", str(way.blackout_every_s + way.blackout_s)]
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            argv = link.argv("client", argv) if link else argv
+            done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
+            after = link.stats() if link else None
+            cpu = cpu_s(server.pid) - cpu_before
+        finally:  # the loopback server is this process's child: never left serving
+            stop(server)
         if done.returncode:
             tail = done.stderr.strip().splitlines()[-1:] or ["(no output)"]
             return {"name": name, "error": f"the page failed: {tail[0]}"}
+        keep = os.environ.get("RXSTREAM_PHOTON_LOGS")  # a folder: each row's server logs
+        if keep:
+            slug = re.sub(r"[^A-Za-z0-9=.%-]+", "_", name)
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            (Path(keep) / f"{slug}.stderr").write_text("\n".join(said) + "\n")
+            if log.exists():
+                (Path(keep) / f"{slug}.jsonl").write_bytes(log.read_bytes())
         visit = json.loads(done.stdout.strip().splitlines()[-1])
         records = {r.input_seq: r for r in load(log, stream="video").records}
+        rate_changes = sum(1 for line in log.read_text().splitlines() if '"rate_changed"' in line)
     screen = [m["page_ms"] for m in visit["moves"]]
     total = [records[m["input_seq"]].total_ms for m in visit["moves"] if m["input_seq"] in records]
+    beyond = [  # on screen minus the same move's server time: the link's and the page's part
+        m["page_ms"] - records[m["input_seq"]].total_ms
+        for m in visit["moves"]
+        if m["input_seq"] in records
+    ]
     result: dict[str, Any] = {
         "name": name,
         "path": visit["path"],
@@ -124,6 +150,8 @@ def row(
         "kB_s": visit["bytes_per_s"] / 1000,
         "frames": visit["frames"],
         "total_p50": percentile(total, 50) if total else float("nan"),
+        "beyond_p50": percentile(beyond, 50) if beyond else float("nan"),
+        "rate_changes": rate_changes,
     }
     for q in (50, 95, 100):
         result[f"p{q}"] = percentile(screen, q) if screen else float("nan")
@@ -192,10 +220,15 @@ def main(
         raise SystemExit(f"bench/photon.py --net: {reason}: run it as root (sudo)")
     command = shlex.join(["python", "bench/photon.py", *sys.argv[1:]])
     names = ["clean"] + [s for s in specs if s != "clean"]
+    for size in dict.fromkeys(size_of(s)[0] for s in specs):
+        if size and f"{size}:clean" not in names:  # its own unimpaired row
+            names.insert(
+                names.index(next(s for s in names if size_of(s)[0] == size)), f"{size}:clean"
+            )
     rows = [row("loopback", None, moves, settle_s, max_s, percentile, w) for w in wires]
     with open_link("clean") as link:
         for name in names:
-            link.set(name)
+            link.set(size_of(name)[1])
             for wire in wires:
                 rows.append(row(name, link, moves, settle_s, max_s, percentile, wire))
                 print(f"{name} {wire}: done", file=sys.stderr, flush=True)
@@ -208,6 +241,10 @@ def main(
     for r in rows:
         if "frames" in r:
             print(
-                f"{r['name']}: the page's frames (visit) {r['frames']}; link drops {r.get('drops')}"
+                f"{r['name']}: the page's frames (visit) {r['frames']}; link drops "
+                f"{r.get('drops')}; rate changes logged {r['rate_changes']}"
             )
+    print("targets (against the unimpaired row of the same run and size):")
+    print("\n".join(judge(rows)))
+    print(f"command: {command}")
     print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {revision}")

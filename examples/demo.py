@@ -17,6 +17,7 @@ rank 0.
     rxstream run examples/demo.py --frames 96 --set autopilot=true \\
         --out out/demo.mp4 --log out/timing.jsonl         # headless (what make demo runs)
     rxstream test examples/demo.py                        # the app's self test
+    RXSTREAM_DEMO_SCALE=5 rxstream run examples/demo.py --serve   # a 1280x720 video
 
 With ``autopilot`` on, the app moves the mouse itself (a circle, 120 samples a second),
 steers to a new prompt after two seconds (stale frames are dropped, the first new one is the
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import math
+import os
 import time
 import zlib
 from collections.abc import Iterator
@@ -50,6 +52,19 @@ from rxstream.doc import Snapshot
 from rxstream.typing import PaceOverflow, PacePhase
 
 HEIGHT, WIDTH = 144, 256
+
+
+def _upscale() -> int:
+    """``RXSTREAM_DEMO_SCALE``: the video's width and height are the render's times this whole
+    number (1, the default: 256x144; 5: 1280x720), each rendered pixel repeated: a stream of
+    that size and its bytes, at the render's cost of 144p."""
+    text = os.environ.get("RXSTREAM_DEMO_SCALE", "1")
+    if not text.isdigit() or not 1 <= int(text) <= 8:
+        raise ValueError(f"RXSTREAM_DEMO_SCALE must be a whole number from 1 to 8, got {text!r}")
+    return int(text)
+
+
+UPSCALE = _upscale()
 TORCH_THREADS = 1
 """torch's intra-op threads in this process (see ``build``); ``bench/pace.py --threads``
 compares 2."""
@@ -133,7 +148,10 @@ class Decoder:
 
     def __call__(self, frame: torch.Tensor) -> np.ndarray:
         out = torch.nn.functional.conv2d(frame.unsqueeze(0), self.kernel, padding=1, groups=3)[0]
-        return (out.clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+        image = (out.clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+        if UPSCALE > 1:
+            image = image.repeat(UPSCALE, axis=0).repeat(UPSCALE, axis=1)
+        return image
 
     def close(self) -> None:
         """Called by doc.bind when a newer decoder replaces this one."""
@@ -259,7 +277,7 @@ async def main(ctx: rxstream.Context) -> None:
         images = pipeline.drive(frames=1)
         assert images, "no frame"
         for image in images:
-            assert image.shape == (HEIGHT, WIDTH, 3), image.shape
+            assert image.shape == (HEIGHT * UPSCALE, WIDTH * UPSCALE, 3), image.shape
             assert image.dtype == np.uint8, image.dtype
     shape = images[-1].shape
     print(f"self test passed: one {shape} frame per window through {' | '.join(pipeline.stages)}")

@@ -29,7 +29,12 @@ from rxstream.transport._codecs import H264Fragments
 from rxstream.transport._linkestimate import UNSENT_SLACK_BYTES
 from rxstream.transport._page import Page
 from rxstream.transport._pageprotocol import PageProtocol
-from rxstream.transport._wsserver import NOTSENT_LOWAT_BYTES, WRITE_BUFFER_BYTES, SocketLink
+from rxstream.transport._wsserver import (
+    NOTSENT_LOWAT_BYTES,
+    RTO_MIN_S,
+    WRITE_BUFFER_BYTES,
+    SocketLink,
+)
 
 NOTSENT_LOWAT = getattr(socket, "TCP_NOTSENT_LOWAT", 25)
 
@@ -241,6 +246,46 @@ def test_a_page_with_unsent_bytes_waiting_is_skipped_and_h264_is_not_encoded_for
     protocol.close_encoders()
 
 
+def test_a_webcodecs_page_sees_no_gap_in_its_chain_for_frames_never_encoded() -> None:
+    """Frames not encoded for the link leave a gap in ``seq`` but none in ``chain`` (the
+    encoder's numbering): the page decodes on, no keyframe needed."""
+    protocol = protocol_of(Clock())
+    protocol.open(Session(streams={"video": "h264"}))
+    link = MemoryLink()
+    page = protocol.attach(link)
+    say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol.send("video", frame())
+    link.unsent = UNSENT_SLACK_BYTES + 1
+    for _ in range(3):
+        protocol.send("video", frame())
+    link.unsent = 0
+    protocol.send("video", frame())
+    protocol.send("video", frame())
+    headers = link.headers()
+    assert [h["seq"] for h in headers] == [1, 5, 6]
+    assert [h["chain"] for h in headers] == [1, 2, 3]
+    assert [h["key"] for h in headers] == [True, False, False]
+    protocol.close_encoders()
+
+
+def test_with_rate_control_the_h264_encoder_opens_bounded_at_the_start_rate() -> None:
+    """The shared h264 encoder is opened bounded at RATE_START_KBPS (a cut then takes effect
+    from the next frame, not from the next IDR); without rate control it is unbounded."""
+    from rxstream.transport._pagerate import RATE_START_KBPS
+
+    for control, expected in ((True, RATE_START_KBPS), (False, None)):
+        protocol = protocol_of(Clock(), rate_control=control)
+        protocol.open(Session(streams={"video": "h264"}))
+        page = protocol.attach(MemoryLink())
+        say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+        protocol.send("video", frame())
+        made = protocol.encoders[("video", "h264")]
+        assert isinstance(made, H264Fragments)
+        assert made.bitrate_kbps == expected
+        assert made.new_config  # opened with its first frame, at that rate
+        protocol.close_encoders()
+
+
 def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
     """Another page took the frame, so it was encoded: the one that could not has a hole and
     gets no delta frame until the keyframe it asked for."""
@@ -369,6 +414,63 @@ def test_a_page_that_stops_reading_has_frames_dropped_at_the_server_not_queued()
         page.sock.close()
     finally:
         web.close()
+
+
+def _rto_min_settable() -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.setsockopt(socket.IPPROTO_TCP, 45, 50_000)  # TCP_RTO_MIN_US, Linux 6.15 on
+        except OSError:
+            return False
+    return True
+
+
+def _this_hosts_address() -> str | None:
+    """An address of this host that is not loopback (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # a UDP connect sends nothing: the route's source
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+class _Transport:
+    """What ``_bound`` reads of an asyncio transport: its socket and its buffer limits."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def get_extra_info(self, name: str) -> Any:
+        return self.sock if name == "socket" else None
+
+
+@pytest.mark.skipif(not _rto_min_settable(), reason="no TCP_RTO_MIN_US (Linux 6.15 on)")
+@pytest.mark.parametrize("where", ["remote", "loopback"])
+def test_a_remote_pages_socket_retransmits_after_rto_min_s_not_200_ms(where: str) -> None:
+    """A page's socket from another host has its minimum retransmission timeout lowered to
+    RTO_MIN_S (the kernel rounds it to its tick); a loopback one keeps the kernel's 200 ms."""
+    from rxstream.transport._wsserver import _bound
+
+    host = _this_hosts_address() if where == "remote" else "127.0.0.1"
+    if host is None:
+        pytest.skip("this host has no address but loopback")
+    with socket.socket() as server, socket.socket() as client:
+        server.bind((host, 0))
+        server.listen()
+        client.connect(server.getsockname())
+        accepted, _ = server.accept()
+        with accepted:
+            assert _bound(cast(Any, _Transport(accepted))) is accepted
+            set_us = accepted.getsockopt(socket.IPPROTO_TCP, 45)
+    if where == "remote":
+        assert RTO_MIN_S * 1e6 <= set_us < RTO_MIN_S * 1e6 + 10_000, set_us
+    else:
+        assert set_us == 200_000
 
 
 def test_a_shared_encoder_follows_the_narrowest_pages_rate_and_its_pages_are_told() -> None:

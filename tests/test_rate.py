@@ -299,3 +299,49 @@ def test_a_decision_is_followed_by_each_encoder_and_told_to_the_page() -> None:
         "scale": 0.75,
         "reason": "drops",
     }
+
+
+@pytest.mark.parametrize("rtt_ms", [20.0, 60.0, 120.0])
+def test_a_link_that_keeps_up_is_not_judged_short_whatever_its_round_trip(rtt_ms: float) -> None:
+    """Frames each acked a round trip after it was sent (no queue, no loss): the estimate's
+    acked rate matches what was offered, so the bitrate never steps down, on a 20 ms link as
+    on a 120 ms one (frames 42 ms apart: a delivery sample holds one frame a round trip)."""
+    from rxstream.transport._linkestimate import LinkEstimate
+
+    clock = [100.0]
+    estimate = LinkEstimate(lambda: clock[0])
+    rate = RateController(start_kbps=1000, min_kbps=150, max_kbps=4000, fps=24, stream="video")
+    due: list[tuple[float, int]] = []
+    for seq in range(1, 24 * 10):  # 10 s at 24 fps, 5 kB a frame (960 kbit/s)
+        estimate.sent("video", seq, 5000)
+        due.append((clock[0] + rtt_ms / 1e3, seq))
+        step = 1 / 24
+        while due and due[0][0] <= clock[0] + step:
+            at, acked = due.pop(0)
+            clock[0] = at
+            estimate.acked("video", acked)
+            rate.update(estimate.state())
+        clock[0] = 100.0 + seq * step
+    assert rate.changes.down == 0, rate.current
+    assert rate.current.bitrate_kbps >= 1000
+
+
+def test_a_frame_dropped_now_and_then_is_not_congestion_but_a_share_of_them_is() -> None:
+    """A frame held back for the link once a second (a keyframe's burst, a late ack), 1 in 24:
+    no step down; a fifth of the window's frames and more: a step down (``drops``)."""
+    rate = RateController(start_kbps=1000, min_kbps=150, max_kbps=4000, fps=24, stream="video")
+    base = {"delivery_bps": 1.2e6, "rtt_ms": 40.0, "min_rtt_ms": 40.0, "sent_bps": 1e6}
+    for frame in range(24 * 5):
+        now = frame / 24
+        dropped = 1 if frame % 24 == 0 else 0
+        rate.update(
+            LinkState(now, inflight_bytes=5000, dropped=dropped, dropped_share=1 / 24, **base)
+        )
+    assert rate.changes.down == 0
+    decision = rate.update(
+        LinkState(5.0, inflight_bytes=5000, dropped=1, dropped_share=0.25, **base)
+    )
+    assert decision is not None
+    assert decision.reason == "drops"
+    assert decision.bitrate_kbps == pytest.approx(0.85 * 1200)  # BACKOFF of what was received
+    assert rate.changes.down == 1

@@ -5,9 +5,12 @@ pinned) the page is a secure context on WebCodecs; over plain http it is on JPEG
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,7 @@ BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(1, str(BENCH))  # bench/'s modules import each other by their own names
 
 from _net import Link, missing, open_link  # noqa: E402
-from _photon_net import serve_demo  # noqa: E402
+from _photon_net import serve_demo, stop  # noqa: E402
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
@@ -35,8 +38,9 @@ def link() -> Iterator[Link]:
         yield opened
 
 
-def remote_page(link: Link, tmp_path: Path, url: str, pin: str | None) -> dict[str, Any]:
-    """Open ``url`` in Chromium run in the client's namespace; what its page shows."""
+@contextmanager
+def opened(link: Link, tmp_path: Path, url: str, pin: str | None) -> Iterator[Any]:
+    """``url`` open in Chromium run in the client's namespace, showing frames: its page."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM is not None
@@ -49,15 +53,36 @@ def remote_page(link: Link, tmp_path: Path, url: str, pin: str | None) -> dict[s
             page = browser.new_page()
             page.goto(url)
             page.wait_for_function("window.rxstream.frames > 10", timeout=30_000)
-            return {
-                **page.evaluate(
-                    "({showing: window.rxstream.showing, secure: window.isSecureContext,"
-                    " origin: location.origin})"
-                ),
-                "label": page.locator("#video-path").inner_text(),
-            }
+            yield page
         finally:
             browser.close()
+
+
+def remote_page(link: Link, tmp_path: Path, url: str, pin: str | None) -> dict[str, Any]:
+    """Open ``url`` in Chromium run in the client's namespace; what its page shows."""
+    with opened(link, tmp_path, url, pin) as page:
+        return {
+            **page.evaluate(
+                "({showing: window.rxstream.showing, secure: window.isSecureContext,"
+                " origin: location.origin})"
+            ),
+            "label": page.locator("#video-path").inner_text(),
+        }
+
+
+def rate_changes(log: Path) -> list[dict[str, Any]]:
+    """The server's ``rate_changed`` events (each change counted and logged), in order."""
+    events = (json.loads(line) for line in log.read_text().splitlines() if line.strip())
+    return [e for e in events if e.get("event") == "rate_changed"]
+
+
+def drawn_since(page: Any, mark: dict[str, float]) -> float:
+    """Frames drawn a second since ``mark`` (``{"drawn", "at"}``, taken on the page)."""
+    now = page.evaluate("({drawn: window.rxstream.drawn, at: performance.now()})")
+    return float(1000 * (now["drawn"] - mark["drawn"]) / max(now["at"] - mark["at"], 1.0))
+
+
+MARK = "({drawn: window.rxstream.drawn, at: performance.now()})"
 
 
 def test_a_remote_page_over_https_is_on_webcodecs(link: Link, tmp_path: Path) -> None:
@@ -86,3 +111,67 @@ def test_a_remote_page_over_plain_http_is_on_jpeg_and_says_why(link: Link, tmp_p
     assert shown["showing"] == "jpeg"
     assert shown["secure"] is False
     assert shown["label"] == "video: JPEG (not a secure context: serve over HTTPS)"
+
+
+def test_a_3_s_outage_resumes_the_same_session_without_a_reload(link: Link, tmp_path: Path) -> None:
+    """blackout=3s on the link: the page says reconnecting, then shows frames again on the
+    same page (no reload: a mark left on it stays) from the same run (the server never
+    stopped), the session not ended."""
+    server, url, pin, _ = serve_demo(link, tmp_path / "timing.jsonl")
+    try:
+        with opened(link, tmp_path, url, pin) as page:
+            page.evaluate("window.__before_outage = true")
+            link.set("rtt=40ms,blackout=3s")
+            page.wait_for_function("window.rxstream.link === 'reconnecting'", timeout=10_000)
+            assert "reconnecting" in page.locator("#state").inner_text()
+            frames = page.evaluate("window.rxstream.frames")
+            page.wait_for_function(
+                f"window.rxstream.link === 'attached' && window.rxstream.frames > {frames + 24}",
+                timeout=30_000,
+            )
+            after = page.evaluate(
+                "({mark: window.__before_outage === true, ended: window.rxstream.ended,"
+                " reconnects: window.rxstream.reconnects})"
+            )
+            assert after["mark"] is True
+            assert after["ended"] is None
+            assert server.poll() is None
+            assert link.stats()["down"]["drops"]["blackout"] > 0
+    finally:
+        stop(server)
+
+
+def test_rate_control_lowers_the_bitrate_under_a_cap_and_raises_it_once_lifted(
+    link: Link, tmp_path: Path
+) -> None:
+    """rate=250kbit under the stream's rate: the page's ``rate`` falls to at most 250 kbit/s
+    while frames still show (>= 5 fps); the cap lifted, it rises past 500; the server logged
+    (counted) a step down, then a step up after the lift."""
+    log = tmp_path / "timing.jsonl"
+    server, url, pin, _ = serve_demo(link, log)
+    try:
+        with opened(link, tmp_path, url, pin) as page:
+            mark = page.evaluate(MARK)
+            link.set("rtt=40ms,rate=250kbit,queue=1s")
+            page.wait_for_function(
+                "(window.rxstream.rate?.video?.kbps ?? 1e9) <= 250", timeout=60_000
+            )
+            low_fps = drawn_since(page, mark)
+            mark = page.evaluate(MARK)
+            capped = page.evaluate("window.rxstream.drawn")
+            page.wait_for_function(f"window.rxstream.drawn > {capped + 24}", timeout=30_000)
+            capped_fps = drawn_since(page, mark)
+            lifted = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")  # as the log stamps
+            link.set("rtt=40ms")
+            mark = page.evaluate(MARK)
+            page.wait_for_function("window.rxstream.rate.video.kbps > 500", timeout=90_000)
+            rising_fps = drawn_since(page, mark)
+    finally:
+        stop(server)
+    changes = rate_changes(log)
+    downs = [c for c in changes if c["to_kbps"] < c["from_kbps"]]
+    ups = [c for c in changes if c["to_kbps"] > c["from_kbps"] and c["timestamp"] > lifted]
+    assert downs, changes
+    assert ups, changes
+    assert min(c["to_kbps"] for c in downs) <= 250
+    assert min(low_fps, capped_fps, rising_fps) >= 5, (low_fps, capped_fps, rising_fps)

@@ -58,6 +58,8 @@ class LinkEstimate:
         self._rates: deque[tuple[float, float]] = deque()
         self._delivered = 0
         self._sent: deque[tuple[float, int]] = deque()
+        self._acked: deque[tuple[float, int]] = deque()
+        self._drops: deque[float] = deque()
         self._rtts: deque[tuple[float, float]] = deque()
         self.rtt_ms: float | None = None
         """The smoothed round trip, send to ack (ms; 1/8 of each new sample)."""
@@ -103,6 +105,7 @@ class LinkEstimate:
         sent_at, size, delivered = entry
         self.inflight_bytes -= size
         self._delivered += size
+        self._acked.append((now, size))
         rtt = (now - sent_at) * 1e3
         flight = max(now - sent_at, 1e-4)  # what the page took while this frame flew
         self._rates.append((now, 8.0 * (self._delivered - delivered) / flight))
@@ -115,6 +118,7 @@ class LinkEstimate:
     def dropped(self) -> None:
         """A frame was not sent to this page for the link."""
         self._dropped += 1
+        self._drops.append(self._clock())
 
     def admits(self, size: int, unsent: int) -> bool:
         """Whether a frame of about ``size`` bytes may go now: at most about one frame waits
@@ -136,8 +140,14 @@ class LinkEstimate:
         now = self._clock()
         self._forget(now)
         self._trim(now)
-        span = now - self._sent[0][0] if len(self._sent) > 1 else 0.0
-        sent_bps = 8.0 * sum(n for _, n in self._sent) / span if span > 0 else 0.0
+        # the frames offered over a window a round trip back, against the acks of the last
+        # window: a link that keeps up acknowledges about all of them, whatever the spacing
+        lag = (self.rtt_ms or 0.0) / 1e3
+        offered = sum(n for t, n in self._sent if now - lag - DELIVERY_WINDOW_S < t <= now - lag)
+        acked = sum(n for _, n in self._acked)
+        recent = sum(1 for t, _ in self._sent if t >= now - DELIVERY_WINDOW_S)
+        drops = len(self._drops)
+        sent_bps = 8.0 * offered / DELIVERY_WINDOW_S
         dropped, self._dropped = self._dropped, 0
         return LinkState(
             now_s=now,
@@ -147,16 +157,22 @@ class LinkEstimate:
             inflight_bytes=self.inflight_bytes,
             sent_bps=sent_bps,
             dropped=dropped,
+            acked_bps=8.0 * acked / DELIVERY_WINDOW_S if self.acks else None,
+            dropped_share=drops / (drops + recent) if drops + recent else 0.0,
         )
 
     def _trim(self, now: float) -> None:
+        sent_horizon = DELIVERY_WINDOW_S + max(FORGET_S, 4e-3 * (self.rtt_ms or 0.0))
         for window, horizon in (
             (self._rates, DELIVERY_WINDOW_S),
-            (self._sent, DELIVERY_WINDOW_S),
+            (self._acked, DELIVERY_WINDOW_S),
+            (self._sent, sent_horizon),
             (self._rtts, MIN_RTT_WINDOW_S),
         ):
             while window and window[0][0] < now - horizon:
                 window.popleft()
+        while self._drops and self._drops[0] < now - DELIVERY_WINDOW_S:
+            self._drops.popleft()
 
     def _forget(self, now: float) -> None:
         horizon = max(FORGET_S, 4e-3 * (self.rtt_ms or 0.0))

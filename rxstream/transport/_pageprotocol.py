@@ -26,7 +26,7 @@ from rxstream.transport._guard import ClientGuard, SessionLimits, TokenBucket, w
 from rxstream.transport._link import PageLink, Timer
 from rxstream.transport._linkestimate import LinkEstimate
 from rxstream.transport._page import DROP_REASONS, Page
-from rxstream.transport._pagerate import SharedRates
+from rxstream.transport._pagerate import RATE_START_KBPS, SharedRates
 from rxstream.transport._photon import PhotonJoin, log_photon
 from rxstream.transport._webclient import input_of, pack, pack_unit
 from rxstream.transport._webdocs import DocStates, session_message
@@ -342,6 +342,11 @@ class PageProtocol:
             made = self.encoders[(stream, codec)] = encoder(
                 codec, stream=stream, fps=self.fps, quality=self.jpeg_quality
             )
+            if self.rates is not None and isinstance(made, H264Fragments):
+                # opened bounded at the start rate: the first cut then takes effect on the
+                # next frame; an encoder opened unbounded follows only from its next IDR
+                # (up to a second), while its frames keep the link dropping
+                made.set_bitrate(RATE_START_KBPS)
         return made
 
     # --- reports --------------------------------------------------------------------------

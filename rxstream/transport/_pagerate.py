@@ -17,7 +17,8 @@ from rxstream.transport._rate import RateController, RateDecision, apply_rate, r
 __all__ = ["RATE_MAX_KBPS", "RATE_MIN_KBPS", "RATE_START_KBPS", "SharedRates"]
 
 RATE_START_KBPS = 1500.0
-"""A page's bitrate before its link is known (applied only once its controller first moves)."""
+"""A page's bitrate before its link is known: a shared h264 encoder is opened bounded at it
+(with rate control on), so that a cut takes effect from the next frame."""
 
 RATE_MIN_KBPS = 150.0
 """The floor of a page's bitrate (below it, the controller lowers the resolution)."""

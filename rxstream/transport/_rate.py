@@ -5,8 +5,9 @@
 applies the :class:`RateDecision` it returns to that page's encoder (:func:`apply_rate`) and
 tells the page (:func:`rate_message`).
 
-The link is congested when frames were dropped for it, when the round trip rose
-:data:`QUEUE_FRAMES` frames' time above its minimum (a queue is building) or when the page
+The link is congested when frames were dropped for it (more than :data:`DROP_SHARE` of a
+window's), when the round trip rose :data:`QUEUE_FRAMES` frames' time above its minimum (a
+queue is building) or when the page
 acknowledges a fifth less than was offered; the bitrate then falls at once to
 :data:`BACKOFF` of the rate the page was measured receiving. With room (no drops, the round
 trip within :data:`ROOM_FRAMES` of its minimum, about all that was offered delivered) it
@@ -27,6 +28,7 @@ from rxstream.transport._codecs import Encoder, H264Fragments, JpegEncoder
 
 __all__ = [
     "BACKOFF",
+    "DROP_SHARE",
     "JPEG_QUALITY_RANGE",
     "PROBE_EVERY_S",
     "PROBE_STEP",
@@ -91,6 +93,12 @@ SCALE_UP_AFTER_S = 3.0
 JPEG_QUALITY_RANGE = (20, 85)
 """The JPEG quality at the floor and at the ceiling of the bitrate range."""
 
+DROP_SHARE = 0.2
+"""Congested by drops: more than this share of the last window's frames were not sent for
+the link (a 24 fps stream: 4 of 18 in 0.75 s). Below it, drops are the delivery's own pacing
+(the frame after a keyframe on a narrow link, an ack that came late): the encoder's rate
+fits."""
+
 QUEUE_FRAMES = 1.5
 """Congested: the round trip more than this many frames' time above its minimum. A frame near
 the link's rate takes up to about a frame's time to cross it, a keyframe two: a queue is
@@ -133,9 +141,16 @@ class LinkState:
     inflight_bytes: int
     """Bytes sent to the page and not yet acknowledged."""
     sent_bps: float
-    """Bits/s offered to this page lately."""
+    """Bits/s offered to this page lately (with :attr:`acked_bps`: over the window a round
+    trip before the acks' own, the frames whose acks are due by now)."""
     dropped: int
     """Frames not sent to this page for the link since the last state."""
+    acked_bps: float | None = None
+    """Bits/s the page acknowledged over the last window, to set against :attr:`sent_bps`
+    (``None``: the delivery rate is, a lower bound on a link that is not kept full)."""
+    dropped_share: float | None = None
+    """The share of the last window's frames not sent for the link (``None``: not known;
+    then any frame dropped is congestion)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +198,23 @@ def _positive(name: str, value: object) -> float:
 
 def _known(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) and value >= 0 else None
+
+
+def _dropping(link: LinkState) -> bool:
+    """Frames dropped for the link as congestion: some since the last state, and (when the
+    estimate knows it) more than :data:`DROP_SHARE` of the window's frames — a keyframe's
+    burst or a late ack holds a frame back now and then on a link with room to spare."""
+    if link.dropped <= 0:
+        return False
+    return link.dropped_share is None or link.dropped_share > DROP_SHARE
+
+
+def _got(link: LinkState, delivery: float | None) -> float | None:
+    """What the page took, to set against what was offered: the acknowledged rate when the
+    estimate has it (a delivery-rate sample of frames further apart than the round trip reads
+    only a frame per round trip: on a 40 ms link at 24 fps, a shortfall that is not there)."""
+    acked = _known(link.acked_bps)
+    return acked if acked is not None else delivery
 
 
 class RateController:
@@ -250,7 +282,7 @@ class RateController:
         congestion = self._congestion(link, delivery, rtt, min_rtt)
         if congestion is not None:
             self._room_since = None
-            return self._step_down(now, delivery, rtt, congestion, link.dropped > 0)
+            return self._step_down(now, delivery, rtt, congestion, _dropping(link))
         if not self._has_room(link, delivery, rtt, min_rtt):
             self._room_since = None
             return None
@@ -263,7 +295,7 @@ class RateController:
     def _congestion(
         self, link: LinkState, delivery: float | None, rtt: float | None, min_rtt: float | None
     ) -> str | None:
-        if link.dropped > 0:
+        if _dropping(link):
             return "drops"
         if (
             rtt is not None
@@ -271,17 +303,20 @@ class RateController:
             and rtt - min_rtt > QUEUE_FRAMES * self._frame_ms
         ):
             return "queue"
-        if delivery is not None and delivery < _DELIVERY_SHORT * link.sent_bps:
+        got = _got(link, delivery)
+        if got is not None and got < _DELIVERY_SHORT * link.sent_bps:
             return "delivery"
         return None
 
     def _has_room(
         self, link: LinkState, delivery: float | None, rtt: float | None, min_rtt: float | None
     ) -> bool:
-        if delivery is None or rtt is None or min_rtt is None:
+        if delivery is None or rtt is None or min_rtt is None or link.dropped > 0:
             return False
         queued = rtt - min_rtt
-        return queued <= ROOM_FRAMES * self._frame_ms and delivery >= _DELIVERY_FULL * link.sent_bps
+        got = _got(link, delivery)
+        assert got is not None
+        return queued <= ROOM_FRAMES * self._frame_ms and got >= _DELIVERY_FULL * link.sent_bps
 
     # --- the steps --------------------------------------------------------------------------
 
