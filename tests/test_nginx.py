@@ -4,11 +4,13 @@ scripted visitors over real sockets through the balancer."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -213,3 +215,40 @@ def test_nginx_spreads_sessions_keeps_each_on_its_server_and_queues_the_next(
     for server in servers:
         assert server.stop() == 128 + signal.SIGINT
     assert not any(alive(pid) for pid in pids)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("args", "token", "said"),
+    [
+        (
+            ("--route", "A-1"),
+            None,
+            "rxstream serve: --route must be 1 to 32 lowercase letters and digits, got 'A-1'",
+        ),
+        (
+            (),
+            "short",
+            "rxstream serve: RXSTREAM_SERVE_TOKEN must be 16 to 128 of A-Z a-z 0-9 - _, got 5 "
+            "characters",
+        ),
+    ],
+)
+def test_a_bad_route_or_shared_token_is_refused_in_one_line(
+    args: tuple[str, ...], token: str | None, said: str
+) -> None:
+    """A route name the balancer could not match, or a shared token too short, exits 2 with
+    one line naming it (the token itself is not echoed)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("RXSTREAM_SERVE_TOKEN", None)
+    if token is not None:
+        env["RXSTREAM_SERVE_TOKEN"] = token
+    ran = subprocess.run(
+        [sys.executable, "-m", "rxstream", "serve", SERVE_APP, "--port", "0", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert (ran.returncode, ran.stderr.splitlines()) == (2, [said])
