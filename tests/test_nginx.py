@@ -218,6 +218,39 @@ def test_nginx_spreads_sessions_keeps_each_on_its_server_and_queues_the_next(
 
 
 @pytest.mark.slow
+def test_a_tls_balancers_forwarded_scheme_is_the_origins(
+    servers: tuple[Server, Server],
+) -> None:
+    """Behind a TLS balancer a page's ``Origin`` is ``https://`` its Host: accepted with
+    ``X-Forwarded-Proto: https``, refused (403, saying why) without it or with another host."""
+    a = servers[0]
+    host = a.base.removeprefix("http://")
+    url = f"{a.base}/sessions?token={TOKEN}"
+
+    async def check() -> list[tuple[int, str]]:
+        async with aiohttp.ClientSession() as http:
+            out = []
+            for origin, proto in (
+                (f"https://{host}", "https"),
+                (f"https://{host}", None),
+                ("https://other.example", "https"),
+            ):
+                headers = {"Origin": origin, "Host": host}
+                if proto is not None:
+                    headers["X-Forwarded-Proto"] = proto
+                async with http.get(url, headers=headers) as got:
+                    out.append((got.status, await got.text()))
+            return out
+
+    accepted, plain, other = asyncio.run(check())
+    assert accepted[0] == 200, accepted
+    assert plain[0] == 403
+    assert f"Origin 'https://{host}' is not this page's origin http://{host}" in plain[1]
+    assert other[0] == 403
+    assert "Origin 'https://other.example' is not this page's origin" in other[1]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "token", "said"),
     [

@@ -369,13 +369,16 @@ class Front:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """Every request but the probes: a ``Host`` that is this server (a page of a rebound
-        DNS name is refused) and, when present, an ``Origin`` that is its own."""
+        DNS name is refused) and, when present, an ``Origin`` that is its own: its scheme is
+        ``X-Forwarded-Proto``'s when a balancer in front says one (a TLS balancer before a
+        plain server; a page cannot set that header, and what can also sets ``Origin``)."""
         if request.path not in PROBES:
+            forwarded = request.headers.get("X-Forwarded-Proto", "").lower()
             refused = self._gate.refuse(
                 host=request.headers.get("Host"),
                 origin=request.headers.get("Origin"),
                 token=None,
-                scheme=self.scheme,
+                scheme=forwarded if forwarded in ("http", "https") else self.scheme,
             )
             if refused is not None:
                 return _refuse(403, refused)
