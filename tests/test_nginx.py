@@ -85,6 +85,8 @@ class Nginx:
             f"http {{ access_log off; {temps} include {prefix / 'rxstream.conf'}; }}\n"
         )
         self.process: subprocess.Popen[bytes] | None = None
+        self.workers: list[int] = []
+        """nginx's worker processes (read as it stops)."""
 
     def __enter__(self) -> Nginx:
         assert NGINX is not None
@@ -103,6 +105,12 @@ class Nginx:
 
     def __exit__(self, *exc: object) -> None:
         assert self.process is not None
+        pid = self.process.pid
+        self.workers = [
+            int(child)
+            for task in Path(f"/proc/{pid}/task").iterdir()
+            for child in (task / "children").read_text().split()
+        ]
         self.process.send_signal(signal.SIGQUIT)
         self.process.wait(30)
 
@@ -212,6 +220,8 @@ def test_nginx_spreads_sessions_keeps_each_on_its_server_and_queues_the_next(
     assert master is not None
     assert master.returncode is not None
     assert not alive(master.pid)
+    assert nginx.workers
+    assert not any(alive(pid) for pid in nginx.workers)
     for server in servers:
         assert server.stop() == 128 + signal.SIGINT
     assert not any(alive(pid) for pid in pids)
