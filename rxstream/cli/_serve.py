@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["add_parser", "serve"]
+__all__ = ["ROUTE", "TOKEN", "TOKEN_ENV", "add_parser", "serve"]
+
+TOKEN_ENV = "RXSTREAM_SERVE_TOKEN"
+"""The server's token when set (every server behind one balancer accepts the same link)."""
+TOKEN = re.compile(r"[A-Za-z0-9_-]{16,128}")
+ROUTE = re.compile(r"[a-z0-9]{1,32}")
 
 
 def add_parser(commands: Any, count: Callable[[str], int], seconds: Callable[[str], float]) -> None:
@@ -28,6 +35,13 @@ def add_parser(commands: Any, count: Callable[[str], int], seconds: Callable[[st
         default=[],
         metavar="NAME",
         help="a name a visitor's Host header may carry (a proxy's, a DNS name); repeatable",
+    )
+    serve.add_argument(
+        "--route",
+        default="",
+        metavar="NAME",
+        help="this server's name behind a load balancer: its session ids, session tokens and "
+        "queue tickets start with NAME- (letters and digits)",
     )
     serve.add_argument(
         "--public",
@@ -84,6 +98,13 @@ def serve(args: argparse.Namespace) -> int:
         return fail(
             f"--host must be a loopback address unless --allow-remote, got {args.host!r}", 2
         )
+    if args.route and not ROUTE.fullmatch(args.route):
+        return fail(f"--route must be 1 to 32 lowercase letters and digits, got {args.route!r}", 2)
+    token = os.environ.get(TOKEN_ENV) or None
+    if token is not None and not TOKEN.fullmatch(token):
+        return fail(
+            f"{TOKEN_ENV} must be 16 to 128 of A-Z a-z 0-9 - _, got {len(token)} characters", 2
+        )
     if not 0 <= args.port <= 65535:
         return fail(f"--port must be in 0..65535, got {args.port}", 2)
     if args.queue < 0:
@@ -120,6 +141,8 @@ def serve(args: argparse.Namespace) -> int:
         tls=tls,
         allowed_hosts=tuple(args.allowed_host),
         allow_remote=args.allow_remote,
+        route=args.route,
+        token=token,
     )
 
     def ready(front: Any) -> None:

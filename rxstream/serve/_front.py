@@ -12,6 +12,7 @@ Routes (``T``: the server's token, needed unless ``public``):
 - ``GET /ws?token=S`` (the page's socket; also ``/s/<id>/ws``): relayed both ways to the
   worker's WebTransport, one message at a time (each send awaits its drain), so the page's
   per-frame acks still pace the worker.
+  A request with ``X-Rxstream-Queue: no`` gets the 503 too (a load balancer tries another).
 - ``GET /q/<ticket>/state``: ``{"place": n}`` or ``{"url": ...}`` once served.
 - ``GET /sessions?token=T``: the sessions, their fps, the queue; ``/healthz``, ``/readyz``.
 """
@@ -53,6 +54,9 @@ ENDED_LISTED = 20
 """The newest ended sessions ``/sessions`` lists (with why and their books)."""
 INPUT_TYPES = frozenset({"input", "set", "steer"})
 """The page messages that count as a visitor's input (``idle_s``)."""
+NO_QUEUE = "X-Rxstream-Queue"
+"""A request header: ``no`` asks for a 503 rather than a queue ticket when every worker is
+busy (a load balancer's first try, so that it can try another server before queueing)."""
 PAGE_HEADERS = (
     "Content-Type",
     "Cache-Control",
@@ -83,6 +87,10 @@ class ServeOptions:
     tls: ssl.SSLContext | None = None
     allowed_hosts: tuple[str, ...] = ()
     """Names a visitor's ``Host`` may carry besides the bound address and ``localhost``."""
+    route: str = ""
+    """This server's name behind a load balancer: every session id, session token and queue
+    ticket it gives out starts with ``NAME-``, so the balancer can send a visitor's page,
+    socket and queue polls to it (``""``: none)."""
     allow_remote: bool = False
     """A ``host`` that is not loopback was asked for (``--allow-remote``): a ``Host`` that is
     an IP literal is then accepted too."""
@@ -97,7 +105,7 @@ class Front:
         self.spec = spec
         self.options = options
         self.token = options.token or new_secret()
-        self.sessions = Sessions(options.queue)
+        self.sessions = Sessions(options.queue, options.route)
         self.pool = WorkerPool(spec, options.workers, self._on_message)
         self.rate = AddressRate()
         self._gate = Gate(
@@ -279,7 +287,7 @@ class Front:
                     "ws": f"/ws?token={session.token}",
                 }
             )
-        if not browser:
+        if not browser or request.headers.get(NO_QUEUE, "").lower() == "no":
             return _retry(503, "every worker is busy", RETRY_S, browser)
         ticket = self.sessions.wait()
         if ticket is None:
@@ -361,13 +369,16 @@ class Front:
     @web.middleware
     async def _guard(self, request: web.Request, handler: Any) -> web.StreamResponse:
         """Every request but the probes: a ``Host`` that is this server (a page of a rebound
-        DNS name is refused) and, when present, an ``Origin`` that is its own."""
+        DNS name is refused) and, when present, an ``Origin`` that is its own: its scheme is
+        ``X-Forwarded-Proto``'s when a balancer in front says one (a TLS balancer before a
+        plain server; a page cannot set that header, and what can also sets ``Origin``)."""
         if request.path not in PROBES:
+            forwarded = request.headers.get("X-Forwarded-Proto", "").lower()
             refused = self._gate.refuse(
                 host=request.headers.get("Host"),
                 origin=request.headers.get("Origin"),
                 token=None,
-                scheme=self.scheme,
+                scheme=forwarded if forwarded in ("http", "https") else self.scheme,
             )
             if refused is not None:
                 return _refuse(403, refused)

@@ -81,7 +81,10 @@ class Ticket:
 class Sessions:
     """Every live session (by id and by token), the newest ended ones, and the queue."""
 
-    def __init__(self, queue_max: int) -> None:
+    def __init__(self, queue_max: int, route: str = "") -> None:
+        self.route = f"{route}-" if route else ""
+        """Put before every session id, session token and ticket id given out (``NAME-``,
+        then hex digits only), so a load balancer sends a visitor's later requests here."""
         self.live: dict[str, Session] = {}
         self.ended: OrderedDict[str, Session] = OrderedDict()
         self.queue: deque[Ticket] = deque()
@@ -90,10 +93,11 @@ class Sessions:
 
     def open(self, worker: int) -> Session:
         """A new session on ``worker``."""
-        sid = secrets.token_hex(6)
+        sid = self.route + secrets.token_hex(6)
         while sid in self.live or sid in self.ended:
-            sid = secrets.token_hex(6)
-        session = Session(sid, new_secret(), worker)
+            sid = self.route + secrets.token_hex(6)
+        token = self.route + secrets.token_hex(24) if self.route else new_secret()
+        session = Session(sid, token, worker)
         self.live[sid] = session
         return session
 
@@ -123,7 +127,7 @@ class Sessions:
         """A ticket at the end of the queue; ``None`` when the queue is full."""
         if len(self.queue) >= self.queue_max:
             return None
-        ticket = Ticket()
+        ticket = Ticket(id=self.route + secrets.token_hex(24)) if self.route else Ticket()
         self.queue.append(ticket)
         self.tickets[ticket.id] = ticket
         return ticket
