@@ -1,5 +1,5 @@
-"""The user docs (README.md, docs/*.md, bench/README.md) stand alone: every relative link
-resolves inside the repository, no path leaves it, and no tracker issue number is quoted.
+"""The user docs (README.md, CHANGELOG.md, bench/README.md, docs/*.md) stand alone: every
+relative link resolves inside the repository, no path leaves it, no tracker issue number.
 
 docs/history/ is the dated log and may name what the project's tracker called things.
 """
@@ -13,7 +13,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 USER_DOCS = sorted(
-    [ROOT / "README.md", ROOT / "bench" / "README.md", *(ROOT / "docs").glob("*.md")]
+    [
+        ROOT / "README.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "bench" / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+    ]
 )
 
 _FENCE = re.compile(r"^```.*?^```", re.S | re.M)
@@ -73,5 +78,7 @@ def test_no_issue_numbers_in_user_docs(doc: Path) -> None:
 
 
 def test_the_user_docs_are_found() -> None:
-    """The checks above run over the README, bench/README.md and every page of docs/."""
-    assert {"README.md", "bench/README.md", "docs/performance.md"} <= set(_ids(USER_DOCS))
+    """The checks above run over the README, the changelog, bench/README.md and docs/."""
+    assert {"README.md", "CHANGELOG.md", "bench/README.md", "docs/performance.md"} <= set(
+        _ids(USER_DOCS)
+    )
