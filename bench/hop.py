@@ -1,8 +1,8 @@
 """Thread-hop cost of rxstream, side by side with its baselines, in one run.
 
 Every figure is a ratio to a baseline measured in the same process, interleaved repetition by
-repetition (see ../shared/PERFORMANCE.md): absolute times on the shared 2-core machines drift
-2-3x from one hour to the next, ratios much less.
+repetition (see docs/performance.md, "How to measure"): absolute times on the shared 2-core
+machines drift 2-3x from one hour to the next, ratios much less.
 
 The chain, the same on every side: a source thread and four stage threads (``src``, ``p1`` ..
 ``p4``), each stamping ``<name>.in`` / ``<name>.out`` with ``time.monotonic()`` into a
@@ -52,8 +52,9 @@ Measures:
    ``from_iterable(range(N)).pipe(ops.map(noop) x4)``: ns per item per stage.
 
 Placement (``--placement``, issue 18): by default (``os``) the threads run where the OS puts
-them, and on 2 vCPUs that is a draw, run by run (docs/performance.md, F3's section): a
-2-thread chain split across the vCPUs pays a cross-CPU wake-up a hand-off. ``one`` runs
+them, and on 2 vCPUs that is a draw, run by run (docs/history/performance-log.md, the fused
+shape at capacity 2): a 2-thread chain split across the vCPUs pays a cross-CPU wake-up a
+hand-off. ``one`` runs
 measures 1-3 with every thread of the process on one CPU (``os.sched_setaffinity`` on every
 thread before each measure, threads started meanwhile inherit it, each mask restored after),
 all rows labelled ``[one CPU]``, no verdicts (info). ``both`` runs the two sets interleaved,
