@@ -110,6 +110,7 @@ from _report import (
     noop,
     on_cpus,
     p99,
+    performance_row,
     placements,
     pulled,
     revision,
@@ -435,6 +436,24 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def performance_rows(rows: Sequence[Row], command: str) -> str:
+    """The rows with a target, as docs/performance.md's current table has them."""
+    lines = []
+    for row in rows:
+        if row.check is None or row.info:
+            continue
+        ratios, result = verdict(row.value, row.baseline, row.check)
+        lines.append(
+            performance_row(
+                f"{row.measure}, against {row.baseline_name}",
+                f"`{command}`",
+                row.target,
+                f"{spread(ratios, 2, 'x')}: {result}",
+            )
+        )
+    return "\n".join(lines)
+
+
 FLOOR = "floor, C queues (no engine)"
 FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
 FLOOR_ITEMS = "floor, C queues + rxstream's items (no engine)"
@@ -676,6 +695,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(rows))
     print()
     print("\n".join(notes))
+    print()
+    print("# docs/performance.md's rows (the targets):")
+    print(performance_rows(rows, command))
 
 
 if __name__ == "__main__":
