@@ -36,8 +36,14 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser and not notebook and not distributed"
 
+# The quick user-facing benches (about 5 minutes). Not run here, see bench/README.md: peers.py
+# (GStreamer, Ray), photon.py (Chromium; --net needs root), net_overhead.py (root), soak.py and
+# the serve_* benches (minutes each), gpu_check.sh (a CUDA GPU).
 bench: $(STAMP)
 	$(PY) bench/hop.py
+	$(PY) bench/timing_overhead.py
+	$(PY) bench/pace.py
+	$(PY) bench/ipc.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

@@ -9,12 +9,14 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "ONE_CPU",
     "OS",
+    "PERFORMANCE_COLUMNS",
     "PLACEMENT_LABELS",
     "STOP",
     "Threads",
@@ -23,6 +25,7 @@ __all__ = [
     "on_cpus",
     "one_cpu",
     "p99",
+    "performance_row",
     "placements",
     "pulled",
     "revision",
@@ -60,6 +63,26 @@ def spread(values: Sequence[float], digits: int | None = None, unit: str = "") -
         digits = 0 if size >= 100 else 1 if size >= 10 else 2
     low, high = min(values), max(values)
     return f"{median:.{digits}f}{unit} [{low:.{digits}f}-{high:.{digits}f}]"
+
+
+PERFORMANCE_COLUMNS = ("what it measures", "command", "target", "latest result", "date", "commit")
+"""The columns of docs/performance.md's current table, in order."""
+
+
+def performance_row(
+    what: str,
+    command: str,
+    target: str,
+    result: str,
+    *,
+    when: datetime | None = None,
+    commit: str | None = None,
+) -> str:
+    """One row of docs/performance.md's current table: the run's date (UTC, to the minute) and
+    commit (:func:`revision`) unless given; a ``|`` inside a cell is escaped."""
+    stamp = (when or datetime.now(UTC)).astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    cells = (what, command, target, result, stamp, commit or revision())
+    return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
 
 
 def p99(samples: Sequence[float]) -> float:

@@ -1,8 +1,8 @@
 """Thread-hop cost of rxstream, side by side with its baselines, in one run.
 
 Every figure is a ratio to a baseline measured in the same process, interleaved repetition by
-repetition (see ../shared/PERFORMANCE.md): absolute times on the shared 2-core machines drift
-2-3x from one hour to the next, ratios much less.
+repetition (see docs/performance.md, "How to measure"): absolute times on the shared 2-core
+machines drift 2-3x from one hour to the next, ratios much less.
 
 The chain, the same on every side: a source thread and four stage threads (``src``, ``p1`` ..
 ``p4``), each stamping ``<name>.in`` / ``<name>.out`` with ``time.monotonic()`` into a
@@ -52,8 +52,9 @@ Measures:
    ``from_iterable(range(N)).pipe(ops.map(noop) x4)``: ns per item per stage.
 
 Placement (``--placement``, issue 18): by default (``os``) the threads run where the OS puts
-them, and on 2 vCPUs that is a draw, run by run (docs/performance.md, F3's section): a
-2-thread chain split across the vCPUs pays a cross-CPU wake-up a hand-off. ``one`` runs
+them, and on 2 vCPUs that is a draw, run by run (docs/history/performance-log.md, the fused
+shape at capacity 2): a 2-thread chain split across the vCPUs pays a cross-CPU wake-up a
+hand-off. ``one`` runs
 measures 1-3 with every thread of the process on one CPU (``os.sched_setaffinity`` on every
 thread before each measure, threads started meanwhile inherit it, each mask restored after),
 all rows labelled ``[one CPU]``, no verdicts (info). ``both`` runs the two sets interleaved,
@@ -109,6 +110,7 @@ from _report import (
     noop,
     on_cpus,
     p99,
+    performance_row,
     placements,
     pulled,
     revision,
@@ -434,6 +436,24 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines)
 
 
+def performance_rows(rows: Sequence[Row], command: str) -> str:
+    """The rows with a target, as docs/performance.md's current table has them."""
+    lines = []
+    for row in rows:
+        if row.check is None or row.info:
+            continue
+        ratios, result = verdict(row.value, row.baseline, row.check)
+        lines.append(
+            performance_row(
+                f"{row.measure}, against {row.baseline_name}",
+                f"`{command}`",
+                row.target,
+                f"{spread(ratios, 2, 'x')}: {result}",
+            )
+        )
+    return "\n".join(lines)
+
+
 FLOOR = "floor, C queues (no engine)"
 FLOOR_STAMPED = "floor, C queues + stamps (no engine)"
 FLOOR_ITEMS = "floor, C queues + rxstream's items (no engine)"
@@ -675,6 +695,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(table(rows))
     print()
     print("\n".join(notes))
+    print()
+    print("# docs/performance.md's rows (the targets):")
+    print(performance_rows(rows, command))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The shared-memory ring between two processes, side by side with its baselines, in one run.
 
 Every figure is a ratio to a baseline measured in the same run, repetition by repetition
-(see ../shared/PERFORMANCE.md: absolute times on the shared machines drift 2-3x from one hour
-to the next, ratios much less).
+(see docs/performance.md, "How to measure": absolute times on the shared machines drift 2-3x
+from one hour to the next, ratios much less).
 
 Payloads: a 1080x1920x3 uint8 frame (6.2 MB), a 512x512x4 float32 array (4.2 MB) and 1 KB of
 bytes. Producer: this process. Consumer: a spawned process per transport, started once, that

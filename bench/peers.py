@@ -1,8 +1,9 @@
 """rxstream side by side with the peers a user would otherwise pick, in one run, as ratios.
 
 Every figure is a ratio to the peer's, measured in the same run, repetition by repetition
-(see ../shared/PERFORMANCE.md: absolute times on the shared 2-core machines drift 2-3x from
-one hour to the next, ratios much less). Each peer is optional: one that is missing is
+(see docs/performance.md, "How to measure": absolute times on the shared 2-core machines
+drift 2-3x from one hour to the next, ratios much less). Each peer is optional: one that is
+missing is
 skipped, saying why.
 
 In one process, the chain of bench/hop.py (a source thread and 4 pass-through stage threads):

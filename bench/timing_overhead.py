@@ -1,8 +1,9 @@
 """What rxstream's per-hop timing costs: the same pipelines with timing on and off, in one run.
 
 Every figure is a ratio of two sides measured in the same process, interleaved repetition by
-repetition, the side that goes first alternating (see ../shared/PERFORMANCE.md): absolute
-times on the shared 2-core machines drift 2-3x from one hour to the next, ratios much less.
+repetition, the side that goes first alternating (see docs/performance.md, "How to
+measure"): absolute times on the shared 2-core machines drift 2-3x from one hour to the next,
+ratios much less.
 
 - **on**: ``rxstream.Context()``. Every stage stamps ``<stage>.in``/``<stage>.out`` into the
   item's timeline, and the ``ctx.stream`` sink checks each item for a record to fold.
