@@ -13,6 +13,8 @@ import pytest
 from _serve import SERVE_APP, Server, Visitor, get_json
 from prometheus_client.parser import text_string_to_metric_families
 
+from rxstream.serve._metrics import REASONS, FrontMetrics, end_reason, merge
+
 pytestmark = pytest.mark.slow
 
 SLACK = 60
@@ -97,3 +99,56 @@ def test_metrics_label_each_live_session_and_drop_an_ended_one(server: Server) -
                     await task
 
     asyncio.run(check())
+
+
+@pytest.mark.parametrize(
+    ("why", "reason"),
+    [
+        ("the page left", "page_left"),
+        ("no input for 120 s (--idle-s)", "idle"),
+        ("it reached its maximum of 30 s (--max-session-s)", "max_duration"),
+        ("the app's pipeline ended", "pipeline_ended"),
+        ("the app failed: RuntimeError: asked to fail (app.py:3); the page left", "app_failed"),
+        ("its worker process died (exit status -9)", "worker_died"),
+        ("the server stopped", "server_stopped"),
+        ("the server went away", "server_stopped"),
+        ("something new", "other"),
+    ],
+)
+def test_an_end_is_counted_under_a_bounded_reason(why: str, reason: str) -> None:
+    """Each why a session ends with maps to one of the fixed reasons, by how it begins."""
+    assert reason in REASONS
+    assert end_reason(why) == reason
+
+
+def test_merge_gives_each_family_one_help_and_each_sample_its_session() -> None:
+    """Two sessions' expositions merge: one HELP/TYPE per family, every sample of a session
+    labelled with it, the front's series unlabelled, histograms intact."""
+    run = (
+        "# HELP rxstream_stage_items_out_total items out\n"
+        "# TYPE rxstream_stage_items_out_total counter\n"
+        'rxstream_stage_items_out_total{{rank="0",stage="video"}} {n}\n'
+        "# HELP rxstream_end_to_end_seconds input to egress\n"
+        "# TYPE rxstream_end_to_end_seconds histogram\n"
+        'rxstream_end_to_end_seconds_bucket{{stream="video",le="0.1"}} {n}\n'
+        'rxstream_end_to_end_seconds_bucket{{stream="video",le="+Inf"}} {n}\n'
+        'rxstream_end_to_end_seconds_count{{stream="video"}} {n}\n'
+        'rxstream_end_to_end_seconds_sum{{stream="video"}} 0.5\n'
+    )
+    front = FrontMetrics()
+    front.session_started()
+    front.session_ended("the page left")
+    families = front.families(live=2, queue=0, workers=["busy", "busy"])
+    text = merge(families, [("a1", run.format(n=3)), ("b2", run.format(n=7))]).decode()
+    assert text.count("# TYPE rxstream_stage_items_out_total counter") == 1
+    found = samples(text)
+    assert value(found, "rxstream_stage_items_out_total", session="a1") == 3
+    assert value(found, "rxstream_stage_items_out_total", session="b2") == 7
+    assert value(found, "rxstream_end_to_end_seconds_count", session="b2") == 7
+    assert value(found, "rxstream_end_to_end_seconds_bucket", session="a1", le="+Inf") == 3
+    assert value(found, "rxstream_serve_sessions_ended_total", reason="page_left") == 1
+    assert value(found, "rxstream_serve_sessions_started_total") == 1
+    assert value(found, "rxstream_serve_workers", state="busy") == 2
+    assert (
+        "session" not in next(s for s in found if s.name == "rxstream_serve_sessions_live").labels
+    )

@@ -43,19 +43,19 @@ a fixed set (the ``why`` a visitor reads is free text)."""
 _REASON_OF = (
     ("the page left", "page_left"),
     ("no input for", "idle"),
-    ("maximum of", "max_duration"),
-    ("pipeline ended", "pipeline_ended"),
+    ("it reached its maximum of", "max_duration"),
+    ("the app's pipeline ended", "pipeline_ended"),
     ("the app failed", "app_failed"),
-    ("worker process died", "worker_died"),
-    ("did not open", "worker_died"),
+    ("its worker process died", "worker_died"),
     ("the server", "server_stopped"),
 )
+"""How each ``why`` the front and its workers give begins, and its reason."""
 
 
 def end_reason(why: str) -> str:
     """The bounded ``reason`` label of a session's end ``why``."""
     for said, reason in _REASON_OF:
-        if said in why:
+        if why.startswith(said):
             return reason
     return "other"
 
