@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import ssl
 import sys
@@ -101,6 +102,8 @@ class Front:
     def __init__(
         self, spec: WorkerSpec, options: ServeOptions, *, status: TextIO | None = None
     ) -> None:
+        if options.metrics and not spec.metrics:  # the sessions' own metrics, to scrape
+            spec = dataclasses.replace(spec, metrics=True)
         self.spec = spec
         self.options = options
         self.token = options.token or new_secret()
