@@ -52,7 +52,8 @@ async def scrape(http: aiohttp.ClientSession, server: Server, token: str | None)
 def test_metrics_label_each_live_session_and_drop_an_ended_one(server: Server) -> None:
     """Two live sessions: /metrics parses, each session's stage counters sit under its own
     session label near its /sessions books, the front's gauges say 2 live and 0 free; without
-    the token 403; once a session ended its series are gone and its end is counted."""
+    the token 403 (a bearer token does); once a session ended its series are gone and its
+    end is counted."""
 
     async def check() -> None:
         async with aiohttp.ClientSession() as http:
@@ -82,6 +83,10 @@ def test_metrics_label_each_live_session_and_drop_an_ended_one(server: Server) -
             assert sessions == {a.id, b.id}
             assert (await scrape(http, server, None))[0] == 403
             assert (await scrape(http, server, "wrong"))[0] == 403
+            bearer = {"Authorization": f"Bearer {server.token}"}
+            async with http.get(f"{server.base}/metrics", headers=bearer) as got:
+                assert got.status == 200
+                assert got.headers["Content-Type"].startswith("text/plain; version=0.0.4")
             ended_before = value(found, "rxstream_serve_sessions_ended_total", reason="page_left")
             await a.close()
             async with asyncio.timeout(20):
