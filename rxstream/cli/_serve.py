@@ -75,6 +75,12 @@ def add_parser(commands: Any, count: Callable[[str], int], seconds: Callable[[st
         metavar="JSONL",
         help="the timing log every session appends to (each line carries its session)",
     )
+    serve.add_argument(
+        "--metrics",
+        action="store_true",
+        help="serve Prometheus metrics at /metrics behind the server's token: the server's "
+        "and every live session's, each labelled with its session",
+    )
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -129,6 +135,7 @@ def serve(args: argparse.Namespace) -> int:
         settings=tuple(args.set),
         grace_s=args.grace,
         log=args.log,
+        metrics=args.metrics,
     )
     options = ServeOptions(
         host=args.host,
@@ -143,6 +150,7 @@ def serve(args: argparse.Namespace) -> int:
         allow_remote=args.allow_remote,
         route=args.route,
         token=token,
+        metrics=args.metrics,
     )
 
     def ready(front: Any) -> None:

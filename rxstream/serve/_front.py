@@ -15,12 +15,15 @@ Routes (``T``: the server's token, needed unless ``public``):
   A request with ``X-Rxstream-Queue: no`` gets the 503 too (a load balancer tries another).
 - ``GET /q/<ticket>/state``: ``{"place": n}`` or ``{"url": ...}`` once served.
 - ``GET /sessions?token=T``: the sessions, their fps, the queue; ``/healthz``, ``/readyz``.
+- ``GET /metrics?token=T`` (or ``Authorization: Bearer T``; with ``metrics``): Prometheus
+  exposition of the front and of every live session (``_metrics.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import ssl
 import sys
@@ -31,11 +34,13 @@ from typing import Any, TextIO
 import aiohttp
 from aiohttp import web
 
+from rxstream.serve._metrics import FrontMetrics, merge, scrape
 from rxstream.serve._pages import ended_page, full_page, queue_page
 from rxstream.serve._pool import Worker, WorkerPool
 from rxstream.serve._relay import relay
 from rxstream.serve._sessions import AddressRate, Session, Sessions, Ticket, new_secret, same
 from rxstream.serve._worker import WorkerSpec
+from rxstream.timing._prometheus import CONTENT_TYPE
 from rxstream.transport._guard import Gate
 
 __all__ = ["Front", "ServeOptions"]
@@ -94,6 +99,9 @@ class ServeOptions:
     allow_remote: bool = False
     """A ``host`` that is not loopback was asked for (``--allow-remote``): a ``Host`` that is
     an IP literal is then accepted too."""
+    metrics: bool = False
+    """Serve ``GET /metrics`` (behind the server's token): the front's series and every live
+    session's run metrics, each labelled with its ``session``."""
 
 
 class Front:
@@ -102,6 +110,8 @@ class Front:
     def __init__(
         self, spec: WorkerSpec, options: ServeOptions, *, status: TextIO | None = None
     ) -> None:
+        if options.metrics and not spec.metrics:  # the sessions' own metrics, to scrape
+            spec = dataclasses.replace(spec, metrics=True)
         self.spec = spec
         self.options = options
         self.token = options.token or new_secret()
@@ -127,6 +137,8 @@ class Front:
         self._runner: web.AppRunner | None = None
         self.served = 0
         """Sessions given out so far."""
+        self.counts = FrontMetrics()
+        self.sessions.on_end = self.counts.session_ended
 
     # --- the URL -----------------------------------------------------------------------------
 
@@ -154,6 +166,8 @@ class Front:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/sessions", self._list)
+        if self.options.metrics:
+            app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/ws", self._socket)
         app.router.add_get("/q/{ticket}", self._queue_page)
         app.router.add_get("/q/{ticket}/state", self._queue_state)
@@ -254,6 +268,7 @@ class Front:
         worker.state, worker.session = "busy", session.id
         worker.sessions += 1
         self.served += 1
+        self.counts.session_started()
         self._say(f"session {session.id} started on worker {worker.index}")
         return session
 
@@ -408,6 +423,21 @@ class Front:
         if not same(request.query.get("token"), self.token):
             return _refuse(403, "the server's token is missing or wrong")
         return web.json_response(self.describe())
+
+    async def _metrics(self, request: web.Request) -> web.StreamResponse:
+        """The front's series and every live session's run metrics (``--metrics``)."""
+        bearer = request.headers.get("Authorization", "").removeprefix("Bearer ")
+        if not (same(request.query.get("token"), self.token) or same(bearer, self.token)):
+            return _refuse(403, "the server's token is missing or wrong")
+        assert self._client is not None
+        front = self.counts.families(
+            live=len(self.sessions.live),
+            queue=len(self.sessions.queue),
+            workers=[w.state for w in self.pool.workers],
+        )
+        open_ = [(s.id, s.port, s.token) for s in self.sessions.live.values() if s.port is not None]
+        body = merge(front, await scrape(self._client, open_))
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE})
 
     def describe(self) -> dict[str, Any]:
         """What ``/sessions`` says: the workers, the sessions, the queue."""

@@ -7,6 +7,7 @@ import hmac
 import secrets
 import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +91,8 @@ class Sessions:
         self.queue: deque[Ticket] = deque()
         self.tickets: dict[str, Ticket] = {}
         self.queue_max = queue_max
+        self.on_end: Callable[[str], None] | None = None
+        """Called with each ended session's ``why`` (the front's metrics count them)."""
 
     def open(self, worker: int) -> Session:
         """A new session on ``worker``."""
@@ -109,6 +112,8 @@ class Sessions:
         session.ended.set()
         self.live.pop(session.id, None)
         self.ended[session.id] = session
+        if self.on_end is not None:
+            self.on_end(why)
         while len(self.ended) > ENDED_KEPT:
             self.ended.popitem(last=False)
 

@@ -50,6 +50,9 @@ class WorkerSpec:
     """How long a session outlives its page (a reload within it keeps the session)."""
     log: str | None = None
     """The timing log every session appends to (JSON lines, each with its ``session``)."""
+    metrics: bool = False
+    """Every session's launch makes its run metrics, served at its WebTransport's
+    ``/metrics`` behind the session's token (the front scrapes them)."""
 
 
 class _Counted(WebTransport):
@@ -172,7 +175,9 @@ def _session(
     from rxstream.ranks._launch import launch
     from rxstream.timing._emit import tag_lines
 
-    web = _Counted(host="127.0.0.1", port=0, token=token, grace_s=spec.grace_s)
+    web = _Counted(
+        host="127.0.0.1", port=0, token=token, grace_s=spec.grace_s, metrics=spec.metrics
+    )
     rate = _Rate(web)
 
     def opened() -> None:
