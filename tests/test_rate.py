@@ -142,6 +142,7 @@ def state(now: float, **fields: float) -> LinkState:
         inflight_bytes=5000,
         sent_bps=values["sent_bps"],
         dropped=0,
+        acked_bps=values.get("acked_bps"),
     )
 
 
@@ -163,6 +164,32 @@ def test_a_queue_or_a_short_delivery_is_congestion_without_drops(
     assert decision is not None
     assert decision.reason == reason
     assert decision.bitrate_kbps == pytest.approx(to_kbps)
+
+
+def test_a_link_that_just_narrowed_is_followed_in_one_step() -> None:
+    """The delivery sample (the best of its window) still shows the old link while the page
+    acknowledged 0.6 Mbit/s of the 1 offered: one step goes to 0.85 of what was acknowledged,
+    not of the stale sample."""
+    rate = controller()
+    assert rate.update(state(1.0)) is None
+    decision = rate.update(state(1.1, delivery_bps=0.9e6, acked_bps=0.6e6))
+    assert decision is not None
+    assert decision.reason == "delivery"
+    assert decision.bitrate_kbps == pytest.approx(0.85 * 600)
+
+
+def test_a_page_that_stops_acknowledging_costs_a_step_not_all() -> None:
+    """Next to nothing acknowledged over the window (a page busy a moment): a step takes the
+    bitrate to 0.85 of half, another a hold (0.5 s) later, rather than to its floor at once."""
+    rate = controller()
+    assert rate.update(state(1.0)) is None
+    first = rate.update(state(1.1, delivery_bps=0.9e6, acked_bps=1e3))
+    assert first is not None
+    assert first.bitrate_kbps == pytest.approx(425.0)
+    assert rate.update(state(1.2, delivery_bps=0.9e6, acked_bps=1e3)) is None  # held
+    second = rate.update(state(1.1 + 0.5, delivery_bps=0.9e6, acked_bps=1e3))
+    assert second is not None
+    assert second.bitrate_kbps == pytest.approx(0.85 * 0.5 * 425.0)
 
 
 def test_resolution_falls_only_at_the_floor_and_returns_with_room() -> None:

@@ -7,11 +7,12 @@ tells the page (:func:`rate_message`).
 
 The link is congested when frames were dropped for it (more than :data:`DROP_SHARE` of a
 window's), when the round trip rose :data:`QUEUE_FRAMES` frames' time above its minimum (a
-queue is building) or when the page
-acknowledges a fifth less than was offered; the bitrate then falls at once to
-:data:`BACKOFF` of the rate the page was measured receiving. With room (no drops, the round
-trip within :data:`ROOM_FRAMES` of its minimum, about all that was offered delivered) it
-probes back up by :data:`PROBE_STEP`, one step per round trip (at least
+queue is building) or when the page acknowledges a fifth less than was offered; the bitrate
+then falls at once to :data:`BACKOFF` of the rate the page was measured receiving (the lower
+of the delivery rate and the acknowledged rate: a link that just narrowed shows in the
+second first, down to :data:`MOST_CUT` of the bitrate). With room (no drops, the
+round trip within :data:`ROOM_FRAMES` of its minimum, about all that was offered delivered)
+it probes back up by :data:`PROBE_STEP`, one step per round trip (at least
 :data:`PROBE_EVERY_S`), and cautiously near the bitrate where it last found congestion
 (:data:`NEAR_CEILING`). Only at its floor, frames still dropping, it lowers the resolution
 (:data:`SCALES`), and raises it again after :data:`SCALE_UP_AFTER_S` of room.
@@ -30,6 +31,7 @@ __all__ = [
     "BACKOFF",
     "DROP_SHARE",
     "JPEG_QUALITY_RANGE",
+    "MOST_CUT",
     "PROBE_EVERY_S",
     "PROBE_STEP",
     "QUEUE_FRAMES",
@@ -50,6 +52,11 @@ _log = library_logger("rxstream")
 BACKOFF = 0.85
 """On congestion the bitrate becomes this fraction of the rate the page was measured
 receiving (or of the current bitrate, when that is lower or not known)."""
+
+MOST_CUT = 0.5
+"""The acknowledged rate counts as what the page received down to this fraction of the
+bitrate, no lower: a page that stops acknowledging for a moment (busy, its link fine) reads
+as a link that carries nothing, and costs a step to about 0.4, not the floor."""
 
 PROBE_STEP = 1.12
 """With room, the bitrate grows by this factor a step."""
@@ -217,6 +224,19 @@ def _got(link: LinkState, delivery: float | None) -> float | None:
     return acked if acked is not None else delivery
 
 
+def _received(link: LinkState, delivery: float | None, bitrate_kbps: float) -> float | None:
+    """What the page was measured receiving on a congested link: the lower of the delivery
+    rate (the highest sample of its window, which lags a link that just narrowed by up to the
+    window) and the acknowledged rate (a congested link is kept full: what the page took over
+    the window is what the link carries now, or more), that one no lower than
+    :data:`MOST_CUT` of ``bitrate_kbps``."""
+    acked = _known(link.acked_bps)
+    if acked is None:
+        return delivery
+    acked = max(acked, MOST_CUT * bitrate_kbps * 1000)
+    return acked if delivery is None else min(delivery, acked)
+
+
 class RateController:
     """The bitrate (and, last, the resolution) of one page's stream, following its link.
 
@@ -282,7 +302,9 @@ class RateController:
         congestion = self._congestion(link, delivery, rtt, min_rtt)
         if congestion is not None:
             self._room_since = None
-            return self._step_down(now, delivery, rtt, congestion, _dropping(link))
+            return self._step_down(
+                now, _received(link, delivery, self._kbps), rtt, congestion, _dropping(link)
+            )
         if not self._has_room(link, delivery, rtt, min_rtt):
             self._room_since = None
             return None
