@@ -314,6 +314,34 @@ def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> Non
     protocol.close_encoders()
 
 
+def test_a_page_that_missed_the_cutover_frame_gets_its_next_frame_marked_the_cutover() -> None:
+    """A steer's first frame dropped for one page's link: that page's next frame carries
+    ``cutover`` (after it waited for its keyframe), the other page's does not: each page
+    counts the steer once, timed from the first frame it showed of it."""
+    protocol = protocol_of(Clock())
+    protocol.open(Session(streams={"video": "h264"}))
+    slow_link, fast_link = MemoryLink("slow:1"), MemoryLink("fast:1")
+    slow, fast = protocol.attach(slow_link), protocol.attach(fast_link)
+    for page in (slow, fast):
+        say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol.send("video", frame())
+    slow_link.unsent = UNSENT_SLACK_BYTES + 1
+    protocol.send("video", PipelineItem(np.zeros((24, 32, 3), np.uint8), cutover()))
+    slow_link.unsent = 0
+    for _ in range(3):  # a delta frame (the slow page waits, asking for an IDR), the IDR, one
+        protocol.send("video", frame())
+    cut = [[h["cutover"] for h in link.headers()] for link in (slow_link, fast_link)]
+    assert cut == [[False, True, False], [False, True, False, False, False]]
+    assert slow_link.headers()[1]["key"] is True
+    assert not slow.owed_cutover
+    protocol.close_encoders()
+
+
+def cutover() -> PipelineMetadata:
+    """The metadata of a new generation's first item."""
+    return PipelineMetadata(prompt_generation=1, cutover=True)
+
+
 TOKEN = "t" * 24
 
 

@@ -56,6 +56,9 @@ class Page:
         self.live: set[str] = set()
         """h264 streams this page is decoding: it had the init segment and a keyframe since
         it joined (or since its last dropped fragment)."""
+        self.owed_cutover: set[str] = set()
+        """Streams whose cutover frame this page missed (dropped, or waiting for a keyframe):
+        the next frame it gets of each is marked the cutover."""
         self.clock = ClockOffset()
         """This page's ``performance.now()`` against the server's monotonic clock."""
         self.clock_jumps: list[tuple[float, float]] = []

@@ -262,15 +262,20 @@ class PageProtocol:
             page.drop("link")
             if chosen in payloads and chosen == "h264":  # a hole: it waits for a keyframe
                 page.live.discard(stream)
+            if md.cutover:
+                page.owed_cutover.add(stream)
         for page, chosen in takers:
-            data = self._frame_for(page, stream, chosen, header, payloads, packed, h264)
-            if data is None:
-                continue
-            if not page.link.send_frame(stream, data):
+            data = self._frame_for_page(page, stream, chosen, header, payloads, packed, h264)
+            if data is not None and not page.link.send_frame(stream, data):
                 page.drop("queue")
                 if chosen == "h264":
                     page.live.discard(stream)
+                data = None
+            if data is None:
+                if md.cutover:
+                    page.owed_cutover.add(stream)
                 continue
+            page.owed_cutover.discard(stream)
             with page.lock:
                 page.sizes[(stream, chosen)] = len(data)
                 page.estimate.sent(stream, seq, len(data))
@@ -280,6 +285,25 @@ class PageProtocol:
                 if shared is not None:
                     playing = [p for p, c in (*takers, *held) if c == chosen]
                     self.rates.follow(stream, chosen, playing, shared)
+
+    def _frame_for_page(
+        self,
+        page: Page,
+        stream: str,
+        chosen: str,
+        header: dict[str, Any],
+        payloads: dict[str, bytes],
+        packed: dict[str, bytes],
+        h264: H264Fragments | None,
+    ) -> bytes | None:
+        """:meth:`_frame_for`, marked a cutover for a page that missed the cutover frame
+        (dropped for its link or its queue, or waiting for a keyframe): the first frame it
+        gets of the new generation is its cutover (the steer's photon is timed from it)."""
+        if header["cutover"] or stream not in page.owed_cutover:
+            return self._frame_for(page, stream, chosen, header, payloads, packed, h264)
+        marked = {**header, "cutover": True}
+        own = {chosen: pack({**marked, "codec": chosen}, payloads[chosen])}
+        return self._frame_for(page, stream, chosen, marked, payloads, own, h264)
 
     def _frame_for(
         self,
