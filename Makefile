@@ -1,10 +1,10 @@
-# The commands of README.md: `make demo`, `make test` and `make test-fast`. Each creates .venv when missing.
+# The commands of README.md: `make demo`, `make test`, `make test-fast` and `make docs`. Each creates .venv when missing.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast docs bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -29,12 +29,18 @@ test: $(STAMP)
 	$(PY) -m ruff format --check rxstream tests bench examples
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mkdocs build --strict --quiet
 	$(PY) -m pytest
 
 # The fast lane while you work: the suite without the slow, browser, notebook and distributed
 # marks (no lint). `make test` before a commit.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow and not browser and not notebook and not distributed"
+
+# The docs site (mkdocs.yml): docs/ and the API reference from the docstrings, into build/site.
+# Strict: a broken link, anchor or reference fails the build.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 # The quick user-facing benches (about 5 minutes). Not run here, see bench/README.md: peers.py
 # (GStreamer, Ray), photon.py (Chromium; --net needs root), net_overhead.py (root), soak.py and
