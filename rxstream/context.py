@@ -22,6 +22,14 @@ from reactivex import Observable
 from rxstream._environment import Environment
 from rxstream._exceptions import ArgumentTypeError, StageBuildError, shown
 from rxstream._kernel._inbox import DEFAULT_CAPACITY, InboxSpec
+from rxstream._kernel._options import (
+    BindOptions,
+    InputOptions,
+    PaceOptions,
+    PipeOptions,
+    SourceOptions,
+    StreamOptions,
+)
 from rxstream._kernel._resources import Resource, resources_in
 from rxstream.doc import Doc, Ref, Snapshot
 from rxstream.operators import (
@@ -173,7 +181,7 @@ class Context(Environment):
             device=device,
             on_error=on_error,
             source=it_or_fn,
-            options={"reads": read} if read else None,
+            options=SourceOptions(reads=read),
             uses=uses,
         )
 
@@ -214,7 +222,7 @@ class Context(Environment):
             inputs=(0, 0),
             rank=rank,
             source=InputFeed(name, limits, capacity, schema),
-            options={"limits": limits, "chunks": chunks, "schema": schema},
+            options=InputOptions(chunks=chunks, limits=limits, schema=schema),
         )
 
     def pipe(
@@ -260,7 +268,7 @@ class Context(Environment):
             _fn_name(fn, "pipe"),
             build=pipe_operator(fn, items=items),
             target=fn,
-            options={"items": items, "chunks": chunks, "fuse": fuse},
+            options=PipeOptions(chunks=chunks, items=items, fuse=fuse),
             inputs=(1, None),
             rank=rank,
             device=device,
@@ -344,7 +352,7 @@ class Context(Environment):
             build=pace_operator(float(period), int(ratio), capacity, overflow, phase),
             rank=rank,
             inbox=InboxSpec(capacity, "latest" if overflow == "latest" else "block"),
-            options={"fps": fps, "time_base": base, "overflow": overflow, "phase": phase},
+            options=PaceOptions(fps=fps, time_base=base, overflow=overflow, phase=phase),
         )
 
     def throttle(
@@ -486,7 +494,7 @@ class Context(Environment):
             ),
             rank=rank,
             inbox=InboxSpec(capacity, policy),
-            options={"codec": codec or "raw"},
+            options=StreamOptions(codec=codec or "raw"),
         )
 
     def merge(self, *, name: str | None = None, capacity: int = DEFAULT_CAPACITY) -> Stage:
@@ -545,7 +553,7 @@ class Context(Environment):
                 build=build,
                 made_from=construct,
                 rank=rank,
-                options={"deps": paths},
+                options=BindOptions(deps=tuple(paths)),
                 uses=uses,
             )
         )

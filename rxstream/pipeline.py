@@ -23,6 +23,7 @@ from rxstream._exceptions import (
     StageBuildError,
     UnknownInputError,
 )
+from rxstream._kernel._options import StreamOptions, reads_of
 from rxstream._kernel._stats import StageStatistics
 from rxstream._util import library_logger
 from rxstream.operators._input import InputFeed
@@ -393,9 +394,9 @@ class Pipeline:
         stages = self.stages
         return Session(
             streams={
-                name: str(stage.options.get("codec") or "raw")
+                name: stage.options.codec
                 for name, stage in stages.items()
-                if stage.kind == "stream"
+                if isinstance(stage.options, StreamOptions)
             },
             inputs=tuple(self._inputs()),
             docs=MappingProxyType(self._context.docs),
@@ -409,7 +410,7 @@ class Pipeline:
             stages = self.stages
             inputs = {name: stage for name, stage in stages.items() if stage.kind == "input"}
             for stage in stages.values():
-                for read in stage.options.get("reads", ()):
+                for read in reads_of(stage):
                     inputs.setdefault(read.name, read)
             self._client_streams = inputs
         return self._client_streams

@@ -8,9 +8,8 @@ makes an immutable graph of nodes (a node is a stage and the nodes feeding it) h
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, get_args
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
@@ -80,7 +79,7 @@ class Stage:
         on_error: OnError = "raise",
         source: object = None,
         target: object = None,
-        options: Mapping[str, Any] | None = None,
+        options: object = None,
         uses: tuple[Resource[Any], ...] = (),
     ) -> None:
         if not isinstance(kind, StageKind):
@@ -126,14 +125,15 @@ class Stage:
         self.on_error: OnError = on_error
         self.source = source
         self.target = target if target is not None else source
-        undeclared = sorted(set(options or ()) - set(kind.options))
-        if undeclared:
+        if options is None:
+            options = kind.options()
+        if type(options) is not kind.options:
             raise StageBuildError(
-                f"stage {name!r}: option {undeclared[0]!r} is not one a {kind.name} stage "
-                f"declares ({', '.join(kind.options) or 'none'})"
+                f"stage {name!r}: options must be a {kind.options.__name__} (what a "
+                f"{kind.name} stage declares), got {type(options).__name__}"
             )
-        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
-        """The options its builder gave it, by the names its kind declares
+        self.options: object = options
+        """The options its builder gave it: an instance of its kind's options class
         (``StageKind.options``)."""
         self.uses = uses
         """The resources (``ctx.resource``) the stage reads, as found in what it is made

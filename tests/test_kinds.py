@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from reactivex import operators as ops
 
 import rxstream
 from rxstream._exceptions import StageBuildError
+from rxstream._kernel._options import PipeOptions
 from rxstream.runtime._books import settled, unbalanced
 from rxstream.runtime._fuse import fusable_chains
 from rxstream.runtime._threaded import ThreadedRun
@@ -68,7 +70,7 @@ def test_every_builder_makes_a_declared_kind(ctx: rxstream.Context, kind: str) -
     assert stage.kind == stage.declared.name == kind
     assert stage.is_source == (stage.max_inputs == 0)
     assert stage.is_sink == (kind == "stream")
-    assert set(stage.options) <= set(stage.declared.options)
+    assert type(stage.options) is stage.declared.options
 
 
 def test_a_kind_given_by_name_is_refused(ctx: rxstream.Context) -> None:
@@ -81,16 +83,28 @@ def test_a_kind_given_by_name_is_refused(ctx: rxstream.Context) -> None:
     assert "stage 'b'" in message
 
 
-def test_an_option_the_kind_does_not_declare_is_refused(ctx: rxstream.Context) -> None:
-    """A stage's options are the ones its kind declares: another is refused, naming both."""
-    kind = StageKind("blur", "1:1", options=("radius",))
-    stage = Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx, options={})
-    assert dict(stage.options) == {}
-    with pytest.raises(StageBuildError) as caught:
-        Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx, options={"fuse": True})
-    assert str(caught.value) == (
-        "stage 'b': option 'fuse' is not one a blur stage declares (radius)"
-    )
+@dataclass(frozen=True)
+class BlurOptions:
+    """A test kind's options."""
+
+    radius: int = 3
+
+
+def test_options_of_another_class_than_the_kinds_are_refused(ctx: rxstream.Context) -> None:
+    """A stage's options are an instance of its kind's options class (the default one when
+    none are given, typed attributes); a dict or another kind's are refused, naming both."""
+    kind = StageKind("blur", "1:1", options=BlurOptions)
+    stage = Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx)
+    assert stage.options == BlurOptions(radius=3)
+    given = Stage(kind=kind, name="b", build=lambda s: _ident, context=ctx, options=BlurOptions(5))
+    assert given.options == BlurOptions(radius=5)
+    for wrong in ({"radius": 5}, PipeOptions(fuse=True)):
+        with pytest.raises(StageBuildError) as caught:
+            Stage(kind=kind, name="b", build=lambda shell: _ident, context=ctx, options=wrong)
+        assert str(caught.value) == (
+            "stage 'b': options must be a BlurOptions (what a blur stage declares), "
+            f"got {type(wrong).__name__}"
+        )
 
 
 def test_a_kind_with_an_unknown_shape_is_refused() -> None:

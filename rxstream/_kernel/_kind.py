@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Literal, get_args
 
 from rxstream._exceptions import StageBuildError
+from rxstream._kernel._options import NoOptions
 
 __all__ = ["SHAPES", "Shape", "StageKind"]
 
@@ -42,8 +43,9 @@ class StageKind:
     NVTX range around the call). ``fusable``: with one input it may run on its upstream's
     thread (``fuse=True``, and the chains of a driven run). ``passes``: it hands each payload
     on as it came (or its parts, or again), so it is never the stage that made a payload an
-    error names (``operators/_sink.py``'s ``producer_of``). ``options``: the names of the
-    options its builder gives the stage (``Stage.options``); a stage given another is refused.
+    error names (``operators/_sink.py``'s ``producer_of``). ``options``: the class of the
+    options its builder gives the stage (``Stage.options``, one of ``_kernel/_options.py``'s
+    frozen dataclasses); a stage given another is refused.
     """
 
     name: str
@@ -54,7 +56,7 @@ class StageKind:
     timed: bool = False
     fusable: bool = False
     passes: bool = False
-    options: tuple[str, ...] = ()
+    options: type = NoOptions
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():

@@ -30,6 +30,7 @@ from reactivex.subject import Subject
 
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import BindOptions
 from rxstream._kernel._shell import StageShell
 from rxstream.doc._doc import BindFailure, Doc
 from rxstream.doc._snapshot import Ref, Snapshot, lookup
@@ -40,7 +41,7 @@ from rxstream.typing import ItemStream, Operator
 
 __all__ = ["BIND_KIND", "bind_declaration", "bind_operator"]
 
-BIND_KIND = StageKind("bind", "free", options=("deps",))
+BIND_KIND = StageKind("bind", "free", options=BindOptions)
 """``doc.bind``: whatever the stage it builds does."""
 
 Construct = Callable[[Snapshot], "Stage | Callable[[Any], Any]"]

@@ -45,6 +45,7 @@ from contextvars import ContextVar
 from typing import Any, NamedTuple
 
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import InputOptions
 from rxstream._kernel._stats import StageCounters
 from rxstream.item import now
 from rxstream.topology import ClientStreamLimitExceeded, ClientStreamLimits, InvalidSample
@@ -52,7 +53,7 @@ from rxstream.topology._samples import SampleCheck, check_sample, compile_schema
 
 __all__ = ["INPUT_KIND", "READING", "InputFeed", "InputSample", "PullReads", "SampleRead"]
 
-INPUT_KIND = StageKind("input", "source", options=("limits", "chunks", "schema"))
+INPUT_KIND = StageKind("input", "source", options=InputOptions)
 """An input: what ``feed`` accepted, pulled."""
 
 _MAX_AT_MS = 2.0**53

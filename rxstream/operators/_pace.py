@@ -54,6 +54,7 @@ from reactivex import abc
 from reactivex.disposable import CompositeDisposable, Disposable, SerialDisposable
 
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import PaceOptions
 from rxstream._kernel._shell import StageShell
 from rxstream.item import (
     PipelineItem,
@@ -69,9 +70,7 @@ from rxstream.typing import ItemStream, Operator, PaceOverflow, PacePhase
 
 __all__ = ["AHEAD_S", "PACE_KIND", "SLEW", "pace_operator"]
 
-PACE_KIND = StageKind(
-    "pace", "repeats", holds=True, passes=True, options=("fps", "time_base", "overflow", "phase")
-)
+PACE_KIND = StageKind("pace", "repeats", holds=True, passes=True, options=PaceOptions)
 """``ctx.pace``: a tick with nothing new repeats the last frame."""
 
 SLEW = 0.1

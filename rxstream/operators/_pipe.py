@@ -10,6 +10,7 @@ from reactivex import Observable, abc
 
 from rxstream._kernel._generations import Admitted
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import PipeOptions
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _base, _forward, now
 from rxstream.operators._core import OnNext, attach, per_item
@@ -18,9 +19,7 @@ from rxstream.typing import ItemStream, Operator, StageFn
 
 __all__ = ["PIPE_KIND", "TAP_KIND", "caller", "pipe_operator", "tap_operator"]
 
-PIPE_KIND = StageKind(
-    "pipe", "1:1", fan_in="N:1", timed=True, fusable=True, options=("items", "chunks", "fuse")
-)
+PIPE_KIND = StageKind("pipe", "1:1", fan_in="N:1", timed=True, fusable=True, options=PipeOptions)
 """``ctx.pipe``: 1:1, and N:1 under fan-in (the latest of each input)."""
 
 TAP_KIND = StageKind("tap", "1:1", timed=True, passes=True)

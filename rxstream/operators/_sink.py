@@ -29,6 +29,7 @@ from reactivex import abc
 
 from rxstream._exceptions import CodecError, ItemRefused
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import StreamOptions
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, PipelineMetadata, _base, now
 from rxstream.operators._core import OnNext, per_item
@@ -40,7 +41,7 @@ from rxstream.typing import Operator
 
 __all__ = ["STREAM_KIND", "producer_of", "sink_operator"]
 
-STREAM_KIND = StageKind("stream", "1:1", sink=True, options=("codec",))
+STREAM_KIND = StageKind("stream", "1:1", sink=True, options=StreamOptions)
 """``ctx.stream``: the egress sink."""
 
 _CHECKED = frozenset({"jpeg", "h264"})

@@ -40,6 +40,7 @@ import numpy as np
 
 from rxstream._exceptions import PipelineError, StageBuildError
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import SourceOptions
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageCounters
 from rxstream._util import library_logger
@@ -55,7 +56,7 @@ from rxstream.operators._input import READING, InputFeed, InputSample, PullReads
 
 __all__ = ["SKIPPED", "SOURCE_KIND", "SourcePuller", "batch_hint", "check_source"]
 
-SOURCE_KIND = StageKind("source", "source", options=("reads",))
+SOURCE_KIND = StageKind("source", "source", options=SourceOptions)
 """A source: its pulls make the items."""
 
 _log = library_logger("rxstream")

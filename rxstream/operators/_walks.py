@@ -30,6 +30,7 @@ from reactivex.subject import Subject
 
 from rxstream._exceptions import StageBuildError, TopologyError
 from rxstream._kernel._kind import StageKind
+from rxstream._kernel._options import Chunked, WalksOptions
 from rxstream._kernel._shell import StageShell
 from rxstream.doc._snapshot import Ref, Snapshot
 from rxstream.item import PipelineItem, _stamped
@@ -46,9 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = ["WALKS_KIND", "ChainOf", "WalkPick", "producer_operator", "walks_declaration"]
 
-WALKS_KIND = StageKind(
-    WALKS, "free", options=("walks", "chains", "pick", "consumer_walk", "chunks")
-)
+WALKS_KIND = StageKind(WALKS, "free", options=WalksOptions)
 """``ctx.walks``: whatever the walk of each pass does."""
 
 WalkPick: TypeAlias = "Ref | Callable[[Snapshot], str]"
@@ -71,7 +70,7 @@ def walks_declaration(
     chunks: ChunkPolicyFactory | None,
     name: str | None,
     chain_of: ChainOf,
-) -> tuple[Callable[[StageShell], Operator], dict[str, Any]]:
+) -> tuple[Callable[[StageShell], Operator], WalksOptions]:
     """The walks stage's operator and options (see the module docstring); every argument
     checked here. ``chain_of`` gives a pipeline's stages in order (``None``: not a pipeline)."""
     label = name or WALKS
@@ -113,13 +112,13 @@ def walks_declaration(
             "chunks into a producer-triggered partition must not overlap (a chunk runs under "
             f"one walk), got {made!r} for stage {label!r}"
         )
-    options = {
-        "walks": tuple(chains),
-        "chains": MappingProxyType(chains),
-        "pick": pick,
-        "consumer_walk": consumer_walk,
-        "chunks": chunks,
-    }
+    options = WalksOptions(
+        chunks=chunks,
+        walks=tuple(chains),
+        chains=MappingProxyType(chains),
+        pick=pick,
+        consumer_walk=consumer_walk,
+    )
     return _walks_operator(ctx, MappingProxyType(chains), pick), options
 
 
@@ -150,7 +149,7 @@ def _chain(
                 f"the stages of a walk run in the walks stage's partition, got rank="
                 f"{stage.rank} on stage {stage.name!r} in {where}"
             )
-        if stage.options.get("chunks") is not None:
+        if isinstance(stage.options, Chunked) and stage.options.chunks is not None:
             raise StageBuildError(
                 f"chunks= is declared on a connection's consuming stage, got it on stage "
                 f"{stage.name!r} inside {where}"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from rxstream._exceptions import CodecError, ItemRefused, PipelineError
+from rxstream._kernel._options import PaceOptions
 from rxstream.item import PipelineItem
 from rxstream.pipeline import Pipeline
 from rxstream.runtime._threaded import ThreadedRun
@@ -28,8 +29,8 @@ def _pace_fps(pipeline: Pipeline | None) -> float:
     """The frame rate of the pipeline's first ``pace`` stage (24 without one)."""
     if pipeline is not None:
         for stage in pipeline.stages.values():
-            if stage.kind == "pace":
-                return float(stage.options["fps"])
+            if isinstance(stage.options, PaceOptions):
+                return float(stage.options.fps)
     return 24.0
 
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rxstream._kernel._options import chunks_of
 from rxstream.operators._input import InputFeed
-from rxstream.topology._edges import chunks_of
 
 if TYPE_CHECKING:
     from rxstream.runtime._threaded import ThreadedRun

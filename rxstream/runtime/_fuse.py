@@ -24,6 +24,7 @@ from reactivex import Observable, abc
 from rxstream._exceptions import ArgumentTypeError, StageBuildError
 from rxstream._kernel._generations import Generations
 from rxstream._kernel._inbox import DEFAULT_CAPACITY
+from rxstream._kernel._options import PipeOptions, chunks_of, fuses
 from rxstream._kernel._shell import StageShell
 from rxstream.item import PipelineItem, _base, _linked, _stamped, now
 from rxstream.operators._core import attach
@@ -76,7 +77,7 @@ def check_fuse(
 
 def fused(node: Node) -> bool:
     """Whether ``node`` was built with ``fuse=True``."""
-    return bool(node.stage.options.get("fuse"))
+    return fuses(node.stage)
 
 
 def fused_into(node: Node) -> Node:
@@ -93,8 +94,8 @@ def _fusable(node: Node) -> bool:
     return (
         stage.declared.fusable
         and len(node.inputs) == 1
-        and not options.get("items")
-        and options.get("chunks") is None  # a chunked input is gated before the stage
+        and not (isinstance(options, PipeOptions) and options.items)
+        and chunks_of(stage) is None  # a chunked input is gated before the stage
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rxstream._exceptions import StageBuildError, StageReuseError
+from rxstream._kernel._options import fuses, reads_of
 from rxstream.stage import Node
 from rxstream.topology._edges import check_partitions
 
@@ -116,7 +117,7 @@ def _check_reads(plan: Plan) -> None:
     """Refuse a source that reads an input (``reads=``) on a rank other than 0: the inputs'
     samples arrive there, where the session feeds them."""
     for node in plan.nodes:
-        reads = node.stage.options.get("reads")
+        reads = reads_of(node.stage)
         if reads and plan.ranks[node] != 0:
             raise StageBuildError(
                 f"source {plan.names[node]!r} reads input {reads[0].name!r}, whose samples "
@@ -131,7 +132,7 @@ def _check_fused(plan: Plan) -> None:
     the pipeline (it would run on that thread beside the others, in no order)."""
     tails = set(plan.tails)
     for node in plan.nodes:
-        if not node.stage.options.get("fuse"):
+        if not fuses(node.stage):
             continue
         name = plan.names[node]
         rule = "a fused stage runs on the thread of its one upstream"

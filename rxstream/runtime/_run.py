@@ -18,13 +18,14 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, cast
 
 from reactivex import Observable, abc, operators
 from reactivex.disposable import CompositeDisposable
 
 from rxstream._exceptions import PipelineError
 from rxstream._kernel._generations import Generations
+from rxstream._kernel._options import chunks_of, reads_of
 from rxstream._kernel._shell import StageShell
 from rxstream._kernel._stats import StageStatistics
 from rxstream._util import library_logger
@@ -44,7 +45,6 @@ from rxstream.stage import Node, cuda_path
 from rxstream.timing._gpu import GpuClock, nvtx_from_env
 from rxstream.topology._edges import (
     WALKS,
-    chunks_of,
     consumer_walk_of,
     partition_name,
     walks_of,
@@ -254,7 +254,7 @@ class Run(ABC):
             if node in fused:  # built with the end of its chain
                 continue
             if node.stage.is_source:
-                reads = tuple(read.source for read in node.stage.options.get("reads", ()))
+                reads = tuple(cast(InputFeed, read.source) for read in reads_of(node.stage))
                 counts = tuple(feed for feed in reads if feed not in counted)
                 counted.update(counts)
                 unbatched = any(

@@ -15,8 +15,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from rxstream._kernel._options import WalksOptions, chunks_of, limits_of, reads_of
 from rxstream.topology._chunks import EveryItem
-from rxstream.topology._edges import WALKS, chunks_of, consumer_walk_of, partition_name
+from rxstream.topology._edges import WALKS, consumer_walk_of, partition_name
 from rxstream.topology._limits import ClientStreamLimits
 from rxstream.topology._model import (
     CLIENT,
@@ -57,7 +58,7 @@ def model_of(pipeline: Pipeline) -> TopologyModel:
         # an input stage takes its client stream; a source that reads inputs (reads=) takes
         # those that are no stage of the graph
         clients = [stage] if stage.kind == "input" else []
-        clients += [read for read in stage.options.get("reads", ()) if read.name not in inputs]
+        clients += [read for read in reads_of(stage) if read.name not in inputs]
         for client in clients:
             stream = name if client is stage else client.name
             inputs.add(stream)
@@ -68,7 +69,7 @@ def model_of(pipeline: Pipeline) -> TopologyModel:
                     partition_name(rank),
                     stream,
                     chunks_of(client) or EveryItem,
-                    limits=client.options.get("limits"),
+                    limits=limits_of(client),
                 )
             )
         takes[rank].append((name, stage, edges))
@@ -101,7 +102,9 @@ def _walks(
         return {f"{partition}.walk": GraphSection({name: edges for name, _, edges in nodes})}
     [(walks_name, walks_stage)] = found  # the plan allows one walks stage a partition
     sections: dict[str, GraphSection] = {}
-    for walk, chain in walks_stage.options["chains"].items():
+    assert isinstance(walks_stage.options, WalksOptions)
+    assert walks_stage.options.chains is not None
+    for walk, chain in walks_stage.options.chains.items():
         section: dict[str, tuple[str, ...]] = {}
         for name, _stage, edges in nodes:
             if name != walks_name:

@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rxstream._exceptions import StageBuildError
-from rxstream.topology._chunks import ChunkPolicy, ChunkPolicyFactory
+from rxstream._kernel._options import WalksOptions, chunks_of
+from rxstream.topology._chunks import ChunkPolicy
 from rxstream.topology._model import ConsumerWalk
 
 if TYPE_CHECKING:
@@ -25,7 +26,6 @@ __all__ = [
     "WALKS",
     "check_chunks",
     "check_partitions",
-    "chunks_of",
     "consumer_walk_of",
     "partition_name",
     "walks_of",
@@ -40,26 +40,16 @@ def partition_name(rank: int) -> str:
     return f"rank{rank}"
 
 
-def chunks_of(stage: Stage) -> ChunkPolicyFactory | None:
-    """The chunk policy factory of the connections ``stage`` consumes, or None (items as is)."""
-    chunks: ChunkPolicyFactory | None = stage.options.get("chunks")
-    return chunks
-
-
 def consumer_walk_of(stage: Stage) -> ConsumerWalk | None:
     """The ``consumer_walk`` of a producer-triggered walks stage, else None."""
-    if stage.kind != WALKS:
-        return None
-    walk: ConsumerWalk | None = stage.options.get("consumer_walk")
-    return walk
+    options = stage.options
+    return options.consumer_walk if isinstance(options, WalksOptions) else None
 
 
 def walks_of(stage: Stage) -> tuple[str, ...]:
     """The walk names a walks stage declares (none for any other stage)."""
-    if stage.kind != WALKS:
-        return ()
-    names: tuple[str, ...] = stage.options["walks"]
-    return names
+    options = stage.options
+    return options.walks if isinstance(options, WalksOptions) else ()
 
 
 def check_chunks(chunks: Any, label: str) -> ChunkPolicy | None:
