@@ -286,15 +286,22 @@ def test_with_rate_control_the_h264_encoder_opens_bounded_at_the_start_rate() ->
         protocol.close_encoders()
 
 
-def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
-    """Another page took the frame, so it was encoded: the one that could not has a hole and
-    gets no delta frame until the keyframe it asked for."""
+def two_h264_pages() -> tuple[PageProtocol, tuple[Page, MemoryLink], tuple[Page, MemoryLink]]:
+    """An h264 session on a fake clock with two WebCodecs pages, slow and fast, and their
+    links."""
     protocol = protocol_of(Clock())
     protocol.open(Session(streams={"video": "h264"}))
     slow_link, fast_link = MemoryLink("slow:1"), MemoryLink("fast:1")
     slow, fast = protocol.attach(slow_link), protocol.attach(fast_link)
     for page in (slow, fast):
         say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    return protocol, (slow, slow_link), (fast, fast_link)
+
+
+def test_an_h264_page_that_misses_an_encoded_frame_waits_for_a_keyframe() -> None:
+    """Another page took the frame, so it was encoded: the one that could not has a hole and
+    gets no delta frame until the keyframe it asked for."""
+    protocol, (slow, slow_link), (_, fast_link) = two_h264_pages()
     protocol.send("video", frame())
     slow_link.unsent = UNSENT_SLACK_BYTES + 1
     protocol.send("video", frame())
@@ -318,12 +325,7 @@ def test_a_page_that_missed_the_cutover_frame_gets_its_next_frame_marked_the_cut
     """A steer's first frame dropped for one page's link: that page's next frame carries
     ``cutover`` (after it waited for its keyframe), the other page's does not: each page
     counts the steer once, timed from the first frame it showed of it."""
-    protocol = protocol_of(Clock())
-    protocol.open(Session(streams={"video": "h264"}))
-    slow_link, fast_link = MemoryLink("slow:1"), MemoryLink("fast:1")
-    slow, fast = protocol.attach(slow_link), protocol.attach(fast_link)
-    for page in (slow, fast):
-        say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    protocol, (slow, slow_link), (_, fast_link) = two_h264_pages()
     protocol.send("video", frame())
     slow_link.unsent = UNSENT_SLACK_BYTES + 1
     protocol.send("video", PipelineItem(np.zeros((24, 32, 3), np.uint8), cutover()))

@@ -265,7 +265,7 @@ class PageProtocol:
             if md.cutover:
                 page.owed_cutover.add(stream)
         for page, chosen in takers:
-            data = self._frame_for_page(page, stream, chosen, header, payloads, packed, h264)
+            data = self._frame_for(page, stream, chosen, header, payloads, packed, h264)
             if data is not None and not page.link.send_frame(stream, data):
                 page.drop("queue")
                 if chosen == "h264":
@@ -286,25 +286,6 @@ class PageProtocol:
                     playing = [p for p, c in (*takers, *held) if c == chosen]
                     self.rates.follow(stream, chosen, playing, shared)
 
-    def _frame_for_page(
-        self,
-        page: Page,
-        stream: str,
-        chosen: str,
-        header: dict[str, Any],
-        payloads: dict[str, bytes],
-        packed: dict[str, bytes],
-        h264: H264Fragments | None,
-    ) -> bytes | None:
-        """:meth:`_frame_for`, marked a cutover for a page that missed the cutover frame
-        (dropped for its link or its queue, or waiting for a keyframe): the first frame it
-        gets of the new generation is its cutover (the steer's photon is timed from it)."""
-        if header["cutover"] or stream not in page.owed_cutover:
-            return self._frame_for(page, stream, chosen, header, payloads, packed, h264)
-        marked = {**header, "cutover": True}
-        own = {chosen: pack({**marked, "codec": chosen}, payloads[chosen])}
-        return self._frame_for(page, stream, chosen, marked, payloads, own, h264)
-
     def _frame_for(
         self,
         page: Page,
@@ -315,7 +296,13 @@ class PageProtocol:
         packed: dict[str, bytes],
         h264: H264Fragments | None,
     ) -> bytes | None:
-        """The packed frame ``page`` gets, or None: it waits for a keyframe."""
+        """The packed frame ``page`` gets, or None: it waits for a keyframe. A page that
+        missed the cutover frame (dropped for its link or its queue, or waiting for a
+        keyframe) gets this one marked the cutover: the first frame it gets of the new
+        generation is its cutover (the steer's photon is timed from it)."""
+        if not header["cutover"] and stream in page.owed_cutover:
+            header = {**header, "cutover": True}
+            packed = {chosen: pack({**header, "codec": chosen}, payloads[chosen])}
         data = packed[chosen]
         joining = False
         if h264 is not None and chosen == "h264" and stream not in page.live:
