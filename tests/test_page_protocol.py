@@ -286,6 +286,40 @@ def test_with_rate_control_the_h264_encoder_opens_bounded_at_the_start_rate() ->
         protocol.close_encoders()
 
 
+@pytest.mark.parametrize(
+    ("shape", "ceiling"),
+    [((144, 256, 3), 256 * 144 * 24 / 1e3), ((720, 1280, 3), 4000.0), ((24, 32, 3), 150.0)],
+)
+def test_the_h264_ceiling_follows_the_frame_size(
+    shape: tuple[int, int, int], ceiling: float
+) -> None:
+    """A bit a pixel a frame, within the floor and RATE_MAX_KBPS: once the page acks, an
+    encoder opened at RATE_START_KBPS above that ceiling is set down to it, and the page is
+    told; a 720p stream keeps its start rate (under its ceiling of 4000)."""
+    from rxstream.transport._pagerate import RATE_START_KBPS
+
+    clock = Clock()
+    protocol = protocol_of(clock)
+    protocol.open(Session(streams={"video": "h264"}))
+    link = MemoryLink()
+    page = protocol.attach(link)
+    say(protocol, page, {"type": "hello", "accept": ["h264", "h264-au"]})
+    image = PipelineItem(np.zeros(shape, np.uint8), PipelineMetadata())
+    for _ in range(3):
+        protocol.send("video", image)
+        clock.now += 0.02
+        for header in link.headers()[-1:]:
+            say(protocol, page, {"type": "got", "stream": "video", "seq": header["seq"], "t": 1.0})
+        clock.now += 1 / 24 - 0.02
+    made = protocol.encoders[("video", "h264")]
+    assert isinstance(made, H264Fragments)
+    assert page.rates["video"].current.bitrate_kbps == pytest.approx(min(ceiling, RATE_START_KBPS))
+    assert made.bitrate_kbps == pytest.approx(min(ceiling, RATE_START_KBPS))
+    told = link.messages("rate")
+    assert bool(told) == (ceiling < RATE_START_KBPS)
+    protocol.close_encoders()
+
+
 def two_h264_pages() -> tuple[PageProtocol, tuple[Page, MemoryLink], tuple[Page, MemoryLink]]:
     """An h264 session on a fake clock with two WebCodecs pages, slow and fast, and their
     links."""
